@@ -1,0 +1,132 @@
+"""The kernel configuration: one point of the template's compile-time parameter space.
+
+A :class:`KernelConfig` is frozen, has a readable :attr:`~KernelConfig.name` that carries every
+parameter (it is also the extern "C" kernel symbol and the build directory name) and a stable
+:attr:`~KernelConfig.key` (short hash of the name) for caches and the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Dtype = Literal["fp16", "bf16"]
+DTYPES: tuple[Dtype, ...] = ("fp16", "bf16")
+HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 256)
+ELEMENT_BYTES = 2  # fp16 and bf16
+
+_NAME_RE = re.compile(
+    r"^fa2_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
+    r"_br(?P<br>\d+)_bc(?P<bc>\d+)_w(?P<warps>\d+)_s(?P<stages>\d+)"
+    r"_(?:pad(?P<pad>\d+)|(?P<swz>swz))$"
+)
+
+
+@dataclass(frozen=True, order=True)
+class KernelConfig:
+    """Compile-time parameters of one FA2 forward kernel instantiation.
+
+    Attributes:
+        d: head dimension.
+        dtype: element type of Q, K, V and O.
+        causal: bottom-right aligned causal mask.
+        br: query rows per thread block (block_m).
+        bc: key/value rows per pipeline tile (block_n).
+        warps: warps per block; each warp owns ``br // warps`` query rows (split-Q).
+        stages: K/V shared-memory buffers each (1 = load next tile while computing this one).
+        pad: halfs of padding per shared-memory row (0, 8 or 16); 0 when ``swizzle``.
+        swizzle: XOR-swizzled shared-memory layout instead of padding.
+    """
+
+    d: int
+    dtype: Dtype
+    causal: bool
+    br: int
+    bc: int
+    warps: int
+    stages: int
+    pad: int = 0
+    swizzle: bool = False
+
+    @property
+    def name(self) -> str:
+        """Readable identifier, also the kernel's extern "C" symbol."""
+        layout = "swz" if self.swizzle else f"pad{self.pad}"
+        mask = "causal" if self.causal else "full"
+        return (
+            f"fa2_d{self.d}_{self.dtype}_{mask}_br{self.br}_bc{self.bc}"
+            f"_w{self.warps}_s{self.stages}_{layout}"
+        )
+
+    @property
+    def key(self) -> str:
+        """Stable 16-hex-digit key derived from the name."""
+        return hashlib.sha256(self.name.encode()).hexdigest()[:16]
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def rows_per_warp(self) -> int:
+        return self.br // self.warps
+
+    @property
+    def smem_row_elems(self) -> int:
+        """Elements per shared-memory row (the head dim plus padding)."""
+        return self.d + self.pad
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the Q tile plus ``stages`` K and V tiles each."""
+        rows = self.br + 2 * self.stages * self.bc
+        return rows * self.smem_row_elems * ELEMENT_BYTES
+
+    @property
+    def tile(self) -> str:
+        """Short tile description, e.g. ``128x64/4w``."""
+        return f"{self.br}x{self.bc}/{self.warps}w"
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> KernelConfig:
+        return cls(
+            d=int(data["d"]),  # type: ignore[call-overload]
+            dtype=str(data["dtype"]),  # type: ignore[arg-type]
+            causal=bool(data["causal"]),
+            br=int(data["br"]),  # type: ignore[call-overload]
+            bc=int(data["bc"]),  # type: ignore[call-overload]
+            warps=int(data["warps"]),  # type: ignore[call-overload]
+            stages=int(data["stages"]),  # type: ignore[call-overload]
+            pad=int(data.get("pad", 0)),  # type: ignore[call-overload]
+            swizzle=bool(data.get("swizzle", False)),
+        )
+
+    @classmethod
+    def from_name(cls, name: str) -> KernelConfig:
+        """Parse a name produced by :attr:`name`.
+
+        Raises:
+            ValueError: when ``name`` is not a config name.
+        """
+        m = _NAME_RE.match(name)
+        if m is None:
+            raise ValueError(
+                f"not a kernel config name: {name!r} "
+                "(expected e.g. fa2_d128_fp16_full_br128_bc64_w4_s1_pad8)"
+            )
+        return cls(
+            d=int(m["d"]),
+            dtype=m["dtype"],  # type: ignore[arg-type]
+            causal=m["causal"] == "causal",
+            br=int(m["br"]),
+            bc=int(m["bc"]),
+            warps=int(m["warps"]),
+            stages=int(m["stages"]),
+            pad=int(m["pad"] or 0),
+            swizzle=m["swz"] is not None,
+        )

@@ -1,0 +1,1 @@
+"""fa2tune stage package: db."""

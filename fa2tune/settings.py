@@ -1,0 +1,66 @@
+"""The one place the environment is read.
+
+Every setting has a default, an ``FA2TUNE_*`` environment variable and, where it makes sense,
+a command-line flag that overrides both (the CLI passes flags in as keyword arguments).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from platformdirs import user_cache_dir, user_data_dir
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+APP_NAME = "fa2tune"
+
+
+def _default_db_url() -> str:
+    return f"sqlite:///{Path(user_data_dir(APP_NAME)) / 'fa2tune.db'}"
+
+
+def _default_cache_dir() -> Path:
+    return Path(user_cache_dir(APP_NAME)) / "build"
+
+
+class Settings(BaseSettings):
+    """Run-time settings of every fa2tune component."""
+
+    model_config = SettingsConfigDict(env_prefix="FA2TUNE_", extra="ignore")
+
+    db_url: str = Field(default_factory=_default_db_url, description="SQLAlchemy database URL")
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir, description="where rendered sources and cubins live"
+    )
+    host: str = Field(default="127.0.0.1", description="service bind address")
+    port: int = Field(default=8000, ge=1, le=65535, description="service port")
+    ingest_token: str | None = Field(
+        default=None, description="bearer token for POST /v1/results; writes refused when unset"
+    )
+    nvcc: str = Field(default="nvcc", description="the nvcc executable")
+    build_jobs: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, description="parallel nvcc jobs"
+    )
+    log_level: str = Field(default="INFO", description="logging level")
+
+
+@lru_cache(maxsize=1)
+def _from_environment() -> Settings:
+    return Settings()
+
+
+_overrides: dict[str, object] = {}
+
+
+def get_settings() -> Settings:
+    """Settings from the environment (read once per process) with CLI overrides applied."""
+    base = _from_environment()
+    return base.model_copy(update=_overrides) if _overrides else base
+
+
+def override_settings(**values: object) -> None:
+    """Apply command-line values (``None`` means "not given") over the environment's."""
+    _overrides.update({k: v for k, v in values.items() if v is not None})
+    Settings.model_validate({**_from_environment().model_dump(), **_overrides})
