@@ -1,0 +1,496 @@
+// fa2tune: FlashAttention-2 forward kernel template (sm_80+, mma.sync m16n8k16, fp32 accumulate).
+//
+// One thread block computes Br query rows of one (batch, head); its warps split those rows
+// (split-Q), so the online softmax of a row never leaves its warp. K and V tiles of Bc rows
+// stream through shared memory with cp.async; `Stages` buffers each let loads run ahead of
+// the tensor cores. Everything that shapes the code is a template parameter; everything that
+// shapes the problem (batch, heads, lengths, strides, scale) is a run-time field of Fa2Params.
+//
+// Masking: key tiles past the end (N % Bc != 0) and, when causal, keys past the diagonal are
+// set to -inf before the softmax; tiles wholly above the diagonal are never loaded. Causal is
+// bottom-right aligned as in FlashAttention-2: query i sees key j iff j <= i + nk - nq. A row
+// that sees no key gets O = 0 and LSE = -inf, never NaN.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// Kernel argument, passed by value. Strides are in elements; the head dim is contiguous.
+struct Fa2Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // [batch, q_heads, nq], natural log; may be null
+  int64_t q_batch_stride, q_head_stride, q_row_stride;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  int64_t o_batch_stride, o_head_stride, o_row_stride;
+  int32_t batch, q_heads, kv_heads, nq, nk;
+  float softmax_scale;
+};
+static_assert(sizeof(Fa2Params) == 160, "Fa2Params layout is part of the ABI");
+
+namespace fa2 {
+
+// ---------------------------------------------------------------------------------------------
+// Element types: packing two floats and the matching mma instruction.
+template <typename Elem>
+struct ElemOps;
+
+template <>
+struct ElemOps<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <>
+struct ElemOps<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Thin wrappers over the PTX the kernel needs.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes == 0 zero-fills the destination (tail rows).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every constant of one instantiation, derived from its parameters and checked here.
+template <int D_, typename Elem_, bool Causal_, int Br_, int Bc_, int Warps_, int Stages_,
+          int Pad_, bool Swizzle_>
+struct Traits {
+  using Elem = Elem_;
+  static constexpr int D = D_;
+  static constexpr bool Causal = Causal_;
+  static constexpr int Br = Br_;
+  static constexpr int Bc = Bc_;
+  static constexpr int Warps = Warps_;
+  static constexpr int Stages = Stages_;
+  static constexpr int Pad = Pad_;
+  static constexpr bool Swizzle = Swizzle_;
+
+  static constexpr int kThreads = 32 * Warps;
+  static constexpr int kWarpRows = Br / Warps;    // query rows owned by one warp
+  static constexpr int kMTiles = kWarpRows / 16;  // 16-row mma tiles per warp
+  static constexpr int kSTiles = Bc / 8;          // 8-column tiles of S per m-tile
+  static constexpr int kOTiles = D / 8;           // 8-column tiles of O per m-tile
+  static constexpr int kChunks = D / 8;           // 16-byte chunks per smem row
+  static constexpr int kRowElems = D + Pad;
+  static constexpr int kQElems = Br * kRowElems;
+  static constexpr int kKVElems = Bc * kRowElems;
+  static constexpr int kSmemBytes = (Br + 2 * Stages * Bc) * kRowElems * 2;
+  // Q fragments stay in registers when they are cheap; otherwise re-read per tile (FA2 does).
+  static constexpr int kAccRegs = kWarpRows * (D + Bc) / 32;  // fp32 O and S per thread
+  static constexpr int kQRegs = kMTiles * (D / 16) * 4;
+  static constexpr bool kQInRegs = kQRegs <= 32 && kAccRegs + kQRegs <= 160;
+
+  static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim must be 32..256, multiple of 32");
+  static_assert(Br % (16 * Warps) == 0, "each warp needs whole 16-row mma tiles");
+  static_assert(Bc % 16 == 0 && Bc >= 16, "Bc must be a multiple of 16");
+  static_assert(Stages >= 1 && Stages <= 4, "1..4 K/V stages");
+  static_assert(!(Swizzle && Pad != 0), "swizzle and padding are alternatives");
+  static_assert(Pad % 8 == 0, "padding keeps rows 16-byte aligned");
+  static_assert(!Swizzle || kChunks % 4 == 0, "swizzle needs a multiple of 4 chunks per row");
+
+  // Element offset of 16-byte chunk `c` of smem row `r`. The XOR swizzle permutes chunks so
+  // that the 8 rows an ldmatrix phase reads fall in 8 different 16-byte bank groups.
+  static __device__ __forceinline__ int offset(int r, int c) {
+    if constexpr (Swizzle) {
+      if constexpr (kChunks % 8 == 0) {
+        c ^= (r & 7);
+      } else {  // 64-byte or 192-byte rows: two rows span one 128-byte bank cycle
+        c ^= ((r >> 1) & 3);
+      }
+    }
+    return r * kRowElems + c * 8;
+  }
+};
+
+// Copies `rows` (a compile-time tile height) rows of D elements to smem; rows at and past
+// `valid_rows` are zero-filled so that no garbage (NaN bit patterns) reaches the mma.
+template <class T, int Rows>
+__device__ __forceinline__ void load_tile(typename T::Elem* smem, const typename T::Elem* gmem,
+                                          int64_t row_stride, int valid_rows, int tid) {
+  if constexpr (T::kThreads % T::kChunks == 0) {
+    // Each thread keeps one chunk column and walks down the rows, so its global address
+    // advances by a fixed stride and its smem offset by a compile-time constant; this keeps
+    // the per-iteration 64-bit addresses out of the register file.
+    constexpr int kRowsPerIter = T::kThreads / T::kChunks;
+    constexpr int kIters = (Rows + kRowsPerIter - 1) / kRowsPerIter;
+    const int r0 = tid / T::kChunks;
+    const int c = tid % T::kChunks;
+    const typename T::Elem* src = gmem + r0 * row_stride + c * 8;
+    const int64_t step = kRowsPerIter * row_stride;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int r = r0 + it * kRowsPerIter;
+      if (Rows % kRowsPerIter == 0 || r < Rows) {
+        const bool valid = r < valid_rows;
+        cp_async_16(smem_u32(smem + T::offset(r, c)), valid ? src + it * step : gmem,
+                    valid ? 16 : 0);
+      }
+    }
+  } else {
+    constexpr int kTotal = Rows * T::kChunks;
+    constexpr int kIters = (kTotal + T::kThreads - 1) / T::kThreads;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int idx = it * T::kThreads + tid;
+      if (kTotal % T::kThreads == 0 || idx < kTotal) {
+        const int r = idx / T::kChunks;
+        const int c = idx % T::kChunks;
+        const bool valid = r < valid_rows;
+        cp_async_16(smem_u32(smem + T::offset(r, c)), valid ? gmem + r * row_stride + c * 8 : gmem,
+                    valid ? 16 : 0);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void fwd_body(const Fa2Params& p) {
+  using Elem = typename T::Elem;
+  using Ops = ElemOps<Elem>;
+  constexpr int Br = T::Br, Bc = T::Bc, D = T::D, S = T::Stages;
+  constexpr int kMT = T::kMTiles, kST = T::kSTiles, kOT = T::kOTiles;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sK = sQ + T::kQElems;
+  Elem* sV = sK + S * T::kKVElems;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;  // row within an 8-row group of the mma fragment
+  const int t = lane % 4;  // column pair within the fragment
+
+  // Causal blocks near the bottom do the most work: launch them first.
+  const int m_block = T::Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / (p.q_heads / p.kv_heads);
+  const int m0 = m_block * Br;
+  const int q_rows = min(Br, p.nq - m0);
+  const int diag = p.nk - p.nq;  // query i sees keys j <= i + diag (causal)
+
+  int key_end = p.nk;
+  if constexpr (T::Causal) key_end = min(p.nk, m0 + Br + diag);
+  const int n_tiles = key_end > 0 ? (key_end + Bc - 1) / Bc : 0;
+
+  const Elem* gQ = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
+                   head * p.q_head_stride + static_cast<int64_t>(m0) * p.q_row_stride;
+  const Elem* gK =
+      static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const Elem* gV =
+      static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  Elem* gO = static_cast<Elem*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+             static_cast<int64_t>(m0) * p.o_row_stride;
+  float* gLse = p.lse == nullptr ? nullptr
+                                 : p.lse + (static_cast<int64_t>(batch) * p.q_heads + head) *
+                                               p.nq + m0;
+
+  if (n_tiles == 0) {  // every row of this block sees no key
+    for (int idx = tid; idx < q_rows * T::kChunks; idx += T::kThreads) {
+      const int r = idx / T::kChunks, c = idx % T::kChunks;
+      *reinterpret_cast<uint4*>(gO + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+    if (gLse != nullptr)
+      for (int r = tid; r < q_rows; r += T::kThreads) gLse[r] = kNegInf;
+    return;
+  }
+
+  auto load_k = [&](int tile) {
+    if (tile < n_tiles)
+      load_tile<T, Bc>(sK + (tile % S) * T::kKVElems,
+                       gK + static_cast<int64_t>(tile) * Bc * p.k_row_stride, p.k_row_stride,
+                       p.nk - tile * Bc, tid);
+    cp_async_commit();  // empty groups keep the wait counts below constant
+  };
+  auto load_v = [&](int tile) {
+    if (tile < n_tiles)
+      load_tile<T, Bc>(sV + (tile % S) * T::kKVElems,
+                       gV + static_cast<int64_t>(tile) * Bc * p.v_row_stride, p.v_row_stride,
+                       p.nk - tile * Bc, tid);
+    cp_async_commit();
+  };
+
+  // Pipeline: groups are issued in the order Q+K0, V0, K1, V1, ... so before tile j's K is
+  // needed exactly 2S-2 younger groups may still be in flight, and the same holds for V.
+  load_tile<T, Br>(sQ, gQ, p.q_row_stride, q_rows, tid);
+  for (int s = 0; s < S - 1; ++s) {
+    load_k(s);
+    load_v(s);
+  }
+  load_k(S - 1);
+
+  float o_acc[kMT][kOT][4];
+  float row_max[kMT][2];
+  float row_sum[kMT][2];  // per-thread partial sums; reduced across the quad at the end
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kOT; ++dt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o_acc[mt][dt][i] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = kNegInf;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int warp_row0 = warp * T::kWarpRows;
+  // ldmatrix lane -> (row, chunk) maps for the A operand (Q), B from K, and B from V^T.
+  const int a_row = (lane % 8) + 8 * ((lane / 8) % 2), a_chunk = lane / 16;
+  const int k_row = (lane % 8) + 8 * (lane / 16), k_chunk = (lane / 8) % 2;
+  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2), v_chunk = lane / 16;
+
+  uint32_t q_frag[T::kQInRegs ? kMT : 1][T::kQInRegs ? D / 16 : 1][4];
+
+  for (int j = 0; j < n_tiles; ++j) {
+    cp_async_wait<2 * S - 2>();  // K(j) (and Q) landed
+    __syncthreads();             // ... for every thread; and all warps finished PV(j-1)
+    load_v(j + S - 1);
+
+    if constexpr (T::kQInRegs) {
+      if (j == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks)
+            ldmatrix_x4(q_frag[mt][ks],
+                        smem_u32(sQ + T::offset(warp_row0 + mt * 16 + a_row, ks * 2 + a_chunk)));
+      }
+    }
+
+    // S = Q K^T for this warp's rows and the tile's Bc keys.
+    const Elem* sKj = sK + (j % S) * T::kKVElems;
+    float s_acc[kMT][kST][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kST; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_acc[mt][nt][i] = 0.f;
+
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (T::kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[mt][i] = q_frag[mt][ks][i];
+        } else {
+          ldmatrix_x4(qa[mt],
+                      smem_u32(sQ + T::offset(warp_row0 + mt * 16 + a_row, ks * 2 + a_chunk)));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kST / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, smem_u32(sKj + T::offset(np * 16 + k_row, ks * 2 + k_chunk)));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          Ops::mma(s_acc[mt][2 * np], qa[mt], kb[0], kb[1]);
+          Ops::mma(s_acc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Mask the tail of the key range and, when causal, keys past the diagonal. Only tiles
+    // that reach past the last key or the first row's diagonal pay for this.
+    const int n0 = j * Bc;
+    const bool tail = n0 + Bc > p.nk;
+    const bool diagonal = T::Causal && (n0 + Bc - 1 > m0 + diag);
+    if (tail || diagonal) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + warp_row0 + mt * 16 + g + 8 * h;
+          const int limit = T::Causal ? min(p.nk, row + diag + 1) : p.nk;  // keys < limit
+#pragma unroll
+          for (int nt = 0; nt < kST; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int key = n0 + nt * 8 + 2 * t + e;
+              if (key >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+            }
+        }
+    }
+
+    // Online softmax: new row max, rescale what was accumulated, exponentiate in place.
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mt][h];
+#pragma unroll
+        for (int nt = 0; nt < kST; ++nt)
+          mx = fmaxf(mx, fmaxf(s_acc[mt][nt][2 * h], s_acc[mt][nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // -inf guards: a row with no visible key so far keeps max -inf; subtract 0 instead
+        // so exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
+        const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
+        const float alpha =
+            row_max[mt][h] == kNegInf ? 0.f : fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
+        row_max[mt][h] = mx;
+        row_sum[mt][h] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < kOT; ++dt) {
+          o_acc[mt][dt][2 * h] *= alpha;
+          o_acc[mt][dt][2 * h + 1] *= alpha;
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kST; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pr = fast_exp2(fmaf(s_acc[mt][nt][2 * h + e], scale_log2, -m_scaled));
+            s_acc[mt][nt][2 * h + e] = pr;
+            sum += pr;
+          }
+        row_sum[mt][h] += sum;
+      }
+
+    cp_async_wait<2 * S - 2>();  // V(j) landed
+    __syncthreads();             // ... for every thread; and all warps finished QK^T(j)
+    load_k(j + S);
+
+    // O += P V. The S accumulator layout of two adjacent n8 tiles is exactly the A operand
+    // layout of one k16 step, so P goes from registers to the tensor cores directly.
+    const Elem* sVj = sV + (j % S) * T::kKVElems;
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = Ops::pack(s_acc[mt][2 * kk][0], s_acc[mt][2 * kk][1]);
+        pa[mt][1] = Ops::pack(s_acc[mt][2 * kk][2], s_acc[mt][2 * kk][3]);
+        pa[mt][2] = Ops::pack(s_acc[mt][2 * kk + 1][0], s_acc[mt][2 * kk + 1][1]);
+        pa[mt][3] = Ops::pack(s_acc[mt][2 * kk + 1][2], s_acc[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, smem_u32(sVj + T::offset(kk * 16 + v_row, dp * 2 + v_chunk)));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          Ops::mma(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          Ops::mma(o_acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: normalise, stage O through smem (the Q buffer) for 16-byte coalesced stores.
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int r = warp_row0 + mt * 16 + g + 8 * h;
+#pragma unroll
+      for (int dt = 0; dt < kOT; ++dt) {
+        const uint32_t packed = Ops::pack(o_acc[mt][dt][2 * h] * inv, o_acc[mt][dt][2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(sQ + T::offset(r, dt) + 2 * t) = packed;
+      }
+      if (gLse != nullptr && t == 0 && r < q_rows)
+        gLse[r] = l > 0.f ? row_max[mt][h] * p.softmax_scale + logf(l) : kNegInf;
+    }
+  __syncthreads();
+  for (int idx = tid; idx < q_rows * T::kChunks; idx += T::kThreads) {
+    const int r = idx / T::kChunks, c = idx % T::kChunks;
+    *reinterpret_cast<uint4*>(gO + r * p.o_row_stride + c * 8) =
+        *reinterpret_cast<const uint4*>(sQ + T::offset(r, c));
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads) fwd_kernel(const Fa2Params p) {
+  fwd_body<T>(p);
+}
+
+// Host-side launcher for programs that compile the template themselves (the exported header).
+template <class T>
+inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(fwd_kernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.nq + T::Br - 1) / T::Br, p.q_heads, p.batch);
+  fwd_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace fa2
+
+// One extern "C" kernel per config, named by the config, for loading from a cubin.
+#define FA2_DEFINE_KERNEL(NAME, D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE)         \
+  using NAME##_traits = fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE>;    \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
+      NAME(const Fa2Params p) {                                                               \
+    fa2::fwd_body<NAME##_traits>(p);                                                          \
+  }
