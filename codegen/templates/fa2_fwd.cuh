@@ -157,6 +157,29 @@ struct Traits {
     }
     return r * kRowElems + c * 8;
   }
+
+  // The same offset split for fragment loads, whose rows are row0 + 16*i and whose chunks are
+  // 2*cp + lane_chunk with i and cp compile-time. The swizzle term of such a row depends only
+  // on row0, so each thread keeps one small integer and every address is a base plus an
+  // immediate; without this the compiler keeps one address register per (i, cp) pair.
+  static __device__ __forceinline__ int frag_lane_term(int row0, int lane_chunk) {
+    if constexpr (!Swizzle) {
+      return lane_chunk;
+    } else if constexpr (kChunks % 8 == 0) {
+      return lane_chunk ^ (row0 & 7);
+    } else {
+      return lane_chunk ^ ((row0 >> 1) & 3);
+    }
+  }
+  static __device__ __forceinline__ int frag_chunk_offset(int cp, int lane_term) {
+    if constexpr (!Swizzle) {
+      return (2 * cp + lane_term) * 8;
+    } else if constexpr (kChunks % 8 == 0) {
+      return ((2 * cp & ~7) + ((2 * cp & 7) ^ lane_term)) * 8;
+    } else {
+      return ((2 * cp & ~3) + ((2 * cp & 3) ^ lane_term)) * 8;
+    }
+  }
 };
 
 // Copies `rows` (a compile-time tile height) rows of D elements to smem; rows at and past
@@ -296,9 +319,17 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
   const float scale_log2 = p.softmax_scale * kLog2e;
   const int warp_row0 = warp * T::kWarpRows;
   // ldmatrix lane -> (row, chunk) maps for the A operand (Q), B from K, and B from V^T.
-  const int a_row = (lane % 8) + 8 * ((lane / 8) % 2), a_chunk = lane / 16;
-  const int k_row = (lane % 8) + 8 * (lane / 16), k_chunk = (lane / 8) % 2;
-  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2), v_chunk = lane / 16;
+  const int a_row = warp_row0 + (lane % 8) + 8 * ((lane / 8) % 2);
+  const int k_row = (lane % 8) + 8 * (lane / 16);
+  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  const int a_term = T::frag_lane_term(a_row, lane / 16);
+  const int k_term = T::frag_lane_term(k_row, (lane / 8) % 2);
+  const int v_term = T::frag_lane_term(v_row, lane / 16);
+  const uint32_t sQ_a = smem_u32(sQ + a_row * T::kRowElems);
+  const uint32_t sK_b = smem_u32(sK + k_row * T::kRowElems);
+  const uint32_t sV_b = smem_u32(sV + v_row * T::kRowElems);
+  constexpr int kRowBytes = T::kRowElems * 2;
+  constexpr int kTileBytes = T::kKVElems * 2;
 
   uint32_t q_frag[T::kQInRegs ? kMT : 1][T::kQInRegs ? D / 16 : 1][4];
 
@@ -313,13 +344,12 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int ks = 0; ks < D / 16; ++ks)
-            ldmatrix_x4(q_frag[mt][ks],
-                        smem_u32(sQ + T::offset(warp_row0 + mt * 16 + a_row, ks * 2 + a_chunk)));
+            ldmatrix_x4(q_frag[mt][ks], sQ_a + mt * 16 * kRowBytes +
+                                            2 * T::frag_chunk_offset(ks, a_term));
       }
     }
 
     // S = Q K^T for this warp's rows and the tile's Bc keys.
-    const Elem* sKj = sK + (j % S) * T::kKVElems;
     float s_acc[kMT][kST][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
@@ -337,14 +367,14 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
 #pragma unroll
           for (int i = 0; i < 4; ++i) qa[mt][i] = q_frag[mt][ks][i];
         } else {
-          ldmatrix_x4(qa[mt],
-                      smem_u32(sQ + T::offset(warp_row0 + mt * 16 + a_row, ks * 2 + a_chunk)));
+          ldmatrix_x4(qa[mt], sQ_a + mt * 16 * kRowBytes + 2 * T::frag_chunk_offset(ks, a_term));
         }
       }
 #pragma unroll
       for (int np = 0; np < kST / 2; ++np) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, smem_u32(sKj + T::offset(np * 16 + k_row, ks * 2 + k_chunk)));
+        ldmatrix_x4(kb, sK_b + (j % S) * kTileBytes + np * 16 * kRowBytes +
+                            2 * T::frag_chunk_offset(ks, k_term));
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           Ops::mma(s_acc[mt][2 * np], qa[mt], kb[0], kb[1]);
@@ -416,7 +446,6 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
 
     // O += P V. The S accumulator layout of two adjacent n8 tiles is exactly the A operand
     // layout of one k16 step, so P goes from registers to the tensor cores directly.
-    const Elem* sVj = sV + (j % S) * T::kKVElems;
 #pragma unroll
     for (int kk = 0; kk < Bc / 16; ++kk) {
       uint32_t pa[kMT][4];
@@ -430,7 +459,8 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, smem_u32(sVj + T::offset(kk * 16 + v_row, dp * 2 + v_chunk)));
+        ldmatrix_x4_trans(vb, sV_b + (j % S) * kTileBytes + kk * 16 * kRowBytes +
+                                  2 * T::frag_chunk_offset(dp, v_term));
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           Ops::mma(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
