@@ -1,0 +1,222 @@
+"""SQLAlchemy 2.0 typed ORM models: GPUs, builds, problems, measurements and shipped files.
+
+Identity choices:
+
+* ``gpus``: one row per (normalised name, compute capability). Driver and CUDA versions change
+  under a GPU's feet, so the row keeps the latest seen and every measurement keeps its own.
+* ``builds``: one row per (config key, arch, source hash); the source hash already covers the
+  template, flags and nvcc version, so a rebuild of the same thing is the same row.
+* ``problems``: one row per GPU and full shape; ``nk`` and ``kv_heads`` are stored resolved
+  (never NULL) so the unique constraint works the same on SQLite and PostgreSQL, where NULLs
+  are distinct.
+* ``measurements``: append-only; the index on (problem, status, median) makes "best for a
+  problem" an index range scan rather than a table scan.
+
+Timestamps are stored as naive UTC and handed back timezone-aware (:class:`UtcDateTime`), so
+SQLite (which has no time zones) and PostgreSQL behave alike.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as naive UTC and returned as timezone-aware UTC.
+
+    Naive datetimes given to the database are taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base with a naming convention so migrations name constraints stably."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {  # noqa: RUF012 - SQLAlchemy reads this class attribute as is
+        datetime: UtcDateTime(),
+        float: Float(),
+        dict[str, Any]: JSON(),
+        list[str]: JSON(),
+    }
+
+
+class Gpu(Base):
+    """A GPU model; the latest seen driver/CUDA versions are kept for display only."""
+
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("name_key", "compute_capability", name="uq_gpus_identity"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))  # as the driver reports it
+    name_key: Mapped[str] = mapped_column(String(128))  # normalize_gpu_name(name)
+    compute_capability: Mapped[str] = mapped_column(String(16))
+    sm_count: Mapped[int]
+    driver_version: Mapped[str] = mapped_column(String(64))
+    cuda_version: Mapped[str] = mapped_column(String(64))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    smem_optin_bytes: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    problems: Mapped[list[Problem]] = relationship(back_populates="gpu")
+
+
+class Build(Base):
+    """One kernel config compiled for one architecture, with ptxas's resource report."""
+
+    __tablename__ = "builds"
+    __table_args__ = (
+        UniqueConstraint("config_key", "arch", "source_hash", name="uq_builds_identity"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    config_key: Mapped[str] = mapped_column(String(16))
+    config_name: Mapped[str] = mapped_column(String(128))
+    d: Mapped[int]
+    dtype: Mapped[str] = mapped_column(String(8))
+    causal: Mapped[bool]
+    br: Mapped[int]
+    bc: Mapped[int]
+    warps: Mapped[int]
+    stages: Mapped[int]
+    pad: Mapped[int]
+    swizzle: Mapped[bool]
+    arch: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(24))
+    registers: Mapped[int | None]
+    spill_stores: Mapped[int]
+    spill_loads: Mapped[int]
+    stack_bytes: Mapped[int]
+    static_smem: Mapped[int]
+    compile_seconds: Mapped[float]
+    source_hash: Mapped[str] = mapped_column(String(64))
+    nvcc_version: Mapped[str] = mapped_column(String(256))
+    flags: Mapped[list[str]]
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Problem(Base):
+    """An attention shape on one GPU; ``nk`` and ``kv_heads`` are stored resolved."""
+
+    __tablename__ = "problems"
+    __table_args__ = (
+        UniqueConstraint(
+            "gpu_id",
+            "d",
+            "n",
+            "nk",
+            "batch",
+            "heads",
+            "kv_heads",
+            "dtype",
+            "causal",
+            name="uq_problems_identity",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    d: Mapped[int]
+    n: Mapped[int]
+    nk: Mapped[int]
+    batch: Mapped[int]
+    heads: Mapped[int]
+    kv_heads: Mapped[int]
+    dtype: Mapped[str] = mapped_column(String(8))
+    causal: Mapped[bool]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    gpu: Mapped[Gpu] = relationship(back_populates="problems")
+
+
+class Measurement(Base):
+    """One (build, problem) timing or failure, with the device provenance at that moment."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        Index("ix_measurements_best", "problem_id", "status", "median_ms"),
+        Index("ix_measurements_build_id", "build_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(24))
+    median_ms: Mapped[float | None]
+    p10_ms: Mapped[float | None]
+    p90_ms: Mapped[float | None]
+    reps: Mapped[int] = mapped_column(default=0)
+    tflops: Mapped[float | None]
+    max_abs_err: Mapped[float | None]
+    rel_err: Mapped[float | None]
+    ref_err: Mapped[float | None]
+    driver_registers: Mapped[int | None]
+    driver_local_bytes: Mapped[int | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    extra: Mapped[dict[str, Any] | None]
+    driver_version: Mapped[str] = mapped_column(String(64))
+    cuda_version: Mapped[str] = mapped_column(String(64))
+    sm_clock_mhz: Mapped[int | None]
+    mem_clock_mhz: Mapped[int | None]
+    trial_number: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    problem: Mapped[Problem] = relationship()
+    build: Mapped[Build] = relationship()
+
+
+class IngestedFile(Base):
+    """A results file already ingested (by content hash), so start-up loads are cheap."""
+
+    __tablename__ = "ingested_files"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    measurements_added: Mapped[int]
+    ingested_at: Mapped[datetime] = mapped_column(default=utcnow)

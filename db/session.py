@@ -1,0 +1,168 @@
+"""Engines, sessions and schema migrations.
+
+SQLite is the default store and is written by several processes at once (one tuner worker per
+GPU plus the service), so every SQLite connection gets WAL mode, a busy timeout and foreign
+keys. pysqlite's own transaction handling is switched off and ``BEGIN`` is emitted by us: that
+gives real SAVEPOINTs, transactional DDL, and lets a writer ask for ``BEGIN IMMEDIATE`` so it
+takes the write lock up front instead of failing with "database is locked" when it upgrades a
+read snapshot that another writer has moved past.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+_BEGIN_OPTION = "fa2tune_sqlite_begin"
+# pg_advisory_xact_lock keys: arbitrary constants, unique to fa2tune.
+PG_MIGRATE_LOCK = 0x0FA27E_0001
+PG_INGEST_LOCK = 0x0FA27E_0002
+
+
+def _is_memory_sqlite(url: URL) -> bool:
+    database = url.database or ""
+    return (
+        database in ("", ":memory:")
+        or "mode=memory" in database
+        or (url.query.get("mode") == "memory")
+    )
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    """The database file of a plain SQLite URL, or None for memory and ``file:`` URIs."""
+    if _is_memory_sqlite(url):
+        return None
+    database = url.database or ""
+    if database.startswith("file:") or url.query.get("uri") == "true":
+        return None
+    return Path(database).expanduser()
+
+
+def _install_sqlite_events(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+        # Let SQLAlchemy (the "begin" hook below) emit BEGIN instead of pysqlite.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # busy_timeout first so the journal-mode switch itself waits for other writers.
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get(_BEGIN_OPTION, "")
+        conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+def make_engine(url: str | URL, **kwargs: Any) -> Engine:
+    """Create an engine for ``url``.
+
+    SQLite file URLs get their parent directory created, WAL mode, a busy timeout and
+    foreign keys; in-memory SQLite uses one shared connection (so every session sees the same
+    database, from any thread). ``postgresql://`` without a driver is taken to mean psycopg 3
+    (the driver fa2tune depends on); other URLs are passed to SQLAlchemy as given.
+
+    Args:
+        url: SQLAlchemy database URL.
+        **kwargs: extra :func:`sqlalchemy.create_engine` arguments.
+
+    Returns:
+        The engine.
+    """
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        if _is_memory_sqlite(parsed):
+            kwargs.setdefault("poolclass", StaticPool)
+            kwargs.setdefault("connect_args", {"check_same_thread": False})
+        else:
+            path = _sqlite_file(parsed)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, **kwargs)
+        _install_sqlite_events(engine)
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(parsed, **kwargs)
+
+
+def _writer(engine: Engine) -> Engine:
+    """``engine`` with SQLite's ``BEGIN IMMEDIATE`` (a no-op option on other databases)."""
+    if engine.dialect.name == "sqlite":
+        return engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+    return engine
+
+
+@contextmanager
+def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
+    """A session that commits when the block succeeds and rolls back when it raises.
+
+    Args:
+        engine: the engine to bind.
+        write: the block writes; on SQLite the transaction then starts with
+            ``BEGIN IMMEDIATE`` so concurrent writers queue on the busy timeout instead of
+            failing half-way.
+
+    Yields:
+        The session; objects stay usable after commit (``expire_on_commit=False``).
+    """
+    session = Session(bind=_writer(engine) if write else engine, expire_on_commit=False)
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """An alembic configuration for the shipped migrations, independent of the cwd.
+
+    Args:
+        url: database URL for alembic commands that open their own connection; when omitted
+            the migration environment falls back to the fa2tune settings.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        # ConfigParser interpolation treats % specially (URL-escaped passwords).
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def init_db(engine: Engine) -> None:
+    """Bring the schema to the latest migration (creating it on an empty database).
+
+    Safe to call from several processes at once: on SQLite the migration runs under
+    ``BEGIN IMMEDIATE``, on PostgreSQL under an advisory lock, so the second caller finds the
+    schema already at head.
+    """
+    config = alembic_config()
+    with _writer(engine).begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATE_LOCK})
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+    logger.debug("database schema at head: %s", engine.url.render_as_string(hide_password=True))
