@@ -1,0 +1,689 @@
+"""Results files: dump a database (or one GPU of it) to JSON and ingest such a file.
+
+A dump refers to everything by natural keys, never by database ids: GPUs by (name, compute
+capability), builds by (config name, arch, source hash), problems by their full shape on a
+GPU. That makes a dump portable between databases and ingest idempotent: an ingested row that
+is already present (same natural key) is skipped, and measurements are deduplicated on
+(problem, build, created_at, median_ms).
+
+Ingest validates the whole file before writing anything and writes in one transaction, so a
+bad file changes nothing. The service's ``POST /v1/results`` is :func:`parse_dump` +
+:func:`ingest`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from codegen.config import Dtype, KernelConfig
+from codegen.report import BuildStatus
+from db.models import Build, Gpu, Measurement, Problem, utcnow
+from db.session import PG_INGEST_LOCK, session_scope
+from db.store import Store, build_config, normalize_gpu_name
+from fa2tune import __version__
+from tuner.records import MeasureStatus
+
+logger = logging.getLogger(__name__)
+
+FORMAT: Final = "fa2tune-results"
+FORMAT_VERSION: Final = 1
+_MAX_ERRORS_SHOWN = 10
+_IN_CHUNK = 500  # bound on SQL IN (...) list sizes
+
+GpuKey = tuple[str, str]
+BuildKey = tuple[str, str, str]
+ProblemKey = tuple[GpuKey, int, int, int, int, int, int, str, bool]
+
+
+class TransferError(ValueError):
+    """A results file that cannot be ingested; the message says why, readably."""
+
+
+class _Record(BaseModel):
+    # Unknown fields are errors: a typo must not silently drop data. Non-finite error figures
+    # (a wrong result's max error can be inf or NaN) travel as the strings "Infinity"/"NaN",
+    # so the file stays standard JSON; the config is per model, hence set on the base.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
+
+
+class GpuRecord(_Record):
+    """A GPU as the dump's producer last saw it."""
+
+    name: str = Field(min_length=1, max_length=128)
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
+    sm_count: int = Field(ge=1)
+    driver_version: str = Field(max_length=64)
+    cuda_version: str = Field(max_length=64)
+    memory_bytes: int = Field(default=0, ge=0)
+    smem_optin_bytes: int = Field(default=0, ge=0)
+
+    @property
+    def key(self) -> GpuKey:
+        return (normalize_gpu_name(self.name), self.compute_capability)
+
+
+class ConfigRecord(_Record):
+    """The fields of a :class:`~codegen.config.KernelConfig`."""
+
+    d: int = Field(ge=1)
+    dtype: Dtype
+    causal: bool
+    br: int = Field(ge=1)
+    bc: int = Field(ge=1)
+    warps: int = Field(ge=1)
+    stages: int = Field(ge=1)
+    pad: int = Field(default=0, ge=0)
+    swizzle: bool = False
+
+    def to_config(self) -> KernelConfig:
+        return KernelConfig(**self.model_dump())
+
+
+class BuildRecord(_Record):
+    """A build with ptxas's report (cubin paths are machine-local and not carried)."""
+
+    config_name: str
+    config: ConfigRecord
+    arch: str = Field(pattern=r"^sm_\d+[a-z]?$")
+    status: BuildStatus
+    registers: int | None = Field(default=None, ge=0)
+    spill_stores: int = Field(default=0, ge=0)
+    spill_loads: int = Field(default=0, ge=0)
+    stack_bytes: int = Field(default=0, ge=0)
+    static_smem: int = Field(default=0, ge=0)
+    compile_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    source_hash: str = Field(min_length=1, max_length=64)
+    nvcc_version: str = Field(max_length=256)
+    flags: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _name_matches_config(self) -> Self:
+        expected = self.config.to_config().name
+        if self.config_name != expected:
+            raise ValueError(f"config_name {self.config_name!r} does not match config ({expected})")
+        return self
+
+    @property
+    def key(self) -> BuildKey:
+        return (self.config.to_config().key, self.arch, self.source_hash)
+
+
+class BuildRef(_Record):
+    """A measurement's reference to a build in the same file."""
+
+    config_name: str
+    arch: str
+    source_hash: str
+
+    @field_validator("config_name")
+    @classmethod
+    def _parses(cls, value: str) -> str:
+        KernelConfig.from_name(value)  # ValueError with an example of a valid name
+        return value
+
+    @property
+    def config(self) -> KernelConfig:
+        return KernelConfig.from_name(self.config_name)
+
+    @property
+    def key(self) -> BuildKey:
+        return (self.config.key, self.arch, self.source_hash)
+
+
+class ProblemRecord(_Record):
+    """A problem on a GPU; ``nk`` and ``kv_heads`` are explicit."""
+
+    gpu: str = Field(min_length=1, max_length=128)
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
+    d: int = Field(ge=1)
+    n: int = Field(ge=1)
+    nk: int = Field(ge=1)
+    batch: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    dtype: Dtype
+    causal: bool
+
+    @model_validator(mode="after")
+    def _gqa(self) -> Self:
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        return self
+
+    @property
+    def gpu_key(self) -> GpuKey:
+        return (normalize_gpu_name(self.gpu), self.compute_capability)
+
+    @property
+    def key(self) -> ProblemKey:
+        return (
+            self.gpu_key,
+            self.d,
+            self.n,
+            self.nk,
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.dtype,
+            self.causal,
+        )
+
+
+_Time = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class MeasurementRecord(_Record):
+    """One measurement; error figures may be NaN/inf (wrong results), times may not."""
+
+    problem: ProblemRecord
+    build: BuildRef
+    status: MeasureStatus
+    median_ms: float | None = _Time
+    p10_ms: float | None = _Time
+    p90_ms: float | None = _Time
+    reps: int = Field(default=0, ge=0)
+    tflops: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_abs_err: float | None = None
+    rel_err: float | None = None
+    ref_err: float | None = None
+    driver_registers: int | None = Field(default=None, ge=0)
+    driver_local_bytes: int | None = Field(default=None, ge=0)
+    error: str | None = None
+    extra: dict[str, Any] | None = None
+    driver_version: str = Field(max_length=64)
+    cuda_version: str = Field(max_length=64)
+    sm_clock_mhz: int | None = Field(default=None, ge=0)
+    mem_clock_mhz: int | None = Field(default=None, ge=0)
+    trial_number: int | None = Field(default=None, ge=0)
+    created_at: datetime
+
+    @field_validator("created_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        # Naive timestamps are taken as UTC, which is what fa2tune writes.
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.status == MeasureStatus.OK and self.median_ms is None:
+            raise ValueError("an OK measurement needs median_ms")
+        config = self.build.config
+        p = self.problem
+        if (config.d, config.dtype, config.causal) != (p.d, p.dtype, p.causal):
+            raise ValueError(
+                f"build {self.build.config_name} does not fit the problem "
+                f"(d={p.d}, dtype={p.dtype}, causal={p.causal})"
+            )
+        return self
+
+    @property
+    def key(self) -> tuple[ProblemKey, BuildKey, datetime, float | None]:
+        return (self.problem.key, self.build.key, self.created_at, self.median_ms)
+
+
+class DumpFile(_Record):
+    """A results file: GPUs, builds, problems and measurements, all by natural keys."""
+
+    format: Literal["fa2tune-results"] = FORMAT
+    format_version: Literal[1] = FORMAT_VERSION
+    generator: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+    gpus: list[GpuRecord] = Field(default_factory=list)
+    builds: list[BuildRecord] = Field(default_factory=list)
+    problems: list[ProblemRecord] = Field(default_factory=list)
+    measurements: list[MeasurementRecord] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Self:
+        gpus = {g.key for g in self.gpus}
+        builds = {b.key for b in self.builds}
+        problems = {p.key for p in self.problems}
+        errors: list[str] = []
+        for i, p in enumerate(self.problems):
+            if p.gpu_key not in gpus:
+                errors.append(f"problems.{i}: GPU {p.gpu!r} ({p.compute_capability}) not in gpus")
+        for i, m in enumerate(self.measurements):
+            if m.problem.key not in problems:
+                errors.append(f"measurements.{i}: problem not in problems")
+            if m.build.key not in builds:
+                errors.append(
+                    f"measurements.{i}: build {m.build.config_name} ({m.build.arch}, "
+                    f"{m.build.source_hash}) not in builds"
+                )
+            if len(errors) >= _MAX_ERRORS_SHOWN:
+                break
+        if errors:
+            raise ValueError("unresolved references: " + "; ".join(errors))
+        return self
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    """What an ingest did. ``added``/``skipped`` count measurements; the rest count rows added."""
+
+    added: int
+    skipped: int
+    gpus_added: int = 0
+    builds_added: int = 0
+    problems_added: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def _describe(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    lines = [f"invalid results file ({len(errors)} error{'s' if len(errors) != 1 else ''}):"]
+    for err in errors[:_MAX_ERRORS_SHOWN]:
+        location = ".".join(str(part) for part in err["loc"]) or "(file)"
+        lines.append(f"  {location}: {err['msg']}")
+    if len(errors) > _MAX_ERRORS_SHOWN:
+        lines.append(f"  ... and {len(errors) - _MAX_ERRORS_SHOWN} more")
+    return "\n".join(lines)
+
+
+def parse_dump(data: bytes | str | Mapping[str, Any]) -> DumpFile:
+    """Validate a results file given as JSON text/bytes or as already-decoded data.
+
+    Raises:
+        TransferError: the data is not valid JSON or not a valid results file; the message
+            lists the problems by location (e.g. ``measurements.3.median_ms``).
+    """
+    try:
+        if isinstance(data, bytes | str):
+            return DumpFile.model_validate_json(data)
+        return DumpFile.model_validate(data)
+    except ValidationError as exc:
+        raise TransferError(_describe(exc)) from exc
+
+
+def load_dump(path: Path) -> DumpFile:
+    """Read and validate a results file.
+
+    Raises:
+        TransferError: unreadable or invalid file.
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TransferError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return parse_dump(raw)
+
+
+# ------------------------------------------------------------------------------------ dump
+
+
+def _chunks(items: list[Any]) -> Iterable[list[Any]]:
+    for start in range(0, len(items), _IN_CHUNK):
+        yield items[start : start + _IN_CHUNK]
+
+
+def _gpu_record(g: Gpu) -> GpuRecord:
+    return GpuRecord(
+        name=g.name,
+        compute_capability=g.compute_capability,
+        sm_count=g.sm_count,
+        driver_version=g.driver_version,
+        cuda_version=g.cuda_version,
+        memory_bytes=g.memory_bytes,
+        smem_optin_bytes=g.smem_optin_bytes,
+    )
+
+
+def _build_record(b: Build) -> BuildRecord:
+    config = build_config(b)
+    return BuildRecord(
+        config_name=b.config_name,
+        config=ConfigRecord(**config.to_dict()),  # type: ignore[arg-type]
+        arch=b.arch,
+        status=BuildStatus(b.status),
+        registers=b.registers,
+        spill_stores=b.spill_stores,
+        spill_loads=b.spill_loads,
+        stack_bytes=b.stack_bytes,
+        static_smem=b.static_smem,
+        compile_seconds=b.compile_seconds,
+        source_hash=b.source_hash,
+        nvcc_version=b.nvcc_version,
+        flags=list(b.flags),
+        error=b.error,
+    )
+
+
+def _problem_record(p: Problem, g: Gpu) -> ProblemRecord:
+    return ProblemRecord(
+        gpu=g.name,
+        compute_capability=g.compute_capability,
+        d=p.d,
+        n=p.n,
+        nk=p.nk,
+        batch=p.batch,
+        heads=p.heads,
+        kv_heads=p.kv_heads,
+        dtype=p.dtype,  # type: ignore[arg-type]
+        causal=p.causal,
+    )
+
+
+def export(store: Store, gpu: str | None = None) -> DumpFile:
+    """Everything in the database (or only what belongs to ``gpu``) as a :class:`DumpFile`.
+
+    With a GPU filter only the builds its measurements use are included; without one, every
+    build is (also those never measured). Records are sorted so equal databases give equal
+    files.
+    """
+    with session_scope(store.engine) as s:
+        gpu_query = select(Gpu).order_by(Gpu.name, Gpu.compute_capability)
+        if gpu is not None:
+            gpu_query = gpu_query.where(Gpu.name_key == normalize_gpu_name(gpu))
+        gpus = list(s.scalars(gpu_query))
+        gpu_by_id = {g.id: g for g in gpus}
+        problems: list[Problem] = []
+        for ids in _chunks(list(gpu_by_id)):
+            problems.extend(s.scalars(select(Problem).where(Problem.gpu_id.in_(ids))))
+        problem_by_id = {p.id: _problem_record(p, gpu_by_id[p.gpu_id]) for p in problems}
+        measurements: list[Measurement] = []
+        for ids in _chunks(list(problem_by_id)):
+            measurements.extend(
+                s.scalars(select(Measurement).where(Measurement.problem_id.in_(ids)))
+            )
+        if gpu is None:
+            builds = list(s.scalars(select(Build)))
+        else:
+            builds = []
+            for ids in _chunks(sorted({m.build_id for m in measurements})):
+                builds.extend(s.scalars(select(Build).where(Build.id.in_(ids))))
+        build_by_id = {b.id: _build_record(b) for b in builds}
+        measurement_records = [
+            MeasurementRecord(
+                problem=problem_by_id[m.problem_id],
+                build=BuildRef(
+                    config_name=build_by_id[m.build_id].config_name,
+                    arch=build_by_id[m.build_id].arch,
+                    source_hash=build_by_id[m.build_id].source_hash,
+                ),
+                status=MeasureStatus(m.status),
+                median_ms=m.median_ms,
+                p10_ms=m.p10_ms,
+                p90_ms=m.p90_ms,
+                reps=m.reps,
+                tflops=m.tflops,
+                max_abs_err=m.max_abs_err,
+                rel_err=m.rel_err,
+                ref_err=m.ref_err,
+                driver_registers=m.driver_registers,
+                driver_local_bytes=m.driver_local_bytes,
+                error=m.error,
+                extra=m.extra,
+                driver_version=m.driver_version,
+                cuda_version=m.cuda_version,
+                sm_clock_mhz=m.sm_clock_mhz,
+                mem_clock_mhz=m.mem_clock_mhz,
+                trial_number=m.trial_number,
+                created_at=m.created_at,
+            )
+            for m in measurements
+        ]
+
+    def problem_sort(p: ProblemRecord) -> tuple[Any, ...]:
+        return (
+            p.gpu,
+            p.compute_capability,
+            p.d,
+            p.dtype,
+            p.causal,
+            p.n,
+            p.nk,
+            p.batch,
+            p.heads,
+            p.kv_heads,
+        )
+
+    return DumpFile(
+        generator=f"fa2tune {__version__}",
+        gpus=[_gpu_record(g) for g in gpus],
+        builds=sorted(build_by_id.values(), key=lambda b: (b.config_name, b.arch, b.source_hash)),
+        problems=sorted(problem_by_id.values(), key=problem_sort),
+        measurements=sorted(
+            measurement_records,
+            key=lambda m: (problem_sort(m.problem), m.created_at, m.build.config_name),
+        ),
+    )
+
+
+def dump(store: Store, path: Path, gpu: str | None = None) -> DumpFile:
+    """Write :func:`export` to ``path`` as JSON, atomically (a crash leaves no partial file).
+
+    Returns:
+        The dump that was written.
+    """
+    data = export(store, gpu)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data.model_dump_json(indent=1))
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    logger.info(
+        "dumped %d measurements (%d builds, %d problems) to %s",
+        len(data.measurements),
+        len(data.builds),
+        len(data.problems),
+        path,
+    )
+    return data
+
+
+# ---------------------------------------------------------------------------------- ingest
+
+
+def lock_for_ingest(session: Session) -> None:
+    """Serialise ingests: their dedupe is check-then-insert, which must not interleave.
+
+    On PostgreSQL this takes a transaction-scoped advisory lock; SQLite write sessions
+    already start with ``BEGIN IMMEDIATE``.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_INGEST_LOCK})
+
+
+def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
+    """Ingest a validated dump within the caller's transaction (see :func:`ingest`).
+
+    The caller must hold the ingest lock (:func:`lock_for_ingest`) in ``session``.
+    """
+    now = utcnow()
+    # GPUs: existing rows keep their facts; a dump never overwrites local provenance.
+    gpu_ids: dict[GpuKey, int] = {}
+    gpus_added = 0
+    for g in data.gpus:
+        if g.key in gpu_ids:
+            continue
+        found = session.scalar(
+            select(Gpu.id).where(Gpu.name_key == g.key[0], Gpu.compute_capability == g.key[1])
+        )
+        if found is None:
+            row = Gpu(
+                name=g.name.strip(),
+                name_key=g.key[0],
+                compute_capability=g.compute_capability,
+                sm_count=g.sm_count,
+                driver_version=g.driver_version,
+                cuda_version=g.cuda_version,
+                memory_bytes=g.memory_bytes,
+                smem_optin_bytes=g.smem_optin_bytes,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+            session.flush()
+            found = row.id
+            gpus_added += 1
+        gpu_ids[g.key] = found
+
+    # Builds: look up every key of the file in chunks, insert the missing ones.
+    build_ids: dict[BuildKey, int] = {}
+    wanted_keys = sorted({b.key[0] for b in data.builds})
+    for keys in _chunks(wanted_keys):
+        for bid, ckey, arch, source_hash in session.execute(
+            select(Build.id, Build.config_key, Build.arch, Build.source_hash).where(
+                Build.config_key.in_(keys)
+            )
+        ):
+            build_ids[(ckey, arch, source_hash)] = bid
+    new_builds: dict[BuildKey, Build] = {}
+    for b in data.builds:
+        if b.key in build_ids or b.key in new_builds:
+            continue
+        config = b.config.to_config()
+        new_builds[b.key] = Build(
+            config_key=config.key,
+            config_name=config.name,
+            **b.config.model_dump(),
+            arch=b.arch,
+            status=str(b.status),
+            registers=b.registers,
+            spill_stores=b.spill_stores,
+            spill_loads=b.spill_loads,
+            stack_bytes=b.stack_bytes,
+            static_smem=b.static_smem,
+            compile_seconds=b.compile_seconds,
+            source_hash=b.source_hash,
+            nvcc_version=b.nvcc_version,
+            flags=list(b.flags),
+            error=b.error,
+            created_at=now,
+        )
+    session.add_all(new_builds.values())
+    session.flush()
+    build_ids.update({key: row.id for key, row in new_builds.items()})
+
+    # Problems: all problems of the file's GPUs are few; load them and insert the missing.
+    id_to_gpu_key = {v: k for k, v in gpu_ids.items()}
+    problem_ids: dict[ProblemKey, int] = {}
+    for p_row in session.scalars(select(Problem).where(Problem.gpu_id.in_(list(id_to_gpu_key)))):
+        key: ProblemKey = (
+            id_to_gpu_key[p_row.gpu_id],
+            p_row.d,
+            p_row.n,
+            p_row.nk,
+            p_row.batch,
+            p_row.heads,
+            p_row.kv_heads,
+            p_row.dtype,
+            p_row.causal,
+        )
+        problem_ids[key] = p_row.id
+    new_problems: dict[ProblemKey, Problem] = {}
+    for p in data.problems:
+        if p.key in problem_ids or p.key in new_problems:
+            continue
+        new_problems[p.key] = Problem(
+            gpu_id=gpu_ids[p.gpu_key],
+            d=p.d,
+            n=p.n,
+            nk=p.nk,
+            batch=p.batch,
+            heads=p.heads,
+            kv_heads=p.kv_heads,
+            dtype=p.dtype,
+            causal=p.causal,
+            created_at=now,
+        )
+    session.add_all(new_problems.values())
+    session.flush()
+    problem_ids.update({key: row.id for key, row in new_problems.items()})
+
+    # Measurements: dedupe on (problem, build, created_at, median_ms) against the database
+    # and within the file, then insert in bulk.
+    seen: set[tuple[int, int, datetime, float | None]] = set()
+    touched = sorted({problem_ids[m.problem.key] for m in data.measurements})
+    for ids in _chunks(touched):
+        seen.update(
+            session.execute(
+                select(
+                    Measurement.problem_id,
+                    Measurement.build_id,
+                    Measurement.created_at,
+                    Measurement.median_ms,
+                ).where(Measurement.problem_id.in_(ids))
+            )
+        )
+    rows: list[dict[str, Any]] = []
+    skipped = 0
+    for m in data.measurements:
+        pid, bid = problem_ids[m.problem.key], build_ids[m.build.key]
+        natural = (pid, bid, m.created_at, m.median_ms)
+        if natural in seen:
+            skipped += 1
+            continue
+        seen.add(natural)
+        fields = m.model_dump(exclude={"problem", "build", "status"})
+        rows.append({**fields, "problem_id": pid, "build_id": bid, "status": str(m.status)})
+    if rows:
+        session.add_all(Measurement(**row) for row in rows)
+        session.flush()
+    return IngestSummary(
+        added=len(rows),
+        skipped=skipped,
+        gpus_added=gpus_added,
+        builds_added=len(new_builds),
+        problems_added=len(new_problems),
+    )
+
+
+def ingest(store: Store, data: DumpFile | bytes | str | Mapping[str, Any]) -> IngestSummary:
+    """Validate and ingest a results file in one transaction: all of it or nothing.
+
+    Args:
+        store: the target database.
+        data: a parsed :class:`DumpFile`, JSON text/bytes, or decoded JSON.
+
+    Returns:
+        Counts of what was added and of measurements skipped as already present.
+
+    Raises:
+        TransferError: the data is not a valid results file (nothing is written).
+    """
+    dump_file = data if isinstance(data, DumpFile) else parse_dump(data)
+    with session_scope(store.engine, write=True) as s:
+        lock_for_ingest(s)
+        summary = ingest_into(s, dump_file)
+    logger.info(
+        "ingested results: %d measurements added, %d already present",
+        summary.added,
+        summary.skipped,
+    )
+    return summary
+
+
+def ingest_file(store: Store, path: Path) -> IngestSummary:
+    """:func:`ingest` the file at ``path``.
+
+    Raises:
+        TransferError: unreadable or invalid file (nothing is written).
+    """
+    return ingest(store, load_dump(path))
+
+
+def to_json(data: DumpFile) -> str:
+    """The dump as JSON text (what :func:`dump` writes)."""
+    return data.model_dump_json(indent=1)
