@@ -1,15 +1,132 @@
-"""CLI sub-commands of this stage (placeholders until the stage lands)."""
+"""CLI sub-commands of the service stage: ``serve`` (the HTTP API) and ``export`` (the header)."""
 
 from __future__ import annotations
 
-from fa2tune.unbuilt import not_built
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from codegen.config import DTYPES, HEAD_DIMS, Dtype
+from codegen.export import ExportError, UnknownGpuError, export_header
+from db.shipped import load_shipped_results
+from db.store import Store
+from db.transfer import TransferError
+from fa2tune.settings import get_settings, override_settings
+
+log = logging.getLogger(__name__)
 
 
-def serve() -> None:
-    """Not built yet."""
-    not_built("serve")
+def serve(
+    host: Annotated[
+        str | None, typer.Option("--host", help="bind address (env FA2TUNE_HOST; 127.0.0.1)")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", min=1, max=65535, help="port (env FA2TUNE_PORT; 8000)"),
+    ] = None,
+    access_log: Annotated[
+        bool, typer.Option("--access-log/--no-access-log", help="log every request")
+    ] = True,
+) -> None:
+    """Serve the HTTP API (/v1/best, /v1/results, /v1/export/header; docs at /docs)."""
+    import uvicorn  # the other sub-commands do not need the server
+
+    from service.main import create_app
+
+    override_settings(host=host, port=port)
+    settings = get_settings()
+    app = create_app()
+    shown = f"[{settings.host}]" if ":" in settings.host else settings.host
+    log.info("fa2tune service on http://%s:%d (API docs: /docs)", shown, settings.port)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=access_log,
+        # The CLI already configured logging; keep uvicorn from replacing it.
+        log_config=None,
+    )
 
 
-def export() -> None:
-    """Not built yet."""
-    not_built("export")
+def _parse_ds(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    ds: list[int] = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.isdigit() or int(item) not in HEAD_DIMS:
+            supported = ",".join(map(str, HEAD_DIMS))
+            raise typer.BadParameter(f"{item!r} is not one of {supported}", param_hint="--d")
+        ds.append(int(item))
+    if not ds:
+        raise typer.BadParameter("no head dim given", param_hint="--d")
+    return sorted(set(ds))
+
+
+def _parse_dtypes(value: str | None) -> list[Dtype] | None:
+    if value is None:
+        return None
+    dtypes: list[Dtype] = []
+    for item in value.split(","):
+        item = item.strip()
+        if item not in DTYPES:
+            raise typer.BadParameter(
+                f"{item!r} is not one of {','.join(DTYPES)}", param_hint="--dtype"
+            )
+        dtypes.append(item)
+    return dtypes
+
+
+def export(
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. 'NVIDIA H200' or H200")],
+    d: Annotated[
+        str | None, typer.Option("--d", help="head dims, comma-separated (default: all)")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="fp16, bf16 or fp16,bf16 (default: both)")
+    ] = None,
+    output: Annotated[
+        Path,
+        typer.Option("--output", "-o", dir_okay=False, help="header to write; '-' for stdout"),
+    ] = Path("fa2_tuned.cuh"),
+) -> None:
+    """Write one self-contained CUDA header with the configs tuned for a GPU.
+
+    The header inlines the kernel template, instantiates the tuned configs and FA2's
+    defaults, and defines fa2tune_forward(params, head_dim, dtype, causal, stream).
+    It compiles with plain nvcc; no Python is needed to use it.
+    """
+    ds = _parse_ds(d)
+    dtypes = _parse_dtypes(dtype)
+    to_stdout = str(output) == "-"
+    with Store.from_url(get_settings().db_url) as store:
+        try:
+            load_shipped_results(store)
+        except TransferError as exc:  # a broken package must not hide the user's own results
+            log.error("shipped results not loaded: %s", exc)
+        try:
+            text = export_header(
+                store,
+                gpu,
+                ds,
+                dtypes=dtypes,
+                filename="fa2_tuned.cuh" if to_stdout else output.name,
+            )
+        except UnknownGpuError as exc:
+            log.error("%s; tune it first (fa2tune tune) or ingest results (fa2tune ingest)", exc)
+            raise typer.Exit(code=1) from None
+        except ExportError as exc:
+            log.error("%s", exc)
+            raise typer.Exit(code=1) from None
+    if to_stdout:
+        sys.stdout.write(text)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    log.info("wrote %s (%d lines)", output, text.count("\n"))

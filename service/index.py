@@ -1,0 +1,200 @@
+"""The in-memory index behind ``/v1/best``: winners per (GPU, D, dtype, causal), sorted by N.
+
+Built from the store once at start-up and again after every ingest (and when a periodic
+check sees new OK measurements from other writers), so a request is a dict lookup and a
+bisect, never a scan of the measurements. Each entry keeps its response body pre-rendered;
+only the requested ``n`` and ``exact`` are spliced in per request.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+
+from codegen.export import tuned_results
+from db.store import BestResult, Store, normalize_gpu_name
+from service.schemas import BestOut, TunedSetOut
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int, str, bool]  # (normalised GPU, D, dtype, causal)
+Fingerprint = tuple[tuple[str, str, int], ...]
+
+
+class NotTunedError(LookupError):
+    """Nothing in the index answers the request; the message says what is there instead."""
+
+
+@lru_cache(maxsize=4096)
+def gpu_key(name: str) -> str:
+    """:func:`db.store.normalize_gpu_name`, memoised: it runs on every request."""
+    return normalize_gpu_name(name)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """The winner at one tuned N, with its response body minus ``n`` and ``exact``."""
+
+    n: int
+    result: BestResult
+    body_tail: bytes  # the JSON object without its opening brace and the two per-request keys
+
+    def body(self, n: int) -> bytes:
+        """The ``/v1/best`` response body for a request for ``n``."""
+        exact = b"true" if n == self.n else b"false"
+        return b'{"n":%d,"exact":%s,%s' % (n, exact, self.body_tail)
+
+
+def _entry(best: BestResult) -> Entry:
+    rendered = BestOut.of(best, best.n).model_dump_json(exclude={"n", "exact"}).encode()
+    return Entry(n=best.n, result=best, body_tail=rendered[1:])
+
+
+@dataclass(frozen=True)
+class Table:
+    """The tuned Ns of one key, ascending, and their entries."""
+
+    ns: list[int]
+    entries: list[Entry]
+
+    def nearest(self, n: int) -> Entry:
+        """The entry at ``n``, else at the nearest N on a log scale (a tie goes to the larger).
+
+        ``hi`` is at least as near as ``lo`` iff ``hi / n <= n / lo``, i.e. ``lo * hi <= n^2``:
+        the boundary is the geometric midpoint, as in :meth:`db.store.Store.best_or_nearest`
+        and the exported header's dispatch.
+        """
+        i = bisect.bisect_left(self.ns, n)
+        if i == len(self.ns):
+            return self.entries[-1]
+        if self.ns[i] == n or i == 0:
+            return self.entries[i]
+        lo, hi = self.ns[i - 1], self.ns[i]
+        return self.entries[i] if lo * hi <= n * n else self.entries[i - 1]
+
+
+@dataclass(frozen=True)
+class GpuTuned:
+    """A GPU's display name and what is tuned for it."""
+
+    name: str
+    tuned: dict[tuple[int, str, bool], list[int]] = field(default_factory=dict)
+
+    def sets(self) -> list[TunedSetOut]:
+        return [
+            TunedSetOut(d=d, dtype=dtype, causal=causal, ns=ns)  # type: ignore[arg-type]
+            for (d, dtype, causal), ns in sorted(self.tuned.items())
+        ]
+
+
+@dataclass(frozen=True)
+class BestIndex:
+    """An immutable snapshot; replaced as a whole on refresh, so readers need no lock."""
+
+    tables: dict[Key, Table]
+    gpus: dict[str, GpuTuned]
+    built_at: datetime
+    fingerprint: Fingerprint = ()
+
+    @classmethod
+    def build(cls, store: Store) -> BestIndex:
+        """Read every winner from ``store`` (one pass over the OK measurements)."""
+        fingerprint = _fingerprint(store)
+        grouped: dict[Key, list[BestResult]] = {}
+        names: dict[str, str] = {}
+        for best in tuned_results(store):
+            key = (gpu_key(best.gpu), best.d, best.dtype, best.causal)
+            grouped.setdefault(key, []).append(best)
+            names.setdefault(key[0], best.gpu)
+        tables: dict[Key, Table] = {}
+        gpus: dict[str, GpuTuned] = {k: GpuTuned(name=v) for k, v in names.items()}
+        for key, results in grouped.items():
+            results.sort(key=lambda b: b.n)
+            tables[key] = Table(ns=[b.n for b in results], entries=[_entry(b) for b in results])
+            gpus[key[0]].tuned[key[1:]] = tables[key].ns
+        return cls(tables=tables, gpus=gpus, built_at=datetime.now(UTC), fingerprint=fingerprint)
+
+    @property
+    def tuned_problems(self) -> int:
+        return sum(len(t.ns) for t in self.tables.values())
+
+    def lookup(self, gpu: str, d: int, n: int, dtype: str, causal: bool) -> Entry:
+        """The winner for a request, exact or at the nearest tuned N.
+
+        Raises:
+            NotTunedError: the GPU, its head dim, or the dtype/mask has no results.
+        """
+        key = gpu_key(gpu)
+        table = self.tables.get((key, d, dtype, causal))
+        if table is not None:
+            return table.nearest(n)
+        tuned = self.gpus.get(key)
+        if tuned is None:
+            known = ", ".join(sorted(g.name for g in self.gpus.values())) or "none"
+            raise NotTunedError(f"no results for GPU {gpu!r}; GPUs with results: {known}")
+        ds = sorted({k[0] for k in tuned.tuned})
+        if d not in ds:
+            raise NotTunedError(
+                f"no results for D={d} on {tuned.name}; tuned head dims: " + ", ".join(map(str, ds))
+            )
+        variants = sorted(
+            f"{t} {'causal' if c else 'full'}" for (dd, t, c) in tuned.tuned if dd == d
+        )
+        mask = "causal" if causal else "full"
+        raise NotTunedError(
+            f"no results for D={d} {dtype} {mask} on {tuned.name}; tuned for D={d}: "
+            + ", ".join(variants)
+        )
+
+
+def _fingerprint(store: Store) -> Fingerprint:
+    """Cheap change detector: OK measurement counts per GPU (one aggregate query)."""
+    return tuple(sorted((g.name, g.compute_capability, g.ok_measurements) for g in store.gpus()))
+
+
+class IndexHolder:
+    """Owns the current :class:`BestIndex` of a store and rebuilds it on demand.
+
+    Args:
+        store: the results database.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._index: BestIndex | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    def current(self) -> BestIndex:
+        """The index, built on first use when the app's lifespan has not built it yet."""
+        index = self._index
+        return index if index is not None else self.refresh()
+
+    def refresh(self) -> BestIndex:
+        """Rebuild from the store and swap the new index in."""
+        with self._lock:
+            index = BestIndex.build(self._store)
+            self._index = index
+        log.info(
+            "best-config index: %d GPUs, %d tuned problems", len(index.gpus), index.tuned_problems
+        )
+        return index
+
+    def refresh_if_changed(self) -> bool:
+        """Rebuild when other writers (tuners, CLI ingests) added OK measurements.
+
+        Returns:
+            True when the index was rebuilt.
+        """
+        index = self._index
+        if index is not None and _fingerprint(self._store) == index.fingerprint:
+            return False
+        self.refresh()
+        return True

@@ -1,0 +1,182 @@
+"""The FastAPI application: ``create_app`` wires the store, the index, routers and handlers.
+
+Start-up (the lifespan) loads the results shipped with the package into the configured
+database and builds the in-memory best-config index; a background task rebuilds the index
+when other writers (tuner workers, ``fa2tune ingest``) add OK measurements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from fastapi import FastAPI, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, RedirectResponse
+from sqlalchemy.exc import OperationalError
+
+from db.shipped import load_shipped_results
+from db.store import Store
+from db.transfer import DumpFile
+from fa2tune import __version__
+from fa2tune.settings import get_settings
+from service.index import IndexHolder
+from service.routers import best, export, gpus, health, results
+
+log = logging.getLogger(__name__)
+
+# How often the background task checks the database for measurements written by others.
+REFRESH_SECONDS = 60.0
+
+DESCRIPTION = """\
+Best FlashAttention-2 forward kernel configs measured by fa2tune, per GPU and shape.
+
+* `GET /v1/best` — the fastest correct config for (GPU, D, N, dtype, causal), with timing
+  and provenance; for an untuned N, the nearest tuned N (`exact: false`, `from_n`).
+* `GET /v1/gpus`, `GET /v1/results` — what the database holds.
+* `GET /v1/export/header` — a self-contained CUDA header with the tuned kernels and a
+  dispatch function.
+* `POST /v1/results` — ingest a `fa2tune dump` file (bearer token).
+"""
+
+
+def create_app(store: Store | None = None, *, load_shipped: bool | None = None) -> FastAPI:
+    """Build the application.
+
+    Args:
+        store: the results database; None opens (and migrates) ``settings.db_url``, and the
+            app then closes it at shutdown.
+        load_shipped: ingest the results shipped with the package at start-up; by default
+            only for the configured database (an injected store is left as given).
+
+    Returns:
+        The app; its lifespan builds the best-config index.
+    """
+    owns_store = store is None
+    if store is None:
+        store = Store.from_url(get_settings().db_url)
+    shipped = owns_store if load_shipped is None else load_shipped
+    holder = IndexHolder(store)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if shipped:
+            try:
+                added = await run_in_threadpool(load_shipped_results, store)
+                log.info("shipped results: %d measurements added", added)
+            except Exception:
+                # A bad bundled file must not keep the service down; what is there is served.
+                log.exception("loading the shipped results failed")
+        await run_in_threadpool(holder.refresh)
+        watcher = asyncio.create_task(_watch(holder), name="fa2tune-index-refresh")
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with suppress(asyncio.CancelledError):
+                await watcher
+            if owns_store:
+                store.close()
+
+    app = FastAPI(
+        title="fa2tune",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.store = store
+    app.state.index = holder
+    for module in (health, best, gpus, results, export):
+        app.include_router(module.router)
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(OperationalError, _database_error)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+async def _watch(holder: IndexHolder) -> None:
+    while True:
+        await asyncio.sleep(REFRESH_SECONDS)
+        try:
+            if await run_in_threadpool(holder.refresh_if_changed):
+                log.info("best-config index rebuilt: the database changed")
+        except Exception:
+            log.exception("refreshing the best-config index failed; keeping the old one")
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("query", "body", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts) or "request"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...' ({len(str(value))} chars)"
+
+
+def _json_safe(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with one readable line per invalid input, e.g. ``d: must be one of ... (got 48)``."""
+    messages: list[str] = []
+    errors: list[dict[str, Any]] = []
+    for err in exc.errors():
+        field = _field(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        line = f"{field}: {msg}"
+        if err.get("type") != "missing" and "input" in err and "(got" not in msg:
+            line += f" (got {_short(err['input'])})"
+        messages.append(line)
+        errors.append(
+            {"loc": list(err.get("loc", ())), "msg": msg, "input": _json_safe(err.get("input"))}
+        )
+    return JSONResponse(
+        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+        content={"detail": "; ".join(messages) or "invalid request", "errors": errors},
+    )
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("database error on %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        content={"detail": "database unavailable; try again later"},
+    )
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated schema plus the results-file schema ``POST /v1/results`` reads.
+
+    That endpoint reads its body itself (after the token check), so FastAPI does not know
+    the model; its schema is added to the components here.
+    """
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        dump = DumpFile.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, definition in dump.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components["DumpFile"] = dump
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -1,0 +1,70 @@
+"""Validated query parameters shared by the routers (invalid input is a 422, never a 500)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import Query
+from pydantic import AfterValidator
+
+from codegen.config import HEAD_DIMS
+
+MAX_GPU_NAME = 128  # the gpus.name column
+MAX_N = 2**31 - 1  # Fa2Params.nq is an int32
+
+
+def _gpu_name(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise ValueError("must not be blank")
+    return value
+
+
+def _head_dim(value: int) -> int:
+    if value not in HEAD_DIMS:
+        supported = ", ".join(map(str, HEAD_DIMS))
+        raise ValueError(f"must be one of {supported} (got {value})")
+    return value
+
+
+GpuQuery = Annotated[
+    str,
+    Query(
+        min_length=1,
+        max_length=MAX_GPU_NAME,
+        description='GPU name as you would write it: "H200", "NVIDIA H200" (case-insensitive)',
+        examples=["NVIDIA H200"],
+    ),
+    AfterValidator(_gpu_name),
+]
+HeadDimQuery = Annotated[
+    int,
+    Query(description="head dimension", json_schema_extra={"enum": list(HEAD_DIMS)}),
+    AfterValidator(_head_dim),
+]
+SeqLenQuery = Annotated[
+    int, Query(ge=1, le=MAX_N, description="sequence length (queries = keys)", examples=[4096])
+]
+DtypeQuery = Annotated[Literal["fp16", "bf16"], Query(description="element type")]
+CausalQuery = Annotated[bool, Query(description="causal (bottom-right aligned) mask")]
+
+
+def parse_head_dims(values: list[str] | None) -> list[int] | None:
+    """Head dims from repeated and/or comma-separated values (``d=64&d=128`` or ``d=64,128``).
+
+    Raises:
+        ValueError: a value is not an integer or not a supported head dim.
+    """
+    if not values:
+        return None
+    out: list[int] = []
+    for item in ",".join(values).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            d = int(item)
+        except ValueError:
+            raise ValueError(f"not an integer: {item!r}") from None
+        out.append(_head_dim(d))
+    return sorted(set(out)) or None

@@ -1,0 +1,269 @@
+"""Request and response models of the HTTP API (separate from the ORM models in ``db``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from codegen.config import KernelConfig
+from db.store import BestResult, GpuSummary, ResultRow
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ErrorOut(_Out):
+    """An error with a human-readable reason."""
+
+    detail: str = Field(examples=["no results for GPU 'RTX 9090'; GPUs with results: NVIDIA H200"])
+
+
+class FieldError(_Out):
+    """One invalid input."""
+
+    loc: list[str | int] = Field(description="where: e.g. ['query', 'd']")
+    msg: str
+    input: object | None = None
+
+
+class ValidationErrorOut(_Out):
+    """422: the request's parameters or body are invalid; ``detail`` says which and why."""
+
+    detail: str = Field(examples=["d: must be one of 32, 64, 96, 128, 256 (got 48)"])
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+class ConfigOut(_Out):
+    """A kernel config: every template parameter plus derived launch figures."""
+
+    name: str = Field(description='readable id, also the kernel\'s extern "C" symbol')
+    key: str = Field(description="stable 16-hex-digit key")
+    d: int
+    dtype: Literal["fp16", "bf16"]
+    causal: bool
+    br: int = Field(description="query rows per thread block")
+    bc: int = Field(description="key/value rows per tile")
+    warps: int
+    stages: int = Field(description="K/V shared-memory buffers each")
+    pad: int = Field(description="halfs of padding per shared-memory row")
+    swizzle: bool
+    threads: int
+    smem_bytes: int = Field(description="dynamic shared memory per block")
+
+    @classmethod
+    def of(cls, c: KernelConfig) -> ConfigOut:
+        return cls(
+            name=c.name, key=c.key, d=c.d, dtype=c.dtype, causal=c.causal, br=c.br, bc=c.bc,
+            warps=c.warps, stages=c.stages, pad=c.pad, swizzle=c.swizzle, threads=c.threads,
+            smem_bytes=c.smem_bytes,
+        )  # fmt: skip
+
+
+class MeasuredProblemOut(_Out):
+    """The full shape the winning measurement was taken on."""
+
+    n: int
+    nk: int
+    batch: int
+    heads: int
+    kv_heads: int
+
+
+class BuildOut(_Out):
+    """ptxas's resource report of the winning build."""
+
+    registers: int | None
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    static_smem: int
+
+
+class ProvenanceOut(_Out):
+    """Where and how the winning figure was measured."""
+
+    gpu: str = Field(description="device name as the driver reports it")
+    compute_capability: str
+    driver_version: str
+    cuda_version: str
+    nvcc_version: str
+    arch: str = Field(examples=["sm_90"])
+    source_hash: str = Field(description="hash of template + instantiation + flags + nvcc + arch")
+    measured_at: datetime
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+
+
+class BestOut(_Out):
+    """The fastest correct config for a shape on a GPU."""
+
+    n: int = Field(description="the N asked for")
+    exact: bool = Field(description="true when measured at exactly this N")
+    from_n: int = Field(description="the N the answer was measured at (nearest on a log scale)")
+    gpu: str
+    d: int
+    dtype: Literal["fp16", "bf16"]
+    causal: bool
+    config: ConfigOut
+    median_ms: float = Field(description="median kernel time per launch at from_n")
+    p10_ms: float | None
+    p90_ms: float | None
+    tflops: float | None = Field(description="throughput at from_n")
+    max_abs_err: float | None = Field(description="vs. a float32 reference")
+    rel_err: float | None
+    measured_problem: MeasuredProblemOut
+    build: BuildOut
+    provenance: ProvenanceOut
+
+    @classmethod
+    def of(cls, b: BestResult, n: int) -> BestOut:
+        return cls(
+            n=n,
+            exact=n == b.n,
+            from_n=b.n,
+            gpu=b.gpu,
+            d=b.d,
+            dtype=b.config.dtype,
+            causal=b.causal,
+            config=ConfigOut.of(b.config),
+            median_ms=b.median_ms,
+            p10_ms=b.p10_ms,
+            p90_ms=b.p90_ms,
+            tflops=b.tflops,
+            max_abs_err=b.max_abs_err,
+            rel_err=b.rel_err,
+            measured_problem=MeasuredProblemOut(
+                n=b.n, nk=b.nk, batch=b.batch, heads=b.heads, kv_heads=b.kv_heads
+            ),
+            build=BuildOut(
+                registers=b.registers,
+                spill_stores=b.spill_stores,
+                spill_loads=b.spill_loads,
+                stack_bytes=b.stack_bytes,
+                static_smem=b.static_smem,
+            ),
+            provenance=ProvenanceOut(
+                gpu=b.gpu,
+                compute_capability=b.compute_capability,
+                driver_version=b.driver_version,
+                cuda_version=b.cuda_version,
+                nvcc_version=b.nvcc_version,
+                arch=b.arch,
+                source_hash=b.source_hash,
+                measured_at=b.measured_at,
+                sm_clock_mhz=b.sm_clock_mhz,
+                mem_clock_mhz=b.mem_clock_mhz,
+            ),
+        )
+
+
+class TunedSetOut(_Out):
+    """The Ns tuned for one (D, dtype, causal) on a GPU."""
+
+    d: int
+    dtype: Literal["fp16", "bf16"]
+    causal: bool
+    ns: list[int]
+
+
+class GpuOut(_Out):
+    """A GPU in the database and what is tuned for it."""
+
+    name: str
+    compute_capability: str
+    sm_count: int
+    driver_version: str = Field(description="latest seen")
+    cuda_version: str = Field(description="latest seen")
+    memory_bytes: int
+    smem_optin_bytes: int
+    measurements: int
+    ok_measurements: int
+    tuned: list[TunedSetOut]
+
+    @classmethod
+    def of(cls, g: GpuSummary, tuned: list[TunedSetOut]) -> GpuOut:
+        return cls(**g.to_dict(), tuned=tuned)
+
+
+class GpuListOut(_Out):
+    """Every GPU in the database."""
+
+    items: list[GpuOut]
+
+
+class ResultOut(_Out):
+    """One measurement with its problem, GPU and build."""
+
+    measurement_id: int
+    gpu: str
+    compute_capability: str
+    d: int
+    n: int
+    nk: int
+    batch: int
+    heads: int
+    kv_heads: int
+    dtype: str
+    causal: bool
+    config_name: str
+    config_key: str
+    arch: str
+    source_hash: str
+    registers: int | None
+    spill_stores: int
+    spill_loads: int
+    status: str
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    tflops: float | None
+    max_abs_err: float | None
+    rel_err: float | None
+    error: str | None
+    trial_number: int | None
+    driver_version: str
+    cuda_version: str
+    measured_at: datetime
+
+    @classmethod
+    def of(cls, r: ResultRow) -> ResultOut:
+        return cls(**r.to_dict())
+
+
+class ResultPageOut(_Out):
+    """A page of measurements (fastest first within a problem)."""
+
+    total: int = Field(description="rows matching the filters")
+    offset: int
+    limit: int
+    next_offset: int | None = Field(description="offset of the next page; null on the last")
+    items: list[ResultOut]
+
+
+class IngestOut(_Out):
+    """What an ingest did; re-posting the same file adds nothing."""
+
+    added: int = Field(description="measurements added")
+    skipped: int = Field(description="measurements already present")
+    gpus_added: int
+    builds_added: int
+    problems_added: int
+
+
+class IndexStatsOut(_Out):
+    """The in-memory index of best configs."""
+
+    gpus: int
+    tuned_problems: int
+    built_at: datetime
+
+
+class HealthOut(_Out):
+    """Liveness."""
+
+    status: Literal["ok"] = "ok"
+    version: str
+    index: IndexStatsOut
