@@ -1,0 +1,131 @@
+"""Rendering: one ``.cu`` instantiation file per config, and the template's identity.
+
+An instantiation is two lines (see docs/architecture.md): the template include and one
+``FA2_DEFINE_KERNEL(...)``. Files are only rewritten when their text changes, so ninja's
+timestamps stay meaningful across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from codegen.config import KernelConfig
+
+TEMPLATE_HEADER = "fa2_fwd.cuh"
+
+_ELEM_TYPES: dict[str, str] = {"fp16": "__half", "bf16": "__nv_bfloat16"}
+
+
+def cuda_elem_type(dtype: str) -> str:
+    """The CUDA element type of a config dtype (``"fp16"`` -> ``"__half"``).
+
+    Raises:
+        ValueError: for an unknown dtype.
+    """
+    try:
+        return _ELEM_TYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {list(_ELEM_TYPES)}") from None
+
+
+def _cpp_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def render_instantiation(config: KernelConfig) -> str:
+    """The ``.cu`` text that instantiates ``config`` as an ``extern "C"`` kernel.
+
+    Args:
+        config: the kernel configuration; its name becomes the kernel symbol.
+
+    Returns:
+        ``#include "fa2_fwd.cuh"`` and one ``FA2_DEFINE_KERNEL(...)`` line, newline-terminated.
+    """
+    c = config
+    args = ", ".join(
+        (
+            c.name,
+            str(c.d),
+            cuda_elem_type(c.dtype),
+            _cpp_bool(c.causal),
+            str(c.br),
+            str(c.bc),
+            str(c.warps),
+            str(c.stages),
+            str(c.pad),
+            _cpp_bool(c.swizzle),
+        )
+    )
+    return f'#include "{TEMPLATE_HEADER}"\nFA2_DEFINE_KERNEL({args})\n'
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` unless the file already holds exactly that text.
+
+    The write goes through a temporary file and an atomic rename, so a concurrent reader
+    (another build of the same config) never sees a half-written file.
+
+    Args:
+        path: destination; parent directories are created.
+        text: file content.
+
+    Returns:
+        True when the file was (re)written, False when it was already up to date.
+    """
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def template_dir() -> Path:
+    """The directory holding ``fa2_fwd.cuh`` (the package's ``codegen/templates``).
+
+    Raises:
+        RuntimeError: when the package is not installed as plain files (e.g. from a zip),
+            because nvcc needs a real include directory.
+    """
+    traversable = resources.files("codegen").joinpath("templates")
+    path = Path(str(traversable))
+    if not isinstance(traversable, Path) and not path.is_dir():
+        raise RuntimeError(f"codegen templates are not on the file system: {traversable}")
+    return path
+
+
+def template_hash(directory: Path | None = None) -> str:
+    """SHA-256 over every file in the template directory (relative names and contents).
+
+    Any edit to the template, or an added/removed helper header, changes the hash and thus
+    every build directory derived from it.
+
+    Args:
+        directory: the template directory; defaults to :func:`template_dir`.
+
+    Returns:
+        The hex digest (64 characters).
+    """
+    root = directory if directory is not None else template_dir()
+    h = hashlib.sha256()
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for p in files:
+        rel = p.relative_to(root).as_posix().encode()
+        data = p.read_bytes()
+        # Length-prefixed fields, so that no two different trees hash alike.
+        h.update(len(rel).to_bytes(8, "little") + rel)
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()

@@ -1,0 +1,239 @@
+"""The tuning space: every template instantiation worth compiling for one (D, dtype, mask).
+
+The rules mirror the ``static_assert``\\ s and the code structure of
+``codegen/templates/fa2_fwd.cuh``: each warp owns whole 16-row ``mma.m16n8k16`` tiles of the
+query block (split-Q), key tiles are consumed 16 keys per k-step, the swizzle permutes 16-byte
+chunks in groups of 4, and the dynamic shared memory is ``KernelConfig.smem_bytes``. On top of
+what the template accepts, two budgets prune configs that cannot be good: rows per warp are kept
+at 16 or 32 (64 would need ~2x the accumulator registers of the largest useful tile) and a
+per-thread register estimate must stay under :data:`MAX_EST_REGISTERS`. Configs estimated
+between :data:`SPILL_RISK_REGISTERS` and :data:`MAX_EST_REGISTERS` may spill; they are kept
+because whether ptxas spills them is exactly what a build measures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from codegen.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
+
+VALID_HEAD_DIMS: tuple[int, ...] = HEAD_DIMS
+VALID_DTYPES: tuple[Dtype, ...] = DTYPES
+VALID_WARPS: tuple[int, ...] = (2, 4, 8)
+VALID_BR: tuple[int, ...] = (32, 64, 128, 256)
+VALID_BC: tuple[int, ...] = (32, 64, 128, 256)
+VALID_STAGES: tuple[int, ...] = (1, 2, 3, 4)
+VALID_PADS: tuple[int, ...] = (0, 8, 16)
+VALID_ROWS_PER_WARP: tuple[int, ...] = (16, 32)
+#: ``(pad, swizzle)`` shared-memory layouts; padding and swizzling are alternatives.
+VALID_LAYOUTS: tuple[tuple[int, bool], ...] = ((0, False), (8, False), (16, False), (0, True))
+
+MMA_M = 16  # rows of one mma.m16n8k16 tile: the unit a warp's query rows come in
+MMA_K = 16  # keys per k-step of the P·V product
+SWIZZLE_CHUNK_GROUP = 4  # the swizzle permutes 16-byte chunks in groups of 4 (D % 32 == 0)
+
+#: Max dynamic shared memory per block after opt-in, per architecture (CUDA programming guide).
+ARCH_SMEM_LIMIT: dict[str, int] = {
+    "sm_80": 163 * 1024,
+    "sm_86": 99 * 1024,
+    "sm_89": 99 * 1024,
+    "sm_90": 227 * 1024,
+}
+SUPPORTED_ARCHS: tuple[str, ...] = tuple(ARCH_SMEM_LIMIT)
+DEFAULT_SMEM_LIMIT = ARCH_SMEM_LIMIT["sm_90"]
+
+#: Registers the estimate adds for addresses, loop counters, smem offsets and the transient
+#: ldmatrix/packed-P fragments. Calibrated so that the estimate of FA2's D=64 128x128 tile
+#: (which ptxas compiles to 255 registers with a small spill on sm_90) lands just over 255.
+BASE_REGISTERS = 32
+#: Above this estimate a config is rejected: it would spill hundreds of bytes per thread.
+MAX_EST_REGISTERS = 300
+#: Above this estimate ptxas may spill; such configs stay in the space (spilling is data).
+SPILL_RISK_REGISTERS = 200
+#: The template keeps Q's mma fragments in registers when they take at most this many.
+Q_IN_REGS_MAX = 32
+
+#: FlashAttention-2's forward tile choices per head dim: (br, bc, warps).
+FA2_TILES: dict[int, tuple[int, int, int]] = {
+    32: (128, 128, 4),
+    64: (128, 128, 4),
+    96: (128, 64, 4),
+    128: (128, 64, 4),
+    256: (64, 64, 4),
+}
+#: The hand-written seed kernels' tiles: (br, bc, warps) with these stage counts.
+SEED_TILES: tuple[tuple[int, int, int], ...] = (
+    (64, 64, 4),
+    (64, 64, 8),
+    (128, 64, 4),
+    (128, 64, 8),
+)
+SEED_STAGES: tuple[int, ...] = (1, 2)
+
+
+def estimate_registers(config: KernelConfig) -> int:
+    """Rough registers per thread of an instantiation, following the template's arrays.
+
+    Per thread a warp's fp32 accumulators take ``rows_per_warp * (D + bc) / 32`` registers
+    (O is rows x D, S is rows x bc, spread over 32 lanes); the running max and sum take 2 each
+    per 16-row tile; Q's fragments add ``m_tiles * D / 16 * 4`` when the template keeps them
+    in registers; :data:`BASE_REGISTERS` covers the rest. It undershoots ptxas by a few tens
+    of registers on small tiles and is only used to prune, never to rank.
+
+    Args:
+        config: the kernel configuration.
+
+    Returns:
+        The estimated 32-bit registers per thread.
+    """
+    rows = config.rows_per_warp
+    m_tiles = max(rows // MMA_M, 1)
+    accumulators = rows * (config.d + config.bc) // 32
+    softmax_state = 4 * m_tiles  # row max and row sum, two rows per lane per m-tile
+    q_frag = m_tiles * (config.d // 16) * 4
+    q_regs = q_frag if q_frag <= Q_IN_REGS_MAX else 0
+    return accumulators + softmax_state + q_regs + BASE_REGISTERS
+
+
+def _check_arch(arch: str) -> None:
+    if arch not in ARCH_SMEM_LIMIT:
+        raise ValueError(
+            f"unsupported architecture {arch!r}; expected one of {', '.join(SUPPORTED_ARCHS)}"
+        )
+
+
+def is_valid(config: KernelConfig, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tuple[bool, str]:
+    """Check one config against the space's rules.
+
+    Args:
+        config: the kernel configuration, e.g. parsed from a user-given name.
+        smem_limit: dynamic shared memory available per block, in bytes.
+
+    Returns:
+        ``(True, "")`` when the config is in the space, else ``(False, reason)`` with a
+        sentence that names the broken rule and the offending values.
+    """
+    c = config
+    if c.d not in VALID_HEAD_DIMS:
+        return False, f"head dim {c.d} is not one of {list(VALID_HEAD_DIMS)}"
+    if c.dtype not in VALID_DTYPES:
+        return False, f"dtype {c.dtype!r} is not one of {list(VALID_DTYPES)}"
+    if c.warps not in VALID_WARPS:
+        return False, f"warps {c.warps} is not one of {list(VALID_WARPS)}"
+    if c.br not in VALID_BR:
+        return False, f"br {c.br} is not one of {list(VALID_BR)}"
+    if c.br % (MMA_M * c.warps) != 0:
+        return False, (
+            f"br {c.br} is not a multiple of 16 * warps = {MMA_M * c.warps}: "
+            "each warp needs whole 16-row mma tiles"
+        )
+    if c.rows_per_warp not in VALID_ROWS_PER_WARP:
+        return False, (
+            f"rows per warp br/warps = {c.rows_per_warp} is not one of {list(VALID_ROWS_PER_WARP)}"
+        )
+    if c.bc not in VALID_BC:
+        return False, f"bc {c.bc} is not one of {list(VALID_BC)}"
+    if c.bc % MMA_K != 0:
+        return False, f"bc {c.bc} is not a multiple of {MMA_K}"
+    if c.stages not in VALID_STAGES:
+        return False, f"stages {c.stages} is not one of {list(VALID_STAGES)}"
+    if c.swizzle and c.pad != 0:
+        return False, f"swizzle and pad {c.pad} are alternatives: a swizzled layout has pad 0"
+    if c.pad not in VALID_PADS:
+        return False, f"pad {c.pad} is not one of {list(VALID_PADS)}"
+    if c.swizzle and (c.d // 8) % SWIZZLE_CHUNK_GROUP != 0:
+        return False, f"swizzle needs D/8 to be a multiple of {SWIZZLE_CHUNK_GROUP}"
+    if c.smem_bytes > smem_limit:
+        return False, (
+            f"needs {c.smem_bytes} bytes of shared memory (Q {c.br} rows + {c.stages} x 2 x "
+            f"{c.bc} K/V rows of {c.smem_row_elems} elements), over the limit of {smem_limit}"
+        )
+    est = estimate_registers(c)
+    if est > MAX_EST_REGISTERS:
+        return False, (
+            f"estimated {est} registers per thread (rows per warp {c.rows_per_warp}, "
+            f"D {c.d} + bc {c.bc} fp32 accumulators), over the budget of {MAX_EST_REGISTERS}"
+        )
+    return True, ""
+
+
+def enumerate_space(
+    d: int,
+    dtype: Dtype = "fp16",
+    causal: bool = False,
+    smem_limit: int = DEFAULT_SMEM_LIMIT,
+    arch: str = "sm_90",
+) -> list[KernelConfig]:
+    """Every valid config for one head dim, dtype and mask, in a deterministic order.
+
+    Args:
+        d: head dimension, one of :data:`VALID_HEAD_DIMS`.
+        dtype: ``"fp16"`` or ``"bf16"``.
+        causal: causal mask.
+        smem_limit: dynamic shared memory per block in bytes; clamped to the architecture's
+            opt-in maximum (:data:`ARCH_SMEM_LIMIT`).
+        arch: target architecture, one of :data:`SUPPORTED_ARCHS`.
+
+    Returns:
+        The valid configs sorted by ``KernelConfig`` order (d, dtype, causal, br, bc, warps,
+        stages, pad, swizzle), without duplicates.
+
+    Raises:
+        ValueError: for an unknown head dim, dtype or architecture.
+    """
+    _check_arch(arch)
+    if d not in VALID_HEAD_DIMS:
+        raise ValueError(f"head dim {d} is not one of {list(VALID_HEAD_DIMS)}")
+    if dtype not in VALID_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {list(VALID_DTYPES)}")
+    limit = min(smem_limit, ARCH_SMEM_LIMIT[arch])
+    candidates = (
+        KernelConfig(
+            d=d,
+            dtype=dtype,
+            causal=causal,
+            br=br,
+            bc=bc,
+            warps=warps,
+            stages=stages,
+            pad=pad,
+            swizzle=swizzle,
+        )
+        for warps in VALID_WARPS
+        for br in VALID_BR
+        for bc in VALID_BC
+        for stages in VALID_STAGES
+        for pad, swizzle in VALID_LAYOUTS
+    )
+    return _sorted_unique(c for c in candidates if is_valid(c, limit)[0])
+
+
+def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[KernelConfig]:
+    """Known-good starting points: FlashAttention-2's tile and the seed kernels' tiles.
+
+    FA2's tile for ``d`` (:data:`FA2_TILES`) comes with 1 stage in the pad-8 and swizzled
+    layouts; the seed kernels' tiles (:data:`SEED_TILES`) with :data:`SEED_STAGES` and pad 8.
+    Configs the space rejects (e.g. 64x64 with 8 warps: 8 rows per warp is less than one mma
+    tile) are dropped.
+
+    Args:
+        d: head dimension.
+        dtype: ``"fp16"`` or ``"bf16"``.
+        causal: causal mask.
+
+    Returns:
+        Valid seed configs, sorted and without duplicates.
+    """
+    found: list[KernelConfig] = []
+    if d in FA2_TILES:
+        br, bc, warps = FA2_TILES[d]
+        for pad, swizzle in ((8, False), (0, True)):
+            found.append(KernelConfig(d, dtype, causal, br, bc, warps, 1, pad=pad, swizzle=swizzle))
+    for br, bc, warps in SEED_TILES:
+        for stages in SEED_STAGES:
+            found.append(KernelConfig(d, dtype, causal, br, bc, warps, stages, pad=8))
+    return _sorted_unique(c for c in found if is_valid(c)[0])
+
+
+def _sorted_unique(configs: Iterable[KernelConfig]) -> list[KernelConfig]:
+    return sorted(set(configs))
