@@ -1,15 +1,252 @@
-"""CLI sub-commands of this stage (placeholders until the stage lands)."""
+"""CLI sub-commands of the codegen stage: ``fa2tune space`` and ``fa2tune build``."""
 
 from __future__ import annotations
 
-from fa2tune.unbuilt import not_built
+import json
+import logging
+from typing import Annotated, cast
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from codegen.build import (
+    BuildBatch,
+    NvccNotFoundError,
+    TemplateMissingError,
+    build_batch,
+    report_to_dict,
+)
+from codegen.config import Dtype, KernelConfig
+from codegen.report import BuildReport, BuildStatus
+from codegen.space import (
+    ARCH_SMEM_LIMIT,
+    DEFAULT_SMEM_LIMIT,
+    SUPPORTED_ARCHS,
+    VALID_DTYPES,
+    VALID_HEAD_DIMS,
+    enumerate_space,
+    estimate_registers,
+    is_valid,
+)
+
+logger = logging.getLogger(__name__)
+
+_STATUS_STYLE: dict[BuildStatus, str] = {
+    BuildStatus.OK: "green",
+    BuildStatus.SPILLS: "yellow",
+    BuildStatus.SMEM_OVERFLOW: "red",
+    BuildStatus.COMPILE_FAILED: "red",
+}
 
 
-def space() -> None:
-    """Not built yet."""
-    not_built("space")
+def _layout(config: KernelConfig) -> str:
+    return "swizzle" if config.swizzle else f"pad {config.pad}"
 
 
-def build() -> None:
-    """Not built yet."""
-    not_built("build")
+def _check_d(d: int) -> int:
+    if d not in VALID_HEAD_DIMS:
+        raise typer.BadParameter(
+            f"{d} is not a supported head dim; use one of {', '.join(map(str, VALID_HEAD_DIMS))}",
+            param_hint="--d",
+        )
+    return d
+
+
+def _check_dtype(dtype: str) -> Dtype:
+    if dtype not in VALID_DTYPES:
+        raise typer.BadParameter(
+            f"{dtype!r} is not a supported dtype; use one of {', '.join(VALID_DTYPES)}",
+            param_hint="--dtype",
+        )
+    return cast(Dtype, dtype)
+
+
+def _check_arch(arch: str) -> str:
+    if arch not in SUPPORTED_ARCHS:
+        raise typer.BadParameter(
+            f"{arch!r} is not a supported architecture; use one of {', '.join(SUPPORTED_ARCHS)}",
+            param_hint="--arch",
+        )
+    return arch
+
+
+def space(
+    d: Annotated[int, typer.Option("--d", help="head dimension (32, 64, 96, 128 or 256)")],
+    dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
+    causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,
+    smem_limit: Annotated[
+        int,
+        typer.Option("--smem-limit", help="dynamic shared memory per block in bytes", min=1),
+    ] = DEFAULT_SMEM_LIMIT,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
+) -> None:
+    """List the valid kernel configs for one head dim, dtype and mask."""
+    configs = enumerate_space(_check_d(d), _check_dtype(dtype), causal, smem_limit=smem_limit)
+    if as_json:
+        rows = [
+            {
+                "name": c.name,
+                **c.to_dict(),
+                "tile": c.tile,
+                "smem_bytes": c.smem_bytes,
+                "est_registers": estimate_registers(c),
+            }
+            for c in configs
+        ]
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"D={d} {dtype} {'causal' if causal else 'full'}: {len(configs)} configs")
+    for column in ("name", "tile", "stages", "layout"):
+        table.add_column(column)
+    table.add_column("smem bytes", justify="right")
+    table.add_column("est. regs", justify="right")
+    for c in configs:
+        table.add_row(
+            c.name,
+            c.tile,
+            str(c.stages),
+            _layout(c),
+            str(c.smem_bytes),
+            str(estimate_registers(c)),
+        )
+    Console().print(table)
+
+
+def _named_configs(names: list[str], arch: str) -> list[KernelConfig]:
+    configs: list[KernelConfig] = []
+    for name in names:
+        try:
+            config = KernelConfig.from_name(name)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--config") from None
+        ok, reason = is_valid(config, ARCH_SMEM_LIMIT[arch])
+        if not ok:
+            raise typer.BadParameter(
+                f"{name} is not a valid config: {reason}", param_hint="--config"
+            )
+        configs.append(config)
+    return configs
+
+
+def _select_configs(
+    d: int | None,
+    dtype: str | None,
+    causal: bool,
+    arch: str,
+    limit: int | None,
+    names: list[str] | None,
+) -> list[KernelConfig]:
+    if names:
+        configs = _named_configs(names, arch)
+        # --d/--dtype/--causal with --config would be ambiguous unless they agree.
+        for c in configs:
+            if d is not None and c.d != d:
+                raise typer.BadParameter(f"{c.name} has D={c.d}, not {d}", param_hint="--d")
+            if dtype is not None and c.dtype != dtype:
+                raise typer.BadParameter(
+                    f"{c.name} is {c.dtype}, not {dtype}", param_hint="--dtype"
+                )
+            if causal and not c.causal:
+                raise typer.BadParameter(f"{c.name} is not causal", param_hint="--causal")
+    else:
+        if d is None:
+            raise typer.BadParameter(
+                "give --d (with optional --limit) or --config", param_hint="--d"
+            )
+        configs = enumerate_space(
+            _check_d(d),
+            _check_dtype(dtype or "fp16"),
+            causal,
+            smem_limit=ARCH_SMEM_LIMIT[arch],
+            arch=arch,
+        )
+    return configs[:limit] if limit is not None else configs
+
+
+def _report_table(batch: BuildBatch, title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("name")
+    table.add_column("status")
+    for column in ("regs", "spill st", "spill ld", "stack", "smem", "seconds"):
+        table.add_column(column, justify="right")
+    for r in batch.reports:
+        table.add_row(*_report_row(r))
+    return table
+
+
+def _report_row(r: BuildReport) -> tuple[str, ...]:
+    style = _STATUS_STYLE.get(r.status, "")
+    status = f"[{style}]{r.status}[/{style}]" if style else str(r.status)
+    smem = r.static_smem + r.config.smem_bytes
+    return (
+        r.config.name,
+        status,
+        "-" if r.registers is None else str(r.registers),
+        str(r.spill_stores),
+        str(r.spill_loads),
+        str(r.stack_bytes),
+        str(smem),
+        f"{r.compile_seconds:.1f}",
+    )
+
+
+def _summary(batch: BuildBatch) -> str:
+    rate = batch.configs_per_minute
+    return (
+        f"built {batch.built}, cached {batch.cached}, failed {batch.failed}, "
+        f"spilling {batch.spilling}; "
+        + (f"{rate:.1f} configs/minute" if rate is not None else "nothing compiled")
+        + f" ({batch.seconds:.1f} s)"
+    )
+
+
+def build(
+    d: Annotated[
+        int | None, typer.Option("--d", help="head dimension (32, 64, 96, 128 or 256)")
+    ] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="fp16 (default) or bf16")] = None,
+    causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,
+    arch: Annotated[str, typer.Option("--arch", help="target architecture")] = "sm_90",
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="build only the first K configs", min=1)
+    ] = None,
+    config: Annotated[
+        list[str] | None,
+        typer.Option("--config", help="build this config (by name); repeatable"),
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", "-j", help="parallel nvcc jobs (env FA2TUNE_BUILD_JOBS)", min=1),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of reports")] = False,
+) -> None:
+    """Compile the config space (or the first K / the named configs) and show ptxas's report.
+
+    Failed configs are reported, not fatal: the exit status is 0 unless the input is wrong
+    or nvcc (or the kernel template) is missing.
+    """
+    _check_arch(arch)
+    if dtype is not None:
+        _check_dtype(dtype)
+    configs = _select_configs(d, dtype, causal, arch, limit, config)
+    try:
+        batch = build_batch(configs, arch=arch, jobs=jobs)
+    except NvccNotFoundError as exc:
+        typer.echo(f"fa2tune build: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    except TemplateMissingError as exc:
+        typer.echo(f"fa2tune build: {exc}", err=True)
+        raise typer.Exit(code=1) from None
+    if as_json:
+        typer.echo(json.dumps([report_to_dict(r) for r in batch.reports], indent=1))
+        logger.info(_summary(batch))
+        return
+    console = Console()
+    console.print(_report_table(batch, f"{len(configs)} configs for {arch}"))
+    for r in batch.reports:
+        if r.error and r.status in (BuildStatus.COMPILE_FAILED, BuildStatus.SMEM_OVERFLOW):
+            first = r.error.splitlines()[0] if r.error else ""
+            # soft_wrap: error lines hold paths; let the terminal wrap them, keep them greppable
+            console.print(f"[red]{r.config.name}[/red]: {first}", highlight=False, soft_wrap=True)
+    console.print(_summary(batch), soft_wrap=True)

@@ -1,0 +1,633 @@
+"""Compiling configs to cubins: a content-addressed cache, one ninja run per batch.
+
+Every config gets its own directory ``<cache_dir>/<arch>/<name>-<hash>/`` where ``hash`` covers
+everything that determines the cubin: the template files, the instantiation text, the nvcc
+flags, the nvcc version and the architecture. A directory whose result JSON exists is
+finished (successfully or not: failures are deterministic, so they are cached too) and is never
+rebuilt. The rest are compiled by one generated ``build.ninja``; each edge runs
+:mod:`codegen.nvcc_job`, which captures ptxas's ``-v`` report and always succeeds, so one broken
+config never stops the batch. Reports are then parsed from the logs with :mod:`codegen.ptxas`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from codegen import nvcc_job
+from codegen.config import KernelConfig
+from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
+from codegen.render import TEMPLATE_HEADER, render_instantiation, template_hash, write_if_changed
+from codegen.render import template_dir as default_template_dir
+from codegen.report import BuildReport, BuildStatus
+from codegen.space import ARCH_SMEM_LIMIT, SUPPORTED_ARCHS
+from fa2tune.settings import get_settings
+
+logger = logging.getLogger(__name__)
+
+#: nvcc flags of every build, before the architecture and include flags. ``-Xptxas -v`` makes
+#: ptxas report registers, spills and smem; no fast-math: the template calls ex2.approx itself.
+DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-cubin", "-Xptxas", "-v", "-lineinfo")
+SOURCE_SUFFIX = ".cu"
+CUBIN_SUFFIX = ".cubin"
+LOG_SUFFIX = ".ptxas.log"
+RESULT_SUFFIX = ".result.json"
+#: Seconds before one nvcc call is killed; the largest tiles take tens of seconds.
+DEFAULT_TIMEOUT_S = 900.0
+HASH_CHARS = 16
+# How often (seconds) progress is logged at INFO while ninja runs.
+_PROGRESS_EVERY_S = 10.0
+
+
+class NvccNotFoundError(RuntimeError):
+    """nvcc cannot be run."""
+
+
+class TemplateMissingError(FileNotFoundError):
+    """The kernel template (``fa2_fwd.cuh``) is not in the template directory."""
+
+
+@dataclass(frozen=True)
+class NinjaEntry:
+    """One edge of the generated ``build.ninja``: compile ``source`` into its directory.
+
+    Attributes:
+        name: the config name (shown in ninja's progress).
+        source: the rendered ``.cu``.
+        cubin: where the cubin goes.
+        log: where nvcc's output goes.
+        result: the JSON summary, the edge's only declared output.
+    """
+
+    name: str
+    source: Path
+    cubin: Path
+    log: Path
+    result: Path
+
+    @classmethod
+    def in_directory(cls, name: str, directory: Path) -> NinjaEntry:
+        """The standard file names of config ``name`` inside its build directory."""
+        return cls(
+            name=name,
+            source=directory / f"{name}{SOURCE_SUFFIX}",
+            cubin=directory / f"{name}{CUBIN_SUFFIX}",
+            log=directory / f"{name}{LOG_SUFFIX}",
+            result=directory / f"{name}{RESULT_SUFFIX}",
+        )
+
+
+@dataclass(frozen=True)
+class BuildBatch:
+    """The outcome of :func:`build_batch`.
+
+    Attributes:
+        reports: one report per input config, in input order.
+        built: configs compiled in this call.
+        cached: configs served from the cache.
+        failed: reports whose status is ``COMPILE_FAILED`` or ``SMEM_OVERFLOW``.
+        spilling: reports whose status is ``SPILLS``.
+        seconds: wall time of the ninja run (0 when everything was cached).
+    """
+
+    reports: list[BuildReport]
+    built: int
+    cached: int
+    failed: int
+    spilling: int
+    seconds: float
+
+    @property
+    def configs_per_minute(self) -> float | None:
+        """Compile throughput of this call; None when nothing was compiled."""
+        if self.built == 0 or self.seconds <= 0:
+            return None
+        return self.built * 60.0 / self.seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags, toolchain and hashing
+
+
+def arch_flags(arch: str) -> list[str]:
+    """The ``-gencode`` flag for ``arch`` (``"sm_90"`` -> compute_90 PTX compiled to sm_90).
+
+    Raises:
+        ValueError: for an architecture outside :data:`codegen.space.SUPPORTED_ARCHS`.
+    """
+    if arch not in SUPPORTED_ARCHS:
+        raise ValueError(
+            f"unsupported architecture {arch!r}; expected one of {', '.join(SUPPORTED_ARCHS)}"
+        )
+    number = arch.removeprefix("sm_")
+    return [f"-gencode=arch=compute_{number},code=sm_{number}"]
+
+
+def nvcc_flags(arch: str) -> list[str]:
+    """The flags that shape the cubin: :data:`DEFAULT_FLAGS` plus :func:`arch_flags`.
+
+    The ``-I`` of the template directory is added at build time and deliberately left out of
+    these (and of the hash): the directory's location does not change the cubin, its content
+    is hashed by :func:`codegen.render.template_hash`.
+    """
+    return [*DEFAULT_FLAGS, *arch_flags(arch)]
+
+
+@lru_cache(maxsize=16)
+def nvcc_version(nvcc: str) -> str:
+    """nvcc's release line, e.g. ``"Cuda compilation tools, release 13.0, V13.0.88"``.
+
+    Cached per executable name for the life of the process.
+
+    Raises:
+        NvccNotFoundError: when nvcc cannot be run or does not answer ``--version``.
+    """
+    try:
+        proc = subprocess.run(
+            [nvcc, "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NvccNotFoundError(
+            f"cannot run nvcc ({nvcc!r}): {exc}. Install the CUDA toolkit and put nvcc on PATH, "
+            "or point FA2TUNE_NVCC at it."
+        ) from exc
+    if proc.returncode != 0:
+        raise NvccNotFoundError(
+            f"{nvcc} --version exited with status {proc.returncode}: {proc.stderr.strip()}"
+        )
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    for line in lines:
+        if "release" in line:
+            return line
+    if not lines:
+        raise NvccNotFoundError(f"{nvcc} --version printed nothing")
+    return lines[-1]
+
+
+def source_hash(
+    template_digest: str,
+    instantiation: str,
+    flags: Sequence[str],
+    nvcc_release: str,
+    arch: str,
+) -> str:
+    """The build directory hash: sha256 over every input of the cubin, first 16 hex digits.
+
+    Args:
+        template_digest: :func:`codegen.render.template_hash`.
+        instantiation: the rendered ``.cu`` text.
+        flags: :func:`nvcc_flags`.
+        nvcc_release: :func:`nvcc_version`.
+        arch: target architecture.
+    """
+    payload = json.dumps(
+        [template_digest, instantiation, list(flags), nvcc_release, arch], separators=(",", ":")
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:HASH_CHARS]
+
+
+def build_directory(cache_dir: Path, arch: str, config: KernelConfig, digest: str) -> Path:
+    """``<cache_dir>/<arch>/<config.name>-<digest>``."""
+    return cache_dir / arch / f"{config.name}-{digest}"
+
+
+# ---------------------------------------------------------------------------------------------
+# build.ninja
+
+
+def _ninja_check(text: str) -> None:
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"ninja cannot express a newline in {text!r}")
+
+
+def ninja_escape_path(path: Path | str) -> str:
+    """Escape a path for a ninja ``build`` line (``$``, space and ``:`` are special there)."""
+    text = str(path)
+    _ninja_check(text)
+    return text.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+
+
+def ninja_escape_value(text: str) -> str:
+    """Escape a variable value for ninja (only ``$`` is special in values)."""
+    _ninja_check(text)
+    return text.replace("$", "$$")
+
+
+def _shell(args: Iterable[str | Path]) -> str:
+    """Shell-quoted and then ninja-escaped: ready to be a variable used in a command."""
+    return ninja_escape_value(shlex.join(str(a) for a in args))
+
+
+def render_ninja(
+    entries: Sequence[NinjaEntry],
+    nvcc: str,
+    flags: Sequence[str],
+    *,
+    python: str = sys.executable,
+    runner: str | Path = nvcc_job.__file__,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> str:
+    """The ``build.ninja`` text compiling ``entries``; a pure function of its arguments.
+
+    Each entry is one edge whose only declared output is its result JSON: the cubin is a side
+    product that a failed build lacks, and a missing declared output would make ninja retry
+    failures forever. Paths are escaped for ninja on ``build`` lines and shell-quoted where
+    they reach the command line, so directories with spaces work.
+
+    Args:
+        entries: the edges, in the order to write them.
+        nvcc: the nvcc executable.
+        flags: every nvcc flag, ``-I`` included, without ``-o`` and the source.
+        python: the interpreter that runs the job script.
+        runner: the job script (:mod:`codegen.nvcc_job`).
+        timeout_s: per-job nvcc timeout in seconds.
+
+    Returns:
+        The file's text.
+
+    Raises:
+        ValueError: when a path contains a newline, or two entries share a result path.
+    """
+    results = [e.result for e in entries]
+    if len(set(results)) != len(results):
+        raise ValueError("two ninja entries write the same result file")
+    lines = [
+        "# Generated by fa2tune (codegen.build): one nvcc job per kernel config.",
+        "ninja_required_version = 1.10",
+        "",
+        f"python = {_shell([python])}",
+        f"runner = {_shell([runner])}",
+        f"nvcc = {_shell([nvcc])}",
+        f"flags = {_shell(flags)}",
+        f"timeout = {timeout_s:g}",
+        "",
+        "rule nvcc_job",
+        "  command = $python $runner --nvcc $nvcc --timeout $timeout --src $src --cubin $cubin"
+        " --log $log --result $result -- $flags",
+        "  description = nvcc $name",
+        "",
+    ]
+    for e in entries:
+        lines += [
+            f"build {ninja_escape_path(e.result)}: nvcc_job {ninja_escape_path(e.source)}",
+            f"  name = {ninja_escape_value(e.name)}",
+            f"  src = {_shell([e.source])}",
+            f"  cubin = {_shell([e.cubin])}",
+            f"  log = {_shell([e.log])}",
+            f"  result = {_shell([e.result])}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def ninja_binary() -> str:
+    """The ninja executable: the one the ``ninja`` PyPI package ships, else the one on PATH.
+
+    Raises:
+        FileNotFoundError: when neither exists.
+    """
+    try:
+        import ninja  # the PyPI package: pinned in pyproject, so preferred
+
+        candidate = Path(ninja.BIN_DIR) / ("ninja.exe" if os.name == "nt" else "ninja")
+        if candidate.is_file():
+            return str(candidate)
+    except ImportError:
+        pass
+    found = shutil.which("ninja")
+    if found is None:
+        raise FileNotFoundError("ninja not found: pip install ninja")
+    return found
+
+
+def _run_ninja(ninja_file: Path, jobs: int, total: int) -> None:
+    """Run ninja over ``ninja_file`` and log its progress; ninja's own failure is logged."""
+    cmd = [ninja_binary(), "-f", ninja_file.name, "-k", "0", "-j", str(jobs)]
+    env = {**os.environ, "NINJA_STATUS": "[%f/%t %es] "}
+    logger.debug("running %s in %s", shlex.join(cmd), ninja_file.parent)
+    last_info = time.monotonic()
+    with subprocess.Popen(
+        cmd,
+        cwd=ninja_file.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip()
+            if not line:
+                continue
+            if line.startswith("["):
+                now = time.monotonic()
+                done = line.startswith(f"[{total}/")
+                if done or now - last_info >= _PROGRESS_EVERY_S:
+                    logger.info("build progress %s", line)
+                    last_info = now
+                else:
+                    logger.debug("build progress %s", line)
+            elif line.startswith("ninja: no work to do"):
+                logger.debug(line)
+            else:
+                logger.warning("ninja: %s", line)
+        returncode = proc.wait()
+    if returncode != 0:
+        # nvcc_job always exits 0, so this is ninja itself (bad file, interrupted, ...).
+        logger.error(
+            "ninja exited with status %d; unfinished configs are reported failed", returncode
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+def read_result(path: Path) -> dict[str, object] | None:
+    """A job's result JSON, or None when it is missing, unreadable or unfinished."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("finished") is not True:
+        return None
+    return data
+
+
+def report_from_files(
+    config: KernelConfig,
+    arch: str,
+    entry: NinjaEntry,
+    digest: str,
+    nvcc_release: str,
+    flags: Sequence[str],
+    smem_limit: int,
+) -> BuildReport:
+    """Turn one finished (or unfinished) build directory into a :class:`BuildReport`.
+
+    Status, in order: ``COMPILE_FAILED`` when the job did not finish or nvcc failed (or
+    ``SMEM_OVERFLOW`` when ptxas said "uses too much shared data"); ``SMEM_OVERFLOW`` when
+    static plus dynamic shared memory exceed ``smem_limit``; ``SPILLS`` when ptxas reports spill
+    bytes; else ``OK``.
+    """
+    result = read_result(entry.result)
+    base: dict[str, object] = {
+        "config": config,
+        "arch": arch,
+        "source_hash": digest,
+        "nvcc_version": nvcc_release,
+        "flags": tuple(flags),
+    }
+
+    def failed(status: BuildStatus, error: str, seconds: float = 0.0) -> BuildReport:
+        return BuildReport(
+            status=status,
+            registers=None,
+            spill_stores=0,
+            spill_loads=0,
+            stack_bytes=0,
+            static_smem=0,
+            compile_seconds=seconds,
+            cubin=None,
+            error=error,
+            **base,  # type: ignore[arg-type]
+        )
+
+    if result is None:
+        return failed(BuildStatus.COMPILE_FAILED, "the build job did not finish (see the log)")
+    seconds = float(result.get("seconds", 0.0))  # type: ignore[arg-type]
+    returncode = int(result.get("returncode", -1))  # type: ignore[call-overload]
+    try:
+        text = entry.log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    has_cubin = result.get("cubin") is not None and entry.cubin.is_file()
+
+    if returncode != 0 or not has_cubin:
+        problem = classify_errors(text, returncode if returncode != 0 else 1)
+        if problem is None:  # unreachable: classify_errors always reports a failure here
+            return failed(BuildStatus.COMPILE_FAILED, error_excerpt(text), seconds)
+        return failed(problem.status, problem.excerpt, seconds)
+
+    info = parse_ptxas(text, config.name, arch)
+    if not info.found or info.registers is None:
+        return failed(
+            BuildStatus.COMPILE_FAILED,
+            f"nvcc succeeded but ptxas printed no report for {config.name} (was -Xptxas -v "
+            "dropped?)",
+            seconds,
+        )
+    status = BuildStatus.SPILLS if info.spills else BuildStatus.OK
+    error: str | None = None
+    total_smem = info.static_smem + config.smem_bytes
+    if total_smem > smem_limit:
+        status = BuildStatus.SMEM_OVERFLOW
+        error = (
+            f"needs {total_smem} bytes of shared memory ({info.static_smem} static + "
+            f"{config.smem_bytes} dynamic), over the {arch} limit of {smem_limit}"
+        )
+    return BuildReport(
+        status=status,
+        registers=info.registers,
+        spill_stores=info.spill_stores,
+        spill_loads=info.spill_loads,
+        stack_bytes=info.stack_bytes,
+        static_smem=info.static_smem,
+        compile_seconds=seconds,
+        cubin=entry.cubin,
+        error=error,
+        **base,  # type: ignore[arg-type]
+    )
+
+
+def report_to_dict(report: BuildReport) -> dict[str, object]:
+    """A JSON-ready view of a report (the config's fields nested under ``config``)."""
+    return {
+        "name": report.config.name,
+        "config": report.config.to_dict(),
+        "arch": report.arch,
+        "status": str(report.status),
+        "registers": report.registers,
+        "spill_stores": report.spill_stores,
+        "spill_loads": report.spill_loads,
+        "stack_bytes": report.stack_bytes,
+        "static_smem": report.static_smem,
+        "dynamic_smem": report.config.smem_bytes,
+        "compile_seconds": report.compile_seconds,
+        "cubin": str(report.cubin) if report.cubin is not None else None,
+        "source_hash": report.source_hash,
+        "nvcc_version": report.nvcc_version,
+        "flags": list(report.flags),
+        "error": report.error,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch build
+
+
+def build_batch(
+    configs: Sequence[KernelConfig],
+    arch: str = "sm_90",
+    cache_dir: Path | None = None,
+    jobs: int | None = None,
+    *,
+    nvcc: str | None = None,
+    template_dir: Path | None = None,
+    smem_limit: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> BuildBatch:
+    """Compile ``configs`` for ``arch`` (cached ones are not rebuilt) and report on each.
+
+    Args:
+        configs: the configs; duplicates are built once and reported at each position.
+        arch: target architecture, one of :data:`codegen.space.SUPPORTED_ARCHS`.
+        cache_dir: the build cache; default ``settings.cache_dir``.
+        jobs: parallel nvcc jobs; default ``settings.build_jobs``.
+        nvcc: the nvcc executable; default ``settings.nvcc``.
+        template_dir: where ``fa2_fwd.cuh`` lives; default the package's templates.
+        smem_limit: shared memory per block for the ``SMEM_OVERFLOW`` check; default the
+            architecture's opt-in maximum.
+        timeout_s: seconds before one nvcc call is killed (reported as a failure).
+
+    Returns:
+        The reports in input order and the batch's counts.
+
+    Raises:
+        ValueError: for an unsupported architecture or ``jobs < 1``.
+        TemplateMissingError: when the template header is missing.
+        NvccNotFoundError: when nvcc cannot be run.
+    """
+    flags = nvcc_flags(arch)  # validates arch first: bad input is reported before any work
+    settings = get_settings()
+    cache_root = Path(cache_dir if cache_dir is not None else settings.cache_dir)
+    n_jobs = jobs if jobs is not None else settings.build_jobs
+    if n_jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {n_jobs}")
+    nvcc_exe = nvcc if nvcc is not None else settings.nvcc
+    tdir = template_dir if template_dir is not None else default_template_dir()
+    if not (tdir / TEMPLATE_HEADER).is_file():
+        raise TemplateMissingError(f"kernel template {TEMPLATE_HEADER} not found in {tdir}")
+    limit = smem_limit if smem_limit is not None else ARCH_SMEM_LIMIT[arch]
+    release = nvcc_version(nvcc_exe)
+    tdigest = template_hash(tdir)
+
+    unique = list(dict.fromkeys(configs))
+    digests: dict[KernelConfig, str] = {}
+    entries: dict[KernelConfig, NinjaEntry] = {}
+    pending: list[NinjaEntry] = []
+    for config in unique:
+        text = render_instantiation(config)
+        digest = source_hash(tdigest, text, flags, release, arch)
+        directory = build_directory(cache_root, arch, config, digest)
+        entry = NinjaEntry.in_directory(config.name, directory)
+        digests[config], entries[config] = digest, entry
+        if read_result(entry.result) is not None:
+            continue
+        # A stale result (unfinished or unreadable) must not look like an up-to-date output.
+        entry.result.unlink(missing_ok=True)
+        write_if_changed(entry.source, text)
+        pending.append(entry)
+
+    cached = len(unique) - len(pending)
+    logger.info(
+        "building %d configs for %s: %d cached, %d to compile with %d jobs",
+        len(unique),
+        arch,
+        cached,
+        len(pending),
+        n_jobs,
+    )
+    seconds = 0.0
+    if pending:
+        seconds = _compile(
+            pending, nvcc_exe, [*flags, "-I", str(tdir)], cache_root / arch, n_jobs, timeout_s
+        )
+
+    by_config = {
+        c: report_from_files(c, arch, entries[c], digests[c], release, flags, limit) for c in unique
+    }
+    reports = [by_config[c] for c in configs]
+    unique_reports = list(by_config.values())
+    failed = sum(
+        r.status in (BuildStatus.COMPILE_FAILED, BuildStatus.SMEM_OVERFLOW) for r in unique_reports
+    )
+    spilling = sum(r.status == BuildStatus.SPILLS for r in unique_reports)
+    batch = BuildBatch(reports, len(pending), cached, failed, spilling, seconds)
+    rate = batch.configs_per_minute
+    logger.info(
+        "built %d, cached %d, failed %d, spilling %d in %.1f s%s",
+        batch.built,
+        batch.cached,
+        batch.failed,
+        batch.spilling,
+        seconds,
+        f" ({rate:.1f} configs/min)" if rate is not None else "",
+    )
+    return batch
+
+
+def _compile(
+    pending: Sequence[NinjaEntry],
+    nvcc: str,
+    flags: Sequence[str],
+    arch_dir: Path,
+    jobs: int,
+    timeout_s: float,
+) -> float:
+    """Write a batch-private build.ninja for ``pending``, run it, return its wall time."""
+    nvcc_path = shutil.which(nvcc) or nvcc
+    ninja_root = arch_dir / ".ninja"
+    ninja_root.mkdir(parents=True, exist_ok=True)
+    # A private directory per batch: concurrent fa2tune processes never share ninja state.
+    batch_dir = Path(tempfile.mkdtemp(prefix="batch-", dir=ninja_root))
+    ninja_file = batch_dir / "build.ninja"
+    ninja_file.write_text(
+        render_ninja(pending, nvcc_path, flags, timeout_s=timeout_s), encoding="utf-8"
+    )
+    start = time.perf_counter()
+    try:
+        _run_ninja(ninja_file, jobs, len(pending))
+    finally:
+        shutil.rmtree(batch_dir, ignore_errors=True)
+    return time.perf_counter() - start
+
+
+def build_configs(
+    configs: Sequence[KernelConfig],
+    arch: str = "sm_90",
+    cache_dir: Path | None = None,
+    jobs: int | None = None,
+    *,
+    nvcc: str | None = None,
+    template_dir: Path | None = None,
+    smem_limit: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[BuildReport]:
+    """Compile ``configs`` and return one report per config, in input order.
+
+    See :func:`build_batch` for the arguments and errors; this returns only its reports.
+    """
+    return build_batch(
+        configs,
+        arch,
+        cache_dir,
+        jobs,
+        nvcc=nvcc,
+        template_dir=template_dir,
+        smem_limit=smem_limit,
+        timeout_s=timeout_s,
+    ).reports

@@ -1,0 +1,72 @@
+"""``fa2tune space`` and the input checks of ``fa2tune build`` (no compiler needed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from codegen import commands
+from codegen.space import enumerate_space
+
+app = typer.Typer()
+app.command("space")(commands.space)
+app.command("build")(commands.build)
+runner = CliRunner()
+
+
+def test_space_table() -> None:
+    result = runner.invoke(app, ["space", "--d", "128"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    n = len(enumerate_space(128))
+    assert f"{n} configs" in result.output
+    assert "fa2_d128_fp16_full_br128_bc64_w4_s1_pad8" in result.output
+    assert "128x64/4w" in result.output and "swizzle" in result.output
+
+
+def test_space_json() -> None:
+    result = runner.invoke(app, ["space", "--d", "64", "--dtype", "bf16", "--causal", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["name"] for r in rows] == [c.name for c in enumerate_space(64, "bf16", True)]
+    row = next(r for r in rows if r["name"] == "fa2_d64_bf16_causal_br128_bc128_w4_s1_pad8")
+    assert row["tile"] == "128x128/4w" and row["stages"] == 1 and row["pad"] == 8
+    assert row["smem_bytes"] == (128 + 2 * 128) * 72 * 2
+    assert isinstance(row["est_registers"], int)
+
+
+def test_space_smem_limit() -> None:
+    result = runner.invoke(app, ["space", "--d", "128", "--smem-limit", "49152", "--json"])
+    assert result.exit_code == 0
+    rows = json.loads(result.output)
+    assert rows and all(r["smem_bytes"] <= 49152 for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["space", "--d", "80"], "not a supported head dim"),
+        (["space", "--d", "64", "--dtype", "fp32"], "not a supported dtype"),
+        (["build", "--d", "80"], "not a supported head dim"),
+        (["build", "--d", "64", "--arch", "sm_70"], "not a supported architecture"),
+        (["build", "--d", "64", "--dtype", "int8"], "not a supported dtype"),
+        (["build"], "give --d"),
+        (["build", "--config", "not_a_config"], "not a kernel config name"),
+        (["build", "--config", "fa2_d64_fp16_full_br64_bc64_w8_s1_pad8"], "16 * warps"),
+        (
+            ["build", "--d", "128", "--config", "fa2_d64_fp16_full_br64_bc64_w4_s1_pad8"],
+            "has D=64, not 128",
+        ),
+        (
+            ["build", "--arch", "sm_86", "--config", "fa2_d128_fp16_full_br128_bc64_w4_s2_pad8"],
+            "shared memory",
+        ),
+        (["build", "--d", "64", "--limit", "0"], "--limit"),
+    ],
+)
+def test_bad_input_is_a_usage_error(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
