@@ -1,0 +1,504 @@
+"""Loading cubins and launching kernels through the CUDA driver API (``cuda.bindings``).
+
+The kernels follow the ABI of ``docs/architecture.md``: one by-value :class:`Fa2Params`
+argument, grid ``(ceil(nq / br), q_heads, batch)``, block ``32 * warps`` and ``smem_bytes`` of
+dynamic shared memory. Modules are loaded into torch's primary context so that torch tensors
+and our kernels share one address space and one stream.
+
+Neither torch nor ``cuda.bindings`` is imported at module import time; CPU machines can import
+this module (for :class:`Fa2Params`, :func:`grid_for`, :class:`CudaError`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from codegen.config import KernelConfig
+from tuner.problem import Problem
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+Layout = Literal["bnhd", "bhnd"]
+LAYOUTS: tuple[Layout, ...] = ("bnhd", "bhnd")
+
+#: Errors after which the CUDA context is unusable: the process must go.
+STICKY_ERRORS = frozenset(
+    {
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+    }
+)
+
+#: Pointers and strides must allow 16-byte vector copies: 8 two-byte elements.
+ALIGN_ELEMS = 8
+ALIGN_BYTES = 16
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call returned an error.
+
+    Attributes:
+        call: the driver function, e.g. ``"cuLaunchKernel"``.
+        code: the numeric ``CUresult``.
+        name: its name, e.g. ``"CUDA_ERROR_ILLEGAL_ADDRESS"``.
+    """
+
+    def __init__(self, call: str, code: int, name: str, detail: str = "") -> None:
+        self.call = call
+        self.code = code
+        self.name = name
+        msg = f"{call} failed: {name} ({code})"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+    @property
+    def sticky(self) -> bool:
+        """True when the error leaves the context unusable (trap, illegal address, ...)."""
+        return self.name in STICKY_ERRORS
+
+
+class Fa2Params(ctypes.Structure):
+    """The kernel's single by-value argument; layout as in ``docs/architecture.md``."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("q_batch_stride", ctypes.c_int64),
+        ("q_head_stride", ctypes.c_int64),
+        ("q_row_stride", ctypes.c_int64),
+        ("k_batch_stride", ctypes.c_int64),
+        ("k_head_stride", ctypes.c_int64),
+        ("k_row_stride", ctypes.c_int64),
+        ("v_batch_stride", ctypes.c_int64),
+        ("v_head_stride", ctypes.c_int64),
+        ("v_row_stride", ctypes.c_int64),
+        ("o_batch_stride", ctypes.c_int64),
+        ("o_head_stride", ctypes.c_int64),
+        ("o_row_stride", ctypes.c_int64),
+        ("batch", ctypes.c_int32),
+        ("q_heads", ctypes.c_int32),
+        ("kv_heads", ctypes.c_int32),
+        ("nq", ctypes.c_int32),
+        ("nk", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+    ]
+
+
+# The ABI is fixed; a drifting field list must fail at import, not on the GPU.
+assert ctypes.sizeof(Fa2Params) == 160, ctypes.sizeof(Fa2Params)
+assert ctypes.alignment(Fa2Params) == 8
+assert Fa2Params.softmax_scale.offset == 156
+assert Fa2Params.batch.offset == 136
+
+
+@cache
+def driver() -> Any:
+    """The ``cuda.bindings.driver`` module (``cuda.cuda`` for older cuda-python).
+
+    Raises:
+        ImportError: when cuda-python is not installed.
+    """
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # cuda-python < 12.6 layout
+        except ImportError as exc:
+            raise ImportError(
+                "cuda-bindings is required for kernel loading (pip install 'fa2tune[gpu]')"
+            ) from exc
+    return cu
+
+
+def _error_name(cu: Any, err: Any) -> str:
+    try:
+        res, name = cu.cuGetErrorName(err)
+        if int(res) == 0 and name:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # naming the error must never hide it
+        pass
+    return getattr(err, "name", str(err))
+
+
+def check(call: str, result: tuple[Any, ...]) -> Any:
+    """Unwrap a cuda-python result tuple ``(CUresult, *values)``.
+
+    Returns:
+        ``None`` for no values, the value for one, the tuple of values otherwise.
+
+    Raises:
+        CudaError: when the ``CUresult`` is not ``CUDA_SUCCESS``.
+    """
+    err, *values = result
+    if int(err) != 0:
+        cu = driver()
+        raise CudaError(call, int(err), _error_name(cu, err))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def call(name: str, *args: Any) -> Any:
+    """Call driver function ``name`` and check its result (see :func:`check`)."""
+    return check(name, getattr(driver(), name)(*args))
+
+
+def ensure_context(device: int) -> None:
+    """Make torch's primary context of ``device`` current on this thread.
+
+    torch creates the primary context lazily; a tiny allocation forces it. Should the context
+    still not be current (some torch versions defer), the primary context is retained and set
+    explicitly, which is the same context torch uses.
+    """
+    import torch
+
+    torch.cuda.init()
+    torch.cuda.set_device(device)
+    torch.cuda.current_device()
+    torch.empty(1, device=f"cuda:{device}")
+    call("cuInit", 0)
+    ctx = call("cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        dev = call("cuDeviceGet", device)
+        ctx = call("cuDevicePrimaryCtxRetain", dev)
+        call("cuCtxSetCurrent", ctx)
+        log.debug("primary context of device %d set current explicitly", device)
+
+
+def context_healthy(stream_handle: int | None = None) -> bool:
+    """Probe whether the current context still works after an error.
+
+    A sticky error (trap, illegal address) makes every later call fail; a plain launch error
+    (bad launch configuration) does not. Synchronising the context and running a tiny torch
+    op tells the two apart.
+    """
+    try:
+        cu = driver()
+        (err,) = cu.cuCtxSynchronize()
+        if int(err) != 0:
+            log.warning("context unhealthy: cuCtxSynchronize -> %s", _error_name(cu, err))
+            return False
+        import torch
+
+        t = torch.ones(4, device="cuda")
+        ok = float((t + 1).sum().item()) == 8.0
+        torch.cuda.synchronize()
+        return ok
+    except Exception as exc:
+        log.warning("context unhealthy: %s", exc)
+        return False
+
+
+def synchronize(stream_handle: int) -> None:
+    """Wait for ``stream_handle``; a kernel fault surfaces as :class:`CudaError` by name."""
+    cu = driver()
+    check("cuStreamSynchronize", cu.cuStreamSynchronize(cu.CUstream(stream_handle)))
+
+
+class BoundLaunch:
+    """One prepared ``cuLaunchKernel`` call; calling it launches asynchronously.
+
+    Holds the :class:`Fa2Params` and the one-entry ``void*`` array pointing at it, so both stay
+    alive as long as the launcher does.
+    """
+
+    __slots__ = ("_args", "_args_addr", "_cu", "_fn", "_geometry", "_stream", "params", "symbol")
+
+    def __init__(
+        self,
+        cu: Any,
+        fn: Any,
+        symbol: str,
+        params: Fa2Params,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        smem: int,
+        stream_handle: int,
+    ) -> None:
+        self._cu = cu
+        self._fn = fn
+        self.symbol = symbol
+        self.params = params
+        self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        self._args_addr = ctypes.addressof(self._args)
+        self._stream = cu.CUstream(stream_handle)
+        self._geometry = (*(int(x) for x in grid), *(int(x) for x in block), int(smem))
+
+    def __call__(self) -> None:
+        """Launch once.
+
+        Raises:
+            CudaError: when the driver refuses the launch.
+        """
+        cu = self._cu
+        (err,) = cu.cuLaunchKernel(self._fn, *self._geometry, self._stream, self._args_addr, 0)
+        if int(err) != 0:
+            raise CudaError("cuLaunchKernel", int(err), _error_name(cu, err), self.symbol)
+
+
+class LoadedKernel:
+    """One kernel of a cubin, loaded into the current context.
+
+    Attributes:
+        symbol: the kernel's extern "C" name.
+        smem_bytes: dynamic shared memory it is launched with (attribute raised to this).
+        num_regs: registers per thread the driver reports (``CU_FUNC_ATTRIBUTE_NUM_REGS``).
+        local_bytes: local memory per thread (``CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES``), i.e.
+            spills and stack.
+        max_threads: most threads per block this kernel can be launched with.
+        static_smem: static shared memory of the kernel.
+    """
+
+    def __init__(self, image: bytes, symbol: str, smem_bytes: int = 0, *, source: str = "") -> None:
+        """Load ``image`` (cubin bytes) and look up ``symbol``.
+
+        Raises:
+            CudaError: when loading, the lookup or setting the shared-memory limit fails
+                (e.g. ``CUDA_ERROR_NO_BINARY_FOR_GPU``, ``CUDA_ERROR_NOT_FOUND``,
+                ``CUDA_ERROR_INVALID_VALUE`` for more shared memory than the device has).
+        """
+        cu = driver()
+        self.symbol = symbol
+        self.smem_bytes = int(smem_bytes)
+        self.source = source
+        self._cu = cu
+        self._module: Any = call("cuModuleLoadData", image)
+        try:
+            self._function: Any = call("cuModuleGetFunction", self._module, symbol.encode())
+            attr = cu.CUfunction_attribute
+            if self.smem_bytes > 0:
+                call(
+                    "cuFuncSetAttribute",
+                    self._function,
+                    attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    self.smem_bytes,
+                )
+            self.num_regs = int(
+                call("cuFuncGetAttribute", attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self._function)
+            )
+            self.local_bytes = int(
+                call("cuFuncGetAttribute", attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, self._function)
+            )
+            self.max_threads = int(
+                call(
+                    "cuFuncGetAttribute",
+                    attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                    self._function,
+                )
+            )
+            self.static_smem = int(
+                call(
+                    "cuFuncGetAttribute",
+                    attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                    self._function,
+                )
+            )
+        except BaseException:
+            self.unload()
+            raise
+
+    @classmethod
+    def from_file(cls, path: str | Path, symbol: str, smem_bytes: int = 0) -> LoadedKernel:
+        """Load kernel ``symbol`` from the cubin at ``path``."""
+        p = Path(path)
+        return cls(p.read_bytes(), symbol, smem_bytes, source=str(p))
+
+    @classmethod
+    def for_config(
+        cls, config: KernelConfig, cubin: str | Path, symbol: str | None = None
+    ) -> LoadedKernel:
+        """Load ``config``'s kernel (symbol ``config.name`` unless ``symbol`` is given)."""
+        return cls.from_file(cubin, symbol or config.name, config.smem_bytes)
+
+    def launch(
+        self,
+        params: Fa2Params,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        smem: int,
+        stream_handle: int,
+    ) -> None:
+        """Launch once (asynchronously) on the stream with handle ``stream_handle``.
+
+        Raises:
+            CudaError: when the launch is refused (bad geometry, too much shared memory, or a
+                sticky error from earlier work).
+        """
+        self.bind(params, grid, block, smem, stream_handle)()
+
+    def bind(
+        self,
+        params: Fa2Params,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        smem: int,
+        stream_handle: int,
+    ) -> BoundLaunch:
+        """A zero-argument launcher with everything prepared, for timing loops.
+
+        The driver copies the argument at each launch, so later edits to ``params`` apply to
+        later launches.
+        """
+        if self._module is None:
+            raise RuntimeError(f"kernel {self.symbol} was unloaded")
+        return BoundLaunch(
+            self._cu, self._function, self.symbol, params, grid, block, smem, stream_handle
+        )
+
+    def unload(self) -> None:
+        """Unload the module (idempotent); errors are logged, not raised."""
+        module, self._module = getattr(self, "_module", None), None
+        if module is None:
+            return
+        try:
+            (err,) = self._cu.cuModuleUnload(module)
+            if int(err) != 0:
+                log.debug("cuModuleUnload(%s): %s", self.symbol, _error_name(self._cu, err))
+        except Exception as exc:  # the context may be gone already
+            log.debug("cuModuleUnload(%s): %s", self.symbol, exc)
+
+
+def grid_for(
+    config: KernelConfig, problem: Problem
+) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Launch geometry of ``config`` on ``problem``: ``(grid, block)``.
+
+    Grid ``(ceil(nq / br), q_heads, batch)``, block ``(32 * warps, 1, 1)``.
+    """
+    grid = (math.ceil(problem.n / config.br), problem.heads, problem.batch)
+    return grid, (config.threads, 1, 1)
+
+
+def _dims(t: torch.Tensor, layout: Layout) -> tuple[int, int, int, int]:
+    """(batch, rows, heads, head_dim) of a 4-d tensor in ``layout``."""
+    if layout == "bnhd":
+        b, n, h, d = t.shape
+    else:
+        b, h, n, d = t.shape
+    return int(b), int(n), int(h), int(d)
+
+
+def _strides(t: torch.Tensor, layout: Layout) -> tuple[int, int, int]:
+    """(batch, head, row) strides in elements."""
+    s = t.stride()
+    if layout == "bnhd":
+        return s[0], s[2], s[1]
+    return s[0], s[1], s[2]
+
+
+def _check_tensor(name: str, t: torch.Tensor, layout: Layout) -> None:
+    if t.dim() != 4:
+        raise ValueError(
+            f"{name} must be 4-d [{'B, N, H, D' if layout == 'bnhd' else 'B, H, N, D'}]"
+        )
+    if t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: the head dimension must be contiguous (stride 1), got {t.stride()}"
+        )
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
+        # A size-1 dimension's stride is never multiplied by a non-zero index.
+        if size > 1 and stride % ALIGN_ELEMS != 0:
+            raise ValueError(
+                f"{name}: stride {stride} of dim {dim} is not a multiple of {ALIGN_ELEMS} "
+                f"elements (16-byte vector copies); strides {tuple(t.stride())}"
+            )
+    if t.data_ptr() % ALIGN_BYTES != 0:
+        raise ValueError(f"{name}: data pointer {t.data_ptr():#x} is not 16-byte aligned")
+
+
+def make_params(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor | None,
+    scale: float,
+    layout: Layout = "bnhd",
+) -> Fa2Params:
+    """Build the kernel argument from torch tensors.
+
+    Args:
+        q: queries, ``[B, Nq, Hq, D]`` (``bnhd``) or ``[B, Hq, Nq, D]`` (``bhnd``).
+        k: keys, ``[B, Nk, Hkv, D]`` or ``[B, Hkv, Nk, D]``; ``Hq % Hkv == 0``.
+        v: values, same shape as ``k``.
+        o: output, same shape as ``q``.
+        lse: ``[B, Hq, Nq]`` contiguous float32, or ``None`` (null pointer: not written).
+        scale: softmax scale (usually ``1/sqrt(D)``).
+        layout: ``"bnhd"`` or ``"bhnd"``; any strides work as long as D is contiguous.
+
+    Raises:
+        ValueError: on shape, dtype or device mismatches, a non-contiguous head dimension, a
+            stride that is not a multiple of 8 elements or a pointer not 16-byte aligned.
+    """
+    import torch
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    named = {"q": q, "k": k, "v": v, "o": o}
+    for name, t in named.items():
+        _check_tensor(name, t, layout)
+    dtypes = {t.dtype for t in named.values()}
+    if len(dtypes) != 1 or q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"q, k, v, o must share one dtype, float16 or bfloat16; got {dtypes}")
+    devices = {t.device for t in named.values()} | ({lse.device} if lse is not None else set())
+    if len(devices) != 1 or q.device.type != "cuda":
+        raise ValueError(f"all tensors must be on one CUDA device; got {devices}")
+    b, nq, hq, d = _dims(q, layout)
+    bk, nk, hkv, dk = _dims(k, layout)
+    if tuple(o.shape) != tuple(q.shape):
+        raise ValueError(f"o shape {tuple(o.shape)} != q shape {tuple(q.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
+    if bk != b or dk != d:
+        raise ValueError(f"k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)}")
+    if hkv < 1 or hq % hkv != 0:
+        raise ValueError(f"q heads {hq} is not a multiple of kv heads {hkv}")
+    if nq < 1 or nk < 1:
+        raise ValueError(f"empty sequence: nq={nq}, nk={nk}")
+    if lse is not None and (
+        lse.dtype != torch.float32 or tuple(lse.shape) != (b, hq, nq) or not lse.is_contiguous()
+    ):
+        raise ValueError(
+            f"lse must be a contiguous float32 [B, Hq, Nq] = {(b, hq, nq)} tensor, "
+            f"got {lse.dtype} {tuple(lse.shape)} strides {lse.stride()}"
+        )
+    if max(b, hq, hkv, nq, nk) >= 2**31:
+        raise ValueError("dimensions must fit in int32")
+    qs, ks, vs, os_ = (_strides(t, layout) for t in (q, k, v, o))
+    return Fa2Params(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        o.data_ptr(),
+        lse.data_ptr() if lse is not None else None,
+        *qs,
+        *ks,
+        *vs,
+        *os_,
+        b,
+        hq,
+        hkv,
+        nq,
+        nk,
+        float(scale),
+    )

@@ -1,0 +1,544 @@
+"""Inputs and the float32 reference a kernel's output is checked against.
+
+One :class:`InputSet` per (problem, layout) is built once and reused for every config of a
+problem: random inputs from a fresh seed, a float32 reference for a bounded subset of
+(batch, head) pairs, and the error torch SDPA (flash backend, else efficient) makes on the
+same inputs — the yardstick of the error budget (see :mod:`tuner.verify`).
+
+Semantics the reference fixes (and the kernel must match):
+
+* ``S = scale * Q K^T`` with ``scale = 1/sqrt(D)``, ``O = softmax(S) V``, ``LSE = ln sum exp S``.
+* Causal masks are bottom-right aligned: key ``j`` is visible to query ``i`` iff
+  ``j <= i + nk - nq`` (FlashAttention-2 convention; the usual lower triangle when nq == nk).
+* GQA: query head ``h`` uses kv head ``h // (Hq / Hkv)``, i.e. the kv heads
+  ``repeat_interleave``-d up to ``Hq``.
+* Rows that see no key (causal with nq > nk: the first ``nq - nk`` rows) have ``O = 0`` and
+  ``LSE = -inf``.
+
+Only torch is needed (any device); the module imports without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from tuner.loader import LAYOUTS, Layout
+from tuner.problem import Problem
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+SDPA_BACKENDS: tuple[str, ...] = ("flash", "efficient", "cudnn")
+_SDPA_ENUM = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
+}
+#: Check every (batch, head) pair while B*Hq*Nq*Nk stays at or under this; a subset above.
+FULL_CHECK_LIMIT = 2**30
+#: Pairs checked above :data:`FULL_CHECK_LIMIT`: the first, the last and one in between.
+MAX_PAIRS = 3
+#: Working memory of one reference chunk (scores and probabilities of a block of rows).
+CHUNK_BYTES = 256 << 20
+
+
+class SdpaUnsupported(RuntimeError):
+    """torch SDPA cannot run this case with the requested backend; the message says why."""
+
+
+class PairErrors(NamedTuple):
+    """Output error against the reference over the checked pairs' live rows.
+
+    Attributes:
+        max_abs: largest ``|out - ref|`` (``inf`` when a checked value is not finite).
+        rel: ``||out - ref||_2 / ||ref||_2`` over the checked elements.
+        worst: (batch, head, row, col) of the largest error.
+        finite: every checked output value is finite.
+    """
+
+    max_abs: float
+    rel: float
+    worst: tuple[int, int, int, int]
+    finite: bool
+
+
+def softmax_scale(d: int) -> float:
+    """The softmax scale for head dimension ``d``: ``1 / sqrt(d)``."""
+    return 1.0 / math.sqrt(d)
+
+
+def dead_row_count(nq: int, nk: int, causal: bool) -> int:
+    """Leading query rows that see no key (bottom-right causal with ``nq > nk``)."""
+    return max(0, nq - nk) if causal else 0
+
+
+def fresh_seed() -> int:
+    """A new random seed (63 bits) for one input set; recorded for reproduction."""
+    return secrets.randbits(63)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"fp16"``/``"bf16"`` as a torch dtype."""
+    import torch
+
+    table = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"unsupported dtype {name!r}")
+    return table[name]
+
+
+def as_bhnd(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """A ``[B, H, N, D]`` view of a tensor stored in ``layout``."""
+    return t.permute(0, 2, 1, 3) if layout == "bnhd" else t
+
+
+def empty_in_layout(
+    b: int, n: int, h: int, d: int, layout: Layout, dtype: torch.dtype, device: Any
+) -> torch.Tensor:
+    """An uninitialised contiguous tensor of logical size (b, n, h, d) stored in ``layout``."""
+    import torch
+
+    shape = (b, n, h, d) if layout == "bnhd" else (b, h, n, d)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def choose_pairs(
+    problem: Problem,
+    *,
+    max_pairs: int = MAX_PAIRS,
+    full_limit: int = FULL_CHECK_LIMIT,
+    seed: int = 0,
+) -> tuple[tuple[int, int], ...]:
+    """(batch, q_head) pairs whose output is compared against the reference.
+
+    All pairs for small problems; otherwise the first and the last (they catch batch and head
+    stride errors at both ends) and pseudo-random ones in between, ``max_pairs`` in all.
+    """
+    b, h = problem.batch, problem.heads
+    every = [(bi, hi) for bi in range(b) for hi in range(h)]
+    if b * h * problem.n * problem.n_keys <= full_limit or len(every) <= max_pairs:
+        return tuple(every)
+    picks = [every[0], every[-1]]
+    rng = seed
+    while len(picks) < min(max_pairs, len(every)):
+        rng = (rng * 6364136223846793005 + 1442695040888963407) % 2**64
+        cand = every[rng % len(every)]
+        if cand not in picks:
+            picks.append(cand)
+    return tuple(sorted(picks[:max_pairs]))
+
+
+@contextmanager
+def exact_fp32_matmul() -> Iterator[None]:
+    """Disable TF32 for float32 matmuls while the reference is computed."""
+    import torch
+
+    mm = torch.backends.cuda.matmul
+    if hasattr(mm, "fp32_precision"):  # torch >= 2.9; the old flag is deprecated there
+        old_p = mm.fp32_precision
+        mm.fp32_precision = "ieee"
+        try:
+            yield
+        finally:
+            mm.fp32_precision = old_p
+    else:
+        old_f = mm.allow_tf32
+        mm.allow_tf32 = False
+        try:
+            yield
+        finally:
+            mm.allow_tf32 = old_f
+
+
+def reference_for_pairs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pairs: tuple[tuple[int, int], ...],
+    *,
+    layout: Layout,
+    causal: bool,
+    scale: float,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 attention output and LSE for the given (batch, q_head) pairs.
+
+    Rows are processed in chunks so the score matrix of a chunk stays under ``chunk_bytes``.
+
+    Returns:
+        ``(ref_o, ref_lse)`` of shapes ``[P, Nq, D]`` and ``[P, Nq]``, float32.
+    """
+    import torch
+
+    qb, kb, vb = as_bhnd(q, layout), as_bhnd(k, layout), as_bhnd(v, layout)
+    hq, nq, d = qb.shape[1], qb.shape[2], qb.shape[3]
+    hkv, nk = kb.shape[1], kb.shape[2]
+    group = hq // hkv
+    dev = q.device
+    ref_o = torch.empty((len(pairs), nq, d), dtype=torch.float32, device=dev)
+    ref_lse = torch.empty((len(pairs), nq), dtype=torch.float32, device=dev)
+    # Scores, probabilities and the mask of a chunk: about three fp32 rows of nk each.
+    rows_per_chunk = max(1, chunk_bytes // (12 * nk))
+    cols = torch.arange(nk, device=dev)
+    with exact_fp32_matmul():
+        for p, (bi, hi) in enumerate(pairs):
+            kh = hi // group  # == repeat_interleave(group) of the kv heads
+            kt = kb[bi, kh].float()
+            vt = vb[bi, kh].float()
+            for r0 in range(0, nq, rows_per_chunk):
+                r1 = min(nq, r0 + rows_per_chunk)
+                s = (qb[bi, hi, r0:r1].float() @ kt.T) * scale
+                if causal:
+                    rows = torch.arange(r0, r1, device=dev)[:, None]
+                    s.masked_fill_(cols[None, :] > rows + (nk - nq), float("-inf"))
+                lse = torch.logsumexp(s, dim=-1)  # -inf where a row sees no key
+                live = torch.isfinite(lse)
+                prob = torch.exp(s - torch.where(live, lse, 0.0)[:, None])
+                prob = torch.where(live[:, None], prob, 0.0)
+                ref_o[p, r0:r1] = prob @ vt
+                ref_lse[p, r0:r1] = lse
+    return ref_o, ref_lse
+
+
+def _warning_text(caught: list[warnings.WarningMessage], limit: int = 3) -> str:
+    msgs: list[str] = []
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        if text and text not in msgs:
+            msgs.append(text[:200])
+    return "; ".join(msgs[:limit])
+
+
+def sdpa_callable(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float,
+    backend: str,
+) -> tuple[Callable[[], torch.Tensor], str]:
+    """A zero-argument call of torch SDPA restricted to one backend, probed once.
+
+    Args:
+        q: ``[B, Hq, Nq, D]`` (any strides with D contiguous).
+        k: ``[B, Hkv, Nk, D]``.
+        v: ``[B, Hkv, Nk, D]``.
+        causal: bottom-right aligned causal mask.
+        scale: softmax scale.
+        backend: ``"flash"``, ``"efficient"``, ``"cudnn"`` or ``"math"``.
+
+    Returns:
+        ``(fn, note)``: ``fn()`` returns ``[B, Hq, Nq, D]``; ``note`` says how the case was
+        mapped (e.g. kv heads expanded for GQA), empty when directly.
+
+    Raises:
+        SdpaUnsupported: with torch's reasons when the backend cannot run the case.
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if backend not in _SDPA_ENUM:
+        raise ValueError(f"unknown SDPA backend {backend!r}; one of {tuple(_SDPA_ENUM)}")
+    nq, nk = q.shape[2], k.shape[2]
+    hq, hkv = q.shape[1], k.shape[1]
+    group = hq // hkv
+
+    def expanded() -> tuple[torch.Tensor, torch.Tensor]:
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+    if causal and nq != nk:
+        # torch's public is_causal is top-left aligned; its bottom-right CausalBias picks the
+        # backend itself, so the bottom-right ops are called directly, as that bias does.
+        kk, vv = expanded() if group > 1 else (k, v)
+        note = "bottom-right causal via aten op" + (", kv heads expanded" if group > 1 else "")
+        if backend == "flash":
+
+            def flash_lr() -> torch.Tensor:
+                out = torch.ops.aten._scaled_dot_product_flash_attention(
+                    q, kk, vv, 0.0, True, False, scale=scale
+                )
+                return out[0]
+
+            fn: Callable[[], torch.Tensor] = flash_lr
+        elif backend == "efficient":
+
+            def efficient_lr() -> torch.Tensor:
+                out = torch.ops.aten._efficient_attention_forward(
+                    q.transpose(1, 2),
+                    kk.transpose(1, 2),
+                    vv.transpose(1, 2),
+                    bias=None,
+                    cu_seqlens_q=None,
+                    cu_seqlens_k=None,
+                    max_seqlen_q=None,
+                    max_seqlen_k=None,
+                    dropout_p=0.0,
+                    custom_mask_type=2,  # CausalVariant.LOWER_RIGHT
+                    compute_log_sumexp=False,
+                    scale=scale,
+                )
+                return out[0].transpose(1, 2)
+
+            fn = efficient_lr
+        else:
+            raise SdpaUnsupported(
+                f"bottom-right causal with nq != nk has no {backend} path in torch's API"
+            )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn()
+        except (RuntimeError, TypeError, ValueError, AttributeError) as exc:
+            raise SdpaUnsupported(f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        return fn, note
+
+    be = getattr(SDPBackend, _SDPA_ENUM[backend])
+    variants: list[tuple[str, Callable[[], tuple[torch.Tensor, torch.Tensor]], dict[str, Any]]]
+    if group > 1:
+        variants = [
+            ("native GQA", lambda: (k, v), {"enable_gqa": True}),
+            ("kv heads expanded for GQA", expanded, {}),
+        ]
+    else:
+        variants = [("", lambda: (k, v), {})]
+    reasons: list[str] = []
+    for note, kv, kwargs in variants:
+        kk, vv = kv()
+
+        def call(kk: torch.Tensor = kk, vv: torch.Tensor = vv, kw: Any = kwargs) -> torch.Tensor:
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(
+                    q, kk, vv, is_causal=causal, scale=scale, **kw
+                )
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                call()
+            except (RuntimeError, TypeError, ValueError) as exc:
+                why = _warning_text(caught) or " ".join(str(exc).split())[:300]
+                reasons.append(f"{note}: {why}" if note else why)
+                continue
+        return call, note
+    raise SdpaUnsupported("; ".join(reasons) or "no kernel available")
+
+
+def errors_vs_reference(
+    out: torch.Tensor, inputs: InputSet, layout: Layout | None = None
+) -> PairErrors:
+    """Compare ``out`` with the reference on the checked pairs.
+
+    Args:
+        out: output stored in ``layout`` (``inputs.layout`` when ``None``).
+        inputs: the input set whose reference is compared against.
+        layout: storage of ``out``.
+
+    Only rows that see at least one key are compared; dead rows are checked by
+    :func:`tuner.verify.check_output` separately.
+    """
+    import torch
+
+    ob = as_bhnd(out, layout or inputs.layout)
+    dead = inputs.dead_rows
+    max_abs = -1.0
+    worst = (0, 0, 0, 0)
+    sq_err = 0.0
+    sq_ref = 0.0
+    for p, (bi, hi) in enumerate(inputs.pairs):
+        o = ob[bi, hi, dead:].float()
+        r = inputs.ref_o[p, dead:]
+        bad = ~torch.isfinite(o)
+        if bool(bad.any()):
+            row, col = bad.nonzero()[0].tolist()
+            return PairErrors(math.inf, math.inf, (bi, hi, row + dead, col), False)
+        diff = (o - r).abs()
+        m = float(diff.max())
+        if m > max_abs:
+            idx = int(diff.argmax())
+            max_abs = m
+            worst = (bi, hi, idx // diff.shape[1] + dead, idx % diff.shape[1])
+        sq_err += float((diff.double() ** 2).sum())
+        sq_ref += float((r.double() ** 2).sum())
+    rel = math.sqrt(sq_err / sq_ref) if sq_ref > 0 else math.sqrt(sq_err)
+    return PairErrors(max(max_abs, 0.0), rel, worst, True)
+
+
+@dataclass(eq=False)
+class InputSet:
+    """Inputs of one problem in one layout, the reference on them and SDPA's error on them.
+
+    Attributes:
+        problem: the problem.
+        layout: how q, k, v and the output are stored (``"bnhd"`` or ``"bhnd"``).
+        seed: the torch.Generator seed the inputs were drawn with.
+        scale: softmax scale used by the reference and passed to kernels.
+        q: queries in ``layout``.
+        k: keys.
+        v: values.
+        pairs: (batch, q_head) pairs the reference covers.
+        ref_o: float32 ``[len(pairs), Nq, D]``.
+        ref_lse: float32 ``[len(pairs), Nq]``.
+        ref_err: SDPA's max abs error against the reference (None when no SDPA backend ran).
+        ref_backend: which SDPA backend ``ref_err`` comes from.
+        ref_note: why no SDPA yardstick is available, or how the case was mapped.
+        ref_absmax: largest ``|ref_o|`` (sets the rounding part of the tolerance).
+    """
+
+    problem: Problem
+    layout: Layout
+    seed: int
+    scale: float
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    pairs: tuple[tuple[int, int], ...]
+    ref_o: torch.Tensor
+    ref_lse: torch.Tensor
+    ref_err: float | None = None
+    ref_backend: str | None = None
+    ref_note: str = ""
+    ref_absmax: float = 0.0
+    _outputs: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def dead_rows(self) -> int:
+        """Leading query rows that see no key."""
+        return dead_row_count(self.problem.n, self.problem.n_keys, self.problem.causal)
+
+    def bhnd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as ``[B, H, N, D]`` views."""
+        return (
+            as_bhnd(self.q, self.layout),
+            as_bhnd(self.k, self.layout),
+            as_bhnd(self.v, self.layout),
+        )
+
+    def outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output buffers (O in ``layout``, LSE ``[B, Hq, Nq]`` float32), allocated once."""
+        import torch
+
+        if self._outputs is None:
+            p = self.problem
+            o = empty_in_layout(
+                p.batch, p.n, p.heads, p.d, self.layout, self.q.dtype, self.q.device
+            )
+            lse = torch.empty((p.batch, p.heads, p.n), dtype=torch.float32, device=self.q.device)
+            self._outputs = (o, lse)
+        return self._outputs
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held (inputs, reference and output buffers)."""
+        ts = [self.q, self.k, self.v, self.ref_o, self.ref_lse, *(self._outputs or ())]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def describe(self) -> dict[str, object]:
+        """JSON-able summary for a measurement's ``extra``."""
+        return {
+            "seed": self.seed,
+            "layout": self.layout,
+            "pairs_checked": len(self.pairs),
+            "pairs_total": self.problem.batch * self.problem.heads,
+            "ref_backend": self.ref_backend,
+            "ref_note": self.ref_note,
+        }
+
+
+def make_inputs(
+    problem: Problem, layout: Layout, *, device: Any, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Standard-normal q, k, v in ``layout`` drawn from a generator seeded with ``seed``."""
+    import torch
+
+    dtype = torch_dtype(problem.dtype)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    p = problem
+
+    def draw(n: int, h: int) -> torch.Tensor:
+        shape = (p.batch, n, h, p.d) if layout == "bnhd" else (p.batch, h, n, p.d)
+        return torch.randn(shape, generator=gen, dtype=dtype, device=device)
+
+    return draw(p.n, p.heads), draw(p.n_keys, p.n_kv_heads), draw(p.n_keys, p.n_kv_heads)
+
+
+def make_inputset(
+    problem: Problem,
+    layout: Layout = "bnhd",
+    *,
+    device: Any = None,
+    seed: int | None = None,
+    max_pairs: int = MAX_PAIRS,
+    full_limit: int = FULL_CHECK_LIMIT,
+    sdpa_ref: bool = True,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> InputSet:
+    """Draw inputs for ``problem``, compute the reference and SDPA's error on them.
+
+    Args:
+        problem: shape, dtype and mask.
+        layout: storage of q, k, v and the output.
+        device: torch device; the current CUDA device when ``None``.
+        seed: generator seed; a fresh random one when ``None``.
+        max_pairs: (batch, head) pairs the reference covers above ``full_limit``.
+        full_limit: B*Hq*Nq*Nk up to which every pair is covered.
+        sdpa_ref: also measure SDPA's error (flash backend, else efficient) as the yardstick.
+        chunk_bytes: memory bound of one reference chunk.
+    """
+    import torch
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if problem.heads % problem.n_kv_heads != 0:
+        raise ValueError(f"heads {problem.heads} not a multiple of kv heads {problem.n_kv_heads}")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else device
+    seed = fresh_seed() if seed is None else seed
+    q, k, v = make_inputs(problem, layout, device=dev, seed=seed)
+    pairs = choose_pairs(problem, max_pairs=max_pairs, full_limit=full_limit, seed=seed)
+    scale = softmax_scale(problem.d)
+    ref_o, ref_lse = reference_for_pairs(
+        q, k, v, pairs, layout=layout, causal=problem.causal, scale=scale, chunk_bytes=chunk_bytes
+    )
+    inputs = InputSet(problem, layout, seed, scale, q, k, v, pairs, ref_o, ref_lse)
+    inputs.ref_absmax = float(ref_o.abs().max())
+    if sdpa_ref:
+        _measure_sdpa_error(inputs)
+    return inputs
+
+
+def _measure_sdpa_error(inputs: InputSet) -> None:
+    """Fill ``ref_err``/``ref_backend`` from the first SDPA backend that runs the case."""
+    qb, kb, vb = inputs.bhnd()
+    notes: list[str] = []
+    for backend in ("flash", "efficient"):
+        try:
+            fn, note = sdpa_callable(
+                qb, kb, vb, causal=inputs.problem.causal, scale=inputs.scale, backend=backend
+            )
+            out = fn()
+        except SdpaUnsupported as exc:
+            notes.append(f"{backend}: {exc}")
+            continue
+        errs = errors_vs_reference(out, inputs, layout="bhnd")
+        del out
+        if not errs.finite:
+            notes.append(f"{backend}: non-finite output")
+            continue
+        inputs.ref_err = errs.max_abs
+        inputs.ref_backend = backend
+        inputs.ref_note = note
+        return
+    inputs.ref_note = "; ".join(notes)
+    log.info("no SDPA yardstick for %s: %s", inputs.problem.study_name, inputs.ref_note)
