@@ -1,0 +1,65 @@
+"""Kernel ABI, launch geometry, driver errors and GPU info parsing (no GPU needed)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from codegen.config import KernelConfig
+from tuner.gpuinfo import arch_for, format_driver_api_version, parse_smi_csv
+from tuner.loader import CudaError, Fa2Params, grid_for
+from tuner.problem import Problem
+from tuner.records import GpuInfo
+
+
+def test_fa2params_layout_matches_the_abi() -> None:
+    assert ctypes.sizeof(Fa2Params) == 160
+    assert ctypes.alignment(Fa2Params) == 8
+    offsets = {name: getattr(Fa2Params, name).offset for name, _ in Fa2Params._fields_}
+    assert offsets["q"] == 0 and offsets["lse"] == 32
+    assert offsets["q_batch_stride"] == 40
+    assert offsets["o_row_stride"] == 128
+    assert offsets["batch"] == 136 and offsets["nk"] == 152
+    assert offsets["softmax_scale"] == 156
+
+
+def test_fa2params_null_lse_and_values() -> None:
+    p = Fa2Params(16, 32, 48, 64, None, *range(12), 2, 16, 4, 100, 200, 0.125)
+    assert p.lse is None and p.q == 16
+    assert p.o_row_stride == 11 and p.kv_heads == 4 and p.softmax_scale == 0.125
+
+
+def test_grid_for_covers_every_row() -> None:
+    cfg = KernelConfig.from_name("fa2_d128_fp16_full_br128_bc64_w4_s1_pad8")
+    grid, block = grid_for(cfg, Problem(gpu="g", d=128, n=1000, batch=3, heads=5))
+    assert grid == (8, 5, 3)
+    assert block == (128, 1, 1)
+    grid, _ = grid_for(cfg, Problem(gpu="g", d=128, n=1024, batch=1, heads=1))
+    assert grid == (8, 1, 1)
+
+
+def test_cuda_error_names_and_stickiness() -> None:
+    e = CudaError("cuStreamSynchronize", 700, "CUDA_ERROR_ILLEGAL_ADDRESS")
+    assert e.sticky and "CUDA_ERROR_ILLEGAL_ADDRESS" in str(e) and "cuStreamSynchronize" in str(e)
+    assert not CudaError("cuModuleGetFunction", 500, "CUDA_ERROR_NOT_FOUND").sticky
+    assert CudaError("cuLaunchKernel", 719, "CUDA_ERROR_LAUNCH_FAILED", "k").sticky
+
+
+def test_parse_smi_csv() -> None:
+    out = parse_smi_csv("570.86.15, 1980, 2619\n")
+    assert out == {"driver_version": "570.86.15", "clocks.sm": "1980", "clocks.mem": "2619"}
+    out = parse_smi_csv("570.86.15, [N/A], [Not Supported]")
+    assert out["clocks.sm"] is None and out["clocks.mem"] is None
+    with pytest.raises(ValueError):
+        parse_smi_csv("")
+    with pytest.raises(ValueError):
+        parse_smi_csv("1, 2")
+
+
+def test_driver_api_version_and_arch() -> None:
+    assert format_driver_api_version(13000) == "13.0"
+    assert format_driver_api_version(12080) == "12.8"
+    info = GpuInfo(name="H200", compute_capability="9.0", sm_count=132, driver_version="x",
+                   cuda_version="13.0")  # fmt: skip
+    assert arch_for(info) == "sm_90"
