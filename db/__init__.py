@@ -1,1 +1,30 @@
-"""fa2tune stage package: db."""
+"""The results database: models, sessions and migrations, queries, dump/ingest, shipped data.
+
+Everything other stages need is re-exported here; see :mod:`db.store` for the query API.
+"""
+
+from __future__ import annotations
+
+from db.session import init_db, make_engine, session_scope
+from db.shipped import load_shipped_results
+from db.store import BestResult, GpuSummary, ResultPage, ResultRow, Store, normalize_gpu_name
+from db.transfer import DumpFile, IngestSummary, TransferError, dump, ingest, parse_dump
+
+__all__ = [
+    "BestResult",
+    "DumpFile",
+    "GpuSummary",
+    "IngestSummary",
+    "ResultPage",
+    "ResultRow",
+    "Store",
+    "TransferError",
+    "dump",
+    "ingest",
+    "init_db",
+    "load_shipped_results",
+    "make_engine",
+    "normalize_gpu_name",
+    "parse_dump",
+    "session_scope",
+]

@@ -14,13 +14,14 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +145,26 @@ def alembic_config(url: str | None = None) -> Config:
         url: database URL for alembic commands that open their own connection; when omitted
             the migration environment falls back to the fa2tune settings.
     """
+    from alembic.config import Config  # alembic is slow to import; most commands never need it
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if url is not None:
         # ConfigParser interpolation treats % specially (URL-escaped passwords).
         config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Raise logger ``name`` to WARNING for the block."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def init_db(engine: Engine) -> None:
@@ -159,10 +174,23 @@ def init_db(engine: Engine) -> None:
     ``BEGIN IMMEDIATE``, on PostgreSQL under an advisory lock, so the second caller finds the
     schema already at head.
     """
-    config = alembic_config()
+    # The common case, a database already at head, needs no lock and logs nothing (alembic
+    # chats at INFO level about plugins and contexts; the CLI runs at INFO).
+    with _quiet("alembic"):
+        from alembic import command
+        from alembic.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        config = alembic_config()
+        head = ScriptDirectory.from_config(config).get_current_head()
+        with engine.connect() as conn:
+            if MigrationContext.configure(conn).get_current_revision() == head:
+                return
     with _writer(engine).begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATE_LOCK})
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
-    logger.debug("database schema at head: %s", engine.url.render_as_string(hide_password=True))
+    logger.info(
+        "database schema migrated to %s: %s", head, engine.url.render_as_string(hide_password=True)
+    )

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Engine, Select, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, contains_eager
 
 from codegen.config import KernelConfig
 from codegen.report import BuildReport
@@ -529,6 +529,7 @@ class Store:
         query = (
             select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))  # the GPU comes with the join, no lazy load
             .where(
                 Gpu.name_key == normalize_gpu_name(gpu),
                 Problem.d == d,

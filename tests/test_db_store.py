@@ -263,9 +263,11 @@ def test_best_reads_through_the_index(store: Store) -> None:
     problem = ProblemSpec(gpu="H200", d=128, n=4096)
     for i in range(20):
         _record(store, problem, 1.0 + i / 100, br=64 if i % 2 else 128, stages=1 + i // 2)
-    statements: list[tuple[str, object]] = []
+    statements: list[tuple[str, tuple[object, ...]]] = []
 
-    def capture(conn: object, cursor: object, stmt: str, params: object, *_: object) -> None:
+    def capture(
+        conn: object, cursor: object, stmt: str, params: tuple[object, ...], *_: object
+    ) -> None:
         if "FROM measurements" in stmt and "ORDER BY measurements.median_ms" in stmt:
             statements.append((stmt, params))
 

@@ -367,4 +367,3 @@ def test_packaged_results_files_are_valid() -> None:
     for file in files:
         data = parse_dump(file.read_bytes())
         assert data.measurements, file.name
-
