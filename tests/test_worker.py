@@ -250,3 +250,26 @@ def test_resolve_and_make_handler_in_process() -> None:
     handler = make_handler(FAKE, WorkerContext(0, None))
     out = handler.handle(job(median_ms=4.0).to_dict())
     assert out["status"] == "OK" and out["median_ms"] == 4.0
+
+
+def test_pool_spreads_jobs_and_keeps_their_order() -> None:
+    from tuner.worker import WorkerPool
+
+    jobs = [job(median_ms=float(i + 1), fake="progress", steps=1, seconds=0.2) for i in range(6)]
+    jobs[2] = job(fake="exit")
+    with WorkerPool([0, 1], handler=FAKE, job_timeout_s=10, start_timeout_s=60) as pool:
+        results = pool.measure_all(jobs)
+        pids = {w.pid for w in pool.workers}
+    assert [r.status for r in results] == [MeasureStatus.OK] * 2 + [
+        MeasureStatus.RUNTIME_FAILED
+    ] + [MeasureStatus.OK] * 3
+    assert [r.median_ms for r in results if r.status == MeasureStatus.OK] == [
+        1.0,
+        2.0,
+        4.0,
+        5.0,
+        6.0,
+    ]
+    handled_by = {r.extra["worker_pid"] for r in results}
+    assert len(handled_by) >= 2  # both workers took jobs
+    assert len(pids) == 2

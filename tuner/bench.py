@@ -76,11 +76,19 @@ def sdpa_times(
     backends: Sequence[str] = SDPA_BACKENDS,
     timing: TimingOptions | None = None,
     device: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, SdpaTiming]:
     """Time torch SDPA restricted to each backend on ``inputs`` (runs where the GPU is).
 
     A backend that cannot run the case is reported ``UNSUPPORTED`` with torch's reason rather
     than silently falling back to another backend.
+
+    Args:
+        inputs: the input set (its reference gives each backend's error).
+        backends: which backends, in order.
+        timing: timing settings (the kernel's, so the comparison is like for like).
+        device: CUDA device index.
+        progress: called with ``"sdpa-<backend>"`` before each backend (worker heartbeat).
     """
     from tuner.reference import SdpaUnsupported, errors_vs_reference, sdpa_callable
     from tuner.timing import time_launches
@@ -90,6 +98,8 @@ def sdpa_times(
     flops = inputs.problem.flops
     out: dict[str, SdpaTiming] = {}
     for backend in backends:
+        if progress is not None:
+            progress(f"sdpa-{backend}")
         try:
             fn, note = sdpa_callable(
                 qb, kb, vb, causal=inputs.problem.causal, scale=inputs.scale, backend=backend
@@ -329,34 +339,26 @@ def render(report: BenchReport, console: Console) -> None:
         )
 
     table = Table(show_header=True, header_style="bold")
-    for col, justify in (
-        ("kernel", "left"),
-        ("status", "left"),
-        ("median ms", "right"),
-        ("p10-p90 ms", "right"),
-        ("TFLOP/s", "right"),
-        ("max |err|", "right"),
-        ("ours vs it", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    spread = f"{_ms(r.p10_ms)}-{_ms(r.p90_ms)}" if r.p10_ms is not None else "-"
+    for col in ("", "status", "median ms", "p10 ms", "p90 ms", "TFLOP/s", "max |err|", "speedup"):
+        table.add_column(col, justify="left" if col in ("", "status") else "right", no_wrap=True)
     table.add_row(
-        "this config",
+        "ours",
         str(r.status),
         _ms(r.median_ms),
-        spread,
+        _ms(r.p10_ms),
+        _ms(r.p90_ms),
         _num(r.tflops),
         _num(r.max_abs_err, ".2e"),
         "",
     )
     for name, t in report.sdpa.items():
         sp = report.speedup(name)
-        t_spread = f"{_ms(t.p10_ms)}-{_ms(t.p90_ms)}" if t.p10_ms is not None else "-"
         table.add_row(
             f"sdpa {name}",
             t.status,
             _ms(t.median_ms),
-            t_spread,
+            _ms(t.p10_ms),
+            _ms(t.p90_ms),
             _num(t.tflops),
             _num(t.max_abs_err, ".2e"),
             f"{sp:.2f}x" if sp is not None else "-",
@@ -375,6 +377,5 @@ def render(report: BenchReport, console: Console) -> None:
                 f"sdpa {name}: {t.status if t.status != 'OK' else 'note'}: {t.note}",
                 highlight=False,
             )
-    console.print(
-        "'ours vs it' is the backend's median over ours: above 1 means this config is faster."
-    )
+    if report.sdpa:
+        console.print("speedup = the backend's median / ours (above 1: ours is faster)")

@@ -62,8 +62,8 @@ def bench(
 ) -> None:
     """Build, verify and time one config on one problem (optionally against torch SDPA).
 
-    Exit status: 0 when the config measured OK, 1 when it did not (build failure, wrong
-    result, crash, hang) or no GPU worker could start, 2 on bad arguments.
+    Exit status: 0 when the config measured OK; 1 when it did not (build failure, wrong result,
+    crash, hang) or no GPU worker could start; 2 on bad arguments.
     """
     from codegen.config import KernelConfig
     from tuner.bench import render, run_bench
@@ -111,9 +111,12 @@ def bench(
     if json_out:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
+        import shutil
+
         from rich.console import Console
 
-        render(report, Console())
+        # Piped output would otherwise be cut to 80 columns and wrap the table.
+        render(report, Console(width=max(100, shutil.get_terminal_size((100, 24)).columns)))
     if not report.ok:
         raise typer.Exit(code=1)
 

@@ -282,7 +282,10 @@ class LoadedKernel:
         self.smem_bytes = int(smem_bytes)
         self.source = source
         self._cu = cu
-        self._module: Any = call("cuModuleLoadData", image)
+        # The driver copies the image; a ctypes buffer's address is accepted by every
+        # cuda-python version (bytes objects only by some).
+        buf = ctypes.create_string_buffer(bytes(image), len(image))
+        self._module: Any = call("cuModuleLoadData", ctypes.addressof(buf))
         try:
             self._function: Any = call("cuModuleGetFunction", self._module, symbol.encode())
             attr = cu.CUfunction_attribute

@@ -37,11 +37,13 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import queue
 import signal
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -650,6 +652,68 @@ class BenchWorker:
         return self._annotate(result, pid, started, worker_restarted=True)
 
 
+class WorkerPool:
+    """One :class:`BenchWorker` per GPU, measuring a batch of jobs in parallel.
+
+    Each worker runs on its own thread and takes the next job from a shared queue, so a slow or
+    restarting worker does not hold the others up. Results come back in job order.
+    """
+
+    def __init__(self, devices: Sequence[int], **worker_kwargs: Any) -> None:
+        """Create (not start) one worker per device index; ``worker_kwargs`` go to each."""
+        if not devices:
+            raise ValueError("a pool needs at least one device")
+        self.workers = [BenchWorker(device=d, **worker_kwargs) for d in devices]
+
+    def start(self) -> None:
+        """Start every worker and wait until all are ready (they set up in parallel)."""
+        for w in self.workers:
+            w.start(wait_ready=False)
+        for w in self.workers:
+            w.start()
+
+    def measure_all(self, jobs: Sequence[BenchJob | Mapping[str, Any]]) -> list[MeasureResult]:
+        """Measure ``jobs`` across the workers; one result per job, in order.
+
+        Raises:
+            WorkerStartError: when a worker cannot be started.
+        """
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(jobs)):
+            todo.put(i)
+        results: list[MeasureResult | None] = [None] * len(jobs)
+
+        def drain(worker: BenchWorker) -> None:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                results[i] = worker.measure(jobs[i])
+
+        with ThreadPoolExecutor(max_workers=len(self.workers)) as pool:
+            for fut in [pool.submit(drain, w) for w in self.workers]:
+                fut.result()
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for w in self.workers:
+            w.close()
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
 # --------------------------------------------------------------------------- the GPU handler
 
 
@@ -854,7 +918,9 @@ class GpuJobHandler:
             self._enter("sdpa")
             extra["sdpa"] = {
                 name: t.to_dict()
-                for name, t in sdpa_times(inputs, timing=opts.timing, device=self.device).items()
+                for name, t in sdpa_times(
+                    inputs, timing=opts.timing, device=self.device, progress=self._enter
+                ).items()
             }
 
         o, lse = inputs.outputs()
