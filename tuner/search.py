@@ -1,0 +1,463 @@
+"""The optuna side of tuning: search space, samplers, storage and one study per problem.
+
+Search-space design
+-------------------
+A problem's candidates are the *valid* configs of its (D, dtype, causal) group
+(:func:`codegen.space.enumerate_space`). They are exposed to optuna as five structured
+categorical parameters, ``br``, ``bc``, ``rows_per_warp``, ``stages`` and ``layout``
+(``pad0``, ``pad8``, ``pad16`` or ``swz``), each with the values that occur among the valid
+configs; ``warps`` is ``br // rows_per_warp``.
+
+* ``rows_per_warp`` rather than ``warps``: the space keeps 16 or 32 query rows per warp, so
+  only half of the (br, warps) pairs are valid, against three quarters of the (br,
+  rows_per_warp) pairs (fewer wasted proposals), and rows per warp is what drives the
+  accumulator registers and so spills, which TPE can then learn directly.
+* Structured parameters rather than one categorical over config names: TPE models each
+  parameter (and, multivariate, their joint density), so "``br=128`` is good" generalises to
+  configs never tried; over one categorical of names every config would be an unrelated
+  category and TPE could not do better than random in a 30-trial budget.
+* Fixed choice lists rather than conditional parameters: optuna refuses a categorical whose
+  choices change between trials ("does not support dynamic value space"), so drawing ``bc``
+  only among the values valid for the drawn ``br`` would need a differently *named* parameter
+  per branch, which splits TPE's history into branches too thin to learn from.
+* The price is that the Cartesian product of the choices holds invalid combinations. A
+  proposal that is not a valid config is answered at once (:meth:`SearchSpace.suggest`
+  returns ``None``): the trial is pruned with status ``INVALID`` and never reaches the build
+  or the GPU. TPE ranks such pruned trials with the bad ("above") group, so it learns to
+  avoid the invalid corners; the campaign does not count them against the trial budget.
+* ``grid`` is optuna's :class:`~optuna.samplers.GridSampler` over the same product: the
+  invalid points are pruned for free, so it is exhaustive over exactly the valid configs.
+
+The choice lists are stored in the study (user attribute ``fa2tune.choices``) when it is
+created and reused on resume, so a later change of the space code cannot make optuna reject
+the study's existing distributions; configs outside the stored choices are then unreachable
+and a warning says so.
+
+Storage
+-------
+Studies live in optuna's RDB storage on the same database URL as the results. A heartbeat
+marks a killed process's RUNNING trials as failed after ``grace_period`` seconds, and
+:class:`~optuna.storages.RetryHeartbeatStaleTrialCallback` re-queues each such trial once
+more, so a ``kill -9`` loses at most the trials that were in flight. The heartbeat only runs
+under :meth:`optuna.study.Study.optimize`, which is why the campaign drives studies through it
+rather than ask/tell.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import optuna
+from optuna.distributions import CategoricalChoiceType
+from optuna.exceptions import ExperimentalWarning
+from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, Trial, TrialState
+from sqlalchemy import create_engine, event, inspect, make_url, text
+
+from codegen.config import KernelConfig
+from tuner.problem import Problem
+from tuner.records import MeasureStatus
+
+log = logging.getLogger(__name__)
+
+PARAM_NAMES: Final[tuple[str, ...]] = ("br", "bc", "rows_per_warp", "stages", "layout")
+LAYOUTS: Final[tuple[str, ...]] = ("pad0", "pad8", "pad16", "swz")
+
+# Trial user attributes (all JSON-serialisable), read by the campaign and by anyone browsing
+# the study with optuna-dashboard.
+ATTR_CONFIG: Final = "config"  # config name; published before measuring (the claim)
+ATTR_STATUS: Final = "status"  # MeasureStatus value, or INVALID / DUPLICATE
+ATTR_ROLE: Final = "role"  # how the outcome was obtained, see TrialRole
+ATTR_TFLOPS: Final = "tflops"
+ATTR_REASON: Final = "reason"
+ATTR_SEED: Final = "seed_config"
+STUDY_ATTR_CHOICES: Final = "fa2tune.choices"
+STUDY_ATTR_SEEDED: Final = "fa2tune.seeded"
+
+# Statuses that are not MeasureStatus values: outcomes of the search itself.
+STATUS_INVALID: Final = "INVALID"  # the sampler's combination is not a valid config
+STATUS_DUPLICATE: Final = "DUPLICATE"  # another trial is measuring the same config right now
+
+
+class TrialRole:
+    """Values of the ``role`` user attribute."""
+
+    MEASURED: Final = "measured"  # built and measured (or rejected by its build) by this trial
+    STORED: Final = "stored"  # the store already held a measurement; taken from there
+    REUSED: Final = "reused"  # an earlier trial of the study had this config; value copied
+    INVALID: Final = "invalid"
+    DUPLICATE: Final = "duplicate"
+    ABANDONED: Final = "abandoned"  # the budget was used up while this trial was sampled
+
+
+#: Statuses produced by running a kernel on the GPU: these count against ``--trials``.
+GPU_STATUSES: Final[frozenset[str]] = frozenset(
+    {
+        MeasureStatus.OK,
+        MeasureStatus.WRONG_RESULT,
+        MeasureStatus.RUNTIME_FAILED,
+        MeasureStatus.TIMEOUT,
+    }
+)
+
+#: Statuses decided before the GPU (by the build): recorded, never timed, free of budget.
+BUILD_STATUSES: Final[frozenset[str]] = frozenset(
+    {MeasureStatus.COMPILE_FAILED, MeasureStatus.SMEM_OVERFLOW, MeasureStatus.SPILLS}
+)
+
+DEFAULT_SEED: Final = 0
+DEFAULT_HEARTBEAT_S: Final = 10
+DEFAULT_GRACE_S: Final = 60
+
+
+def layout_of(config: KernelConfig) -> str:
+    """The ``layout`` parameter value of ``config`` (``swz`` or ``pad<N>``)."""
+    return "swz" if config.swizzle else f"pad{config.pad}"
+
+
+def params_of(config: KernelConfig) -> dict[str, CategoricalChoiceType]:
+    """The optuna parameters that select ``config`` within its (D, dtype, causal) group."""
+    return {
+        "br": config.br,
+        "bc": config.bc,
+        "rows_per_warp": config.rows_per_warp,
+        "stages": config.stages,
+        "layout": layout_of(config),
+    }
+
+
+def _param_key(params: Mapping[str, object]) -> tuple[object, ...]:
+    return tuple(params[name] for name in PARAM_NAMES)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The valid configs of one (D, dtype, causal) group as structured optuna parameters.
+
+    Attributes:
+        configs: the valid configs, in the order given.
+        choices: per parameter, the sorted values occurring among ``configs`` (or the choices
+            stored in an existing study, see :meth:`with_choices`).
+    """
+
+    configs: tuple[KernelConfig, ...]
+    choices: Mapping[str, tuple[CategoricalChoiceType, ...]]
+    _by_params: Mapping[tuple[object, ...], KernelConfig] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_configs(cls, configs: Iterable[KernelConfig]) -> SearchSpace:
+        """Build the space of ``configs``, which must share D, dtype and causal.
+
+        Raises:
+            ValueError: when ``configs`` is empty or mixes groups.
+        """
+        unique = tuple(dict.fromkeys(configs))
+        if not unique:
+            raise ValueError("empty search space: no valid config for this problem")
+        groups = {(c.d, c.dtype, c.causal) for c in unique}
+        if len(groups) != 1:
+            raise ValueError(f"a search space covers one (d, dtype, causal) group, got {groups}")
+        choices: dict[str, tuple[CategoricalChoiceType, ...]] = {}
+        for name in PARAM_NAMES:
+            values = {params_of(c)[name] for c in unique}
+            if name == "layout":
+                choices[name] = tuple(v for v in LAYOUTS if v in values)
+            else:
+                choices[name] = tuple(sorted(values))  # type: ignore[type-var]
+        by_params = {_param_key(params_of(c)): c for c in unique}
+        return cls(configs=unique, choices=choices, _by_params=by_params)
+
+    def with_choices(self, choices: Mapping[str, Sequence[CategoricalChoiceType]]) -> SearchSpace:
+        """The same configs under previously stored choice lists (for resuming a study).
+
+        Configs whose parameters fall outside ``choices`` are dropped, with a warning.
+        """
+        fixed = {name: tuple(choices[name]) for name in PARAM_NAMES}
+        kept = tuple(
+            c for c in self.configs if all(params_of(c)[n] in fixed[n] for n in PARAM_NAMES)
+        )
+        if len(kept) < len(self.configs):
+            log.warning(
+                "%d valid configs fall outside the choices stored in the study and cannot be "
+                "proposed (the space changed since the study was created)",
+                len(self.configs) - len(kept),
+            )
+        by_params = {_param_key(params_of(c)): c for c in kept}
+        return SearchSpace(configs=kept, choices=fixed, _by_params=by_params)
+
+    def __len__(self) -> int:
+        return len(self.configs)
+
+    def __contains__(self, config: object) -> bool:
+        return isinstance(config, KernelConfig) and self.lookup(params_of(config)) == config
+
+    @property
+    def product_size(self) -> int:
+        """Number of combinations of the choices, valid or not."""
+        size = 1
+        for values in self.choices.values():
+            size *= len(values)
+        return size
+
+    def lookup(self, params: Mapping[str, object]) -> KernelConfig | None:
+        """The valid config with these parameters, or ``None`` for an invalid combination."""
+        try:
+            return self._by_params.get(_param_key(params))
+        except KeyError:
+            return None
+
+    def suggest(self, trial: Trial) -> KernelConfig | None:
+        """Draw the five parameters on ``trial``; ``None`` when they make no valid config."""
+        params = {name: trial.suggest_categorical(name, self.choices[name]) for name in PARAM_NAMES}
+        return self.lookup(params)
+
+    def grid(self) -> dict[str, list[CategoricalChoiceType]]:
+        """The search space for :class:`~optuna.samplers.GridSampler`."""
+        return {name: list(values) for name, values in self.choices.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Samplers
+
+
+SamplerFactory = Callable[[SearchSpace, int | None], BaseSampler]
+_SAMPLERS: dict[str, SamplerFactory] = {}
+
+
+def register_sampler(name: str) -> Callable[[SamplerFactory], SamplerFactory]:
+    """Register a sampler factory ``(space, seed) -> BaseSampler`` under ``name``."""
+
+    def deco(factory: SamplerFactory) -> SamplerFactory:
+        _SAMPLERS[name] = factory
+        return factory
+
+    return deco
+
+
+def sampler_names() -> tuple[str, ...]:
+    """Names accepted by :func:`make_sampler`, default first."""
+    return tuple(_SAMPLERS)
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int | None = None) -> BaseSampler:
+    """A fresh sampler for one study.
+
+    Args:
+        name: a registered sampler name (``tpe``, ``random``, ``grid``).
+        space: the study's search space (the grid sampler enumerates it).
+        seed: random seed; ``None`` for a nondeterministic one.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    try:
+        factory = _SAMPLERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown sampler {name!r}; choose one of {', '.join(sampler_names())}"
+        ) from None
+    return factory(space, seed)
+
+
+@register_sampler("tpe")
+def _tpe(space: SearchSpace, seed: int | None) -> BaseSampler:
+    # multivariate: tile shape, warps and stages interact (rows per warp, smem per stage), and
+    # the joint density captures that where independent TPE cannot. constant_liar: in the
+    # distributed mode a RUNNING trial counts as bad, so a second process is steered away
+    # from the config the first is measuring. Few startup trials: the seed configs already
+    # give TPE a spread of good starting points, and budgets are ~30 trials.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        return TPESampler(
+            seed=seed,
+            multivariate=True,
+            constant_liar=True,
+            n_startup_trials=min(8, max(2, len(space) // 4)),
+        )
+
+
+@register_sampler("random")
+def _random(space: SearchSpace, seed: int | None) -> BaseSampler:
+    return RandomSampler(seed=seed)
+
+
+@register_sampler("grid")
+def _grid(space: SearchSpace, seed: int | None) -> BaseSampler:
+    # The grid over the product of the choices; invalid points are pruned without a build.
+    return GridSampler(space.grid(), seed=seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Storage and studies
+
+
+_OPTUNA_REVISION = re.compile(r"^v\d+\.\d+\.\d+\.[a-z]$")
+
+
+def resolve_storage_url(db_url: str) -> str:
+    """The optuna storage URL to use next to the results database at ``db_url``.
+
+    Optuna's RDB storage stamps its schema revision in alembic's default ``alembic_version``
+    table. When the results schema's own alembic migrations use that same table, the two
+    cannot share a database (optuna then refuses the "incompatible" schema, or the results
+    migrations cannot find optuna's revision). This adapter keeps the studies in the results
+    database when that table is free or optuna's, and otherwise moves them to a sibling SQLite
+    file (``<name>.optuna.db``), with a warning. Giving the results migrations their own
+    ``version_table`` makes this a no-op.
+
+    Raises:
+        RuntimeError: on a clash outside SQLite (no sibling file to fall back to).
+    """
+    url = make_url(db_url)
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if not inspect(conn).has_table("alembic_version"):
+                return db_url
+            revisions = [
+                str(r) for r in conn.execute(text("SELECT version_num FROM alembic_version"))
+            ]
+    finally:
+        engine.dispose()
+    if all(_OPTUNA_REVISION.match(r) for r in revisions):
+        return db_url
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        raise RuntimeError(
+            "the results database's alembic_version table is not optuna's, so optuna's study "
+            "storage cannot share it; give the results migrations their own version_table"
+        )
+    path = Path(url.database)
+    sibling = path.with_name(f"{path.stem}.optuna{path.suffix or '.db'}")
+    log.warning(
+        "the results database's alembic_version table is taken by its own migrations; "
+        "keeping the optuna studies in %s",
+        sibling,
+    )
+    return url.set(database=str(sibling)).render_as_string(hide_password=False)
+
+
+def open_storage(
+    url: str,
+    *,
+    heartbeat_interval: int = DEFAULT_HEARTBEAT_S,
+    grace_period: int = DEFAULT_GRACE_S,
+    max_retry: int = 2,
+) -> RDBStorage:
+    """Optuna's RDB storage on ``url`` with heartbeats and a retry of stale trials.
+
+    Args:
+        url: SQLAlchemy URL, the same database the results go to.
+        heartbeat_interval: seconds between heartbeats of a running trial.
+        grace_period: seconds without a heartbeat after which a RUNNING trial is failed.
+        max_retry: how many times a stale trial is re-queued (a config that kills its process
+            every time must not be retried forever).
+    """
+    engine_kwargs: dict[str, object] = {}
+    if url.startswith("sqlite"):
+        # Several processes (one per GPU) write the same file: wait for the lock instead of
+        # failing with "database is locked".
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        storage = RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
+        )
+    if url.startswith("sqlite"):
+        _tune_sqlite(storage)
+    return storage
+
+
+def _tune_sqlite(storage: RDBStorage) -> None:
+    """WAL and ``synchronous=NORMAL`` on optuna's SQLite connections.
+
+    A trial is a dozen small commits (one per parameter and attribute); with SQLite's default
+    ``synchronous=FULL`` each waits for an fsync, which made the search slower than the
+    measurements it schedules. In WAL mode NORMAL stays consistent after a crash and only
+    risks the last commits on power loss, the same trade the results store makes.
+    """
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = NORMAL")
+        finally:
+            cursor.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()  # reconnect through the listener
+
+
+def open_study(
+    problem: Problem, storage: optuna.storages.BaseStorage, sampler: BaseSampler
+) -> optuna.Study:
+    """Create or load the study of ``problem`` (named :attr:`Problem.study_name`)."""
+    return optuna.create_study(
+        study_name=problem.study_name,
+        storage=storage,
+        sampler=sampler,
+        direction="minimize",
+        load_if_exists=True,
+    )
+
+
+def bind_space(study: optuna.Study, space: SearchSpace) -> SearchSpace:
+    """Store the space's choices in a new study, or adopt those stored in an existing one."""
+    stored = study.user_attrs.get(STUDY_ATTR_CHOICES)
+    if stored is None:
+        study.set_user_attr(STUDY_ATTR_CHOICES, {k: list(v) for k, v in space.choices.items()})
+        return space
+    if all(tuple(stored.get(n, ())) == tuple(space.choices[n]) for n in PARAM_NAMES):
+        return space
+    return space.with_choices(stored)
+
+
+def enqueue_seeds(study: optuna.Study, space: SearchSpace, seeds: Iterable[KernelConfig]) -> int:
+    """Queue the seed configs as the study's first trials, once per study.
+
+    A study attribute marks the study as seeded, so a resumed campaign never queues them
+    again; ``skip_if_exists`` also covers a seed that was already tried. Two processes seeding
+    a new study at the same instant may both queue a seed: the campaign's claim check then
+    turns the second into a reuse of the first's outcome, not a second measurement.
+
+    Returns:
+        How many trials were queued.
+    """
+    if study.user_attrs.get(STUDY_ATTR_SEEDED):
+        return 0
+    queued = 0
+    for config in seeds:
+        if config not in space:
+            log.debug("seed %s is not in the search space; skipped", config.name)
+            continue
+        before = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        study.enqueue_trial(
+            dict(params_of(config)), user_attrs={ATTR_SEED: True}, skip_if_exists=True
+        )
+        after = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        queued += after - before
+    study.set_user_attr(STUDY_ATTR_SEEDED, True)
+    return queued
+
+
+def trial_config(trial: FrozenTrial) -> str | None:
+    """The config name a trial claimed, if any."""
+    value = trial.user_attrs.get(ATTR_CONFIG)
+    return value if isinstance(value, str) else None
+
+
+def trial_status(trial: FrozenTrial) -> str | None:
+    """The status a trial recorded, if any."""
+    value = trial.user_attrs.get(ATTR_STATUS)
+    return value if isinstance(value, str) else None
