@@ -273,3 +273,18 @@ def test_pool_spreads_jobs_and_keeps_their_order() -> None:
     handled_by = {r.extra["worker_pid"] for r in results}
     assert len(handled_by) >= 2  # both workers took jobs
     assert len(pids) == 2
+
+
+def test_a_worker_that_died_while_idle_is_restarted_before_the_next_job(
+    worker: BenchWorker,
+) -> None:
+    import os
+    import signal
+
+    pid = worker.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    res = worker.measure(job())
+    assert res.status == MeasureStatus.OK
+    assert res.extra["pid"] != pid

@@ -571,6 +571,10 @@ class BenchWorker:
             payload = job.to_dict()
         else:
             payload = BenchJob.from_dict(job).to_dict()
+        if self._proc is not None and not self._proc.is_alive():
+            # Died between jobs (OOM killer, operator): not this job's fault, so start anew.
+            log.warning("worker pid %s died while idle; restarting it", self._proc.pid)
+            self._replace()
         self.start()
         assert self._conn is not None and self._proc is not None
         self._next_id += 1
