@@ -7,6 +7,7 @@ import logging
 from typing import Annotated, cast
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -42,6 +43,19 @@ _STATUS_STYLE: dict[BuildStatus, str] = {
 
 def _layout(config: KernelConfig) -> str:
     return "swizzle" if config.swizzle else f"pad {config.pad}"
+
+
+def _console() -> Console:
+    console = Console()
+    if not console.is_terminal:  # piped to a file: rich would assume 80 columns and squeeze
+        console = Console(width=max(console.width, 160))
+    return console
+
+
+def _name_column(table: Table, configs: list[KernelConfig]) -> None:
+    # Names are what users copy into --config: never truncate them, squeeze the numbers instead.
+    width = max((len(c.name) for c in configs), default=4)
+    table.add_column("name", no_wrap=True, min_width=width)
 
 
 def _check_d(d: int) -> int:
@@ -96,8 +110,12 @@ def space(
         ]
         typer.echo(json.dumps(rows, indent=1))
         return
-    table = Table(title=f"D={d} {dtype} {'causal' if causal else 'full'}: {len(configs)} configs")
-    for column in ("name", "tile", "stages", "layout"):
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title=f"D={d} {dtype} {'causal' if causal else 'full'}: {len(configs)} configs",
+    )
+    _name_column(table, configs)
+    for column in ("tile", "stages", "layout"):
         table.add_column(column)
     table.add_column("smem bytes", justify="right")
     table.add_column("est. regs", justify="right")
@@ -110,7 +128,7 @@ def space(
             str(c.smem_bytes),
             str(estimate_registers(c)),
         )
-    Console().print(table)
+    _console().print(table)
 
 
 def _named_configs(names: list[str], arch: str) -> list[KernelConfig]:
@@ -165,8 +183,8 @@ def _select_configs(
 
 
 def _report_table(batch: BuildBatch, title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("name")
+    table = Table(box=box.SIMPLE_HEAD, title=title)
+    _name_column(table, [r.config for r in batch.reports])
     table.add_column("status")
     for column in ("regs", "spill st", "spill ld", "stack", "smem", "seconds"):
         table.add_column(column, justify="right")
@@ -242,7 +260,7 @@ def build(
         typer.echo(json.dumps([report_to_dict(r) for r in batch.reports], indent=1))
         logger.info(_summary(batch))
         return
-    console = Console()
+    console = _console()
     console.print(_report_table(batch, f"{len(configs)} configs for {arch}"))
     for r in batch.reports:
         if r.error and r.status in (BuildStatus.COMPILE_FAILED, BuildStatus.SMEM_OVERFLOW):

@@ -43,15 +43,19 @@ SUPPORTED_ARCHS: tuple[str, ...] = tuple(ARCH_SMEM_LIMIT)
 DEFAULT_SMEM_LIMIT = ARCH_SMEM_LIMIT["sm_90"]
 
 #: Registers the estimate adds for addresses, loop counters, smem offsets and the transient
-#: ldmatrix/packed-P fragments. Calibrated so that the estimate of FA2's D=64 128x128 tile
-#: (which ptxas compiles to 255 registers with a small spill on sm_90) lands just over 255.
+#: ldmatrix/packed-P fragments. Calibrated on 113 pad-8, 1-stage tiles of the template (sm_90,
+#: nvcc 13.0): estimates up to ~200 mostly compile without spills, 200-300 spill up to ~750
+#: bytes per thread (e.g. FA2's D=64 128x128 tile, estimated 232, spills ~120 bytes), and
+#: every tile estimated over 300 spills more than 1000 bytes.
 BASE_REGISTERS = 32
 #: Above this estimate a config is rejected: it would spill hundreds of bytes per thread.
 MAX_EST_REGISTERS = 300
 #: Above this estimate ptxas may spill; such configs stay in the space (spilling is data).
 SPILL_RISK_REGISTERS = 200
-#: The template keeps Q's mma fragments in registers when they take at most this many.
+#: The template keeps Q's mma fragments in registers when they take at most this many ...
 Q_IN_REGS_MAX = 32
+#: ... and the fp32 accumulators plus those fragments stay within this many (``kQInRegs``).
+Q_IN_REGS_MAX_TOTAL = 160
 
 #: FlashAttention-2's forward tile choices per head dim: (br, bc, warps).
 FA2_TILES: dict[int, tuple[int, int, int]] = {
@@ -77,8 +81,9 @@ def estimate_registers(config: KernelConfig) -> int:
     Per thread a warp's fp32 accumulators take ``rows_per_warp * (D + bc) / 32`` registers
     (O is rows x D, S is rows x bc, spread over 32 lanes); the running max and sum take 2 each
     per 16-row tile; Q's fragments add ``m_tiles * D / 16 * 4`` when the template keeps them
-    in registers; :data:`BASE_REGISTERS` covers the rest. It undershoots ptxas by a few tens
-    of registers on small tiles and is only used to prune, never to rank.
+    in registers (its ``kQInRegs`` rule); :data:`BASE_REGISTERS` covers the rest. It
+    undershoots ptxas by a few tens of registers on small tiles and is only used to prune,
+    never to rank.
 
     Args:
         config: the kernel configuration.
@@ -91,7 +96,8 @@ def estimate_registers(config: KernelConfig) -> int:
     accumulators = rows * (config.d + config.bc) // 32
     softmax_state = 4 * m_tiles  # row max and row sum, two rows per lane per m-tile
     q_frag = m_tiles * (config.d // 16) * 4
-    q_regs = q_frag if q_frag <= Q_IN_REGS_MAX else 0
+    q_in_regs = q_frag <= Q_IN_REGS_MAX and accumulators + q_frag <= Q_IN_REGS_MAX_TOTAL
+    q_regs = q_frag if q_in_regs else 0
     return accumulators + softmax_state + q_regs + BASE_REGISTERS
 
 
