@@ -91,7 +91,11 @@ def space(
     causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,
     smem_limit: Annotated[
         int,
-        typer.Option("--smem-limit", help="dynamic shared memory per block in bytes", min=1),
+        typer.Option(
+            "--smem-limit",
+            help="dynamic shared memory per block in bytes (at most the sm_90 maximum)",
+            min=1,
+        ),
     ] = DEFAULT_SMEM_LIMIT,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
 ) -> None:
@@ -103,6 +107,7 @@ def space(
                 "name": c.name,
                 **c.to_dict(),
                 "tile": c.tile,
+                "layout": _layout(c),
                 "smem_bytes": c.smem_bytes,
                 "est_registers": estimate_registers(c),
             }

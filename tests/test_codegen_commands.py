@@ -33,6 +33,7 @@ def test_space_json() -> None:
     assert [r["name"] for r in rows] == [c.name for c in enumerate_space(64, "bf16", True)]
     row = next(r for r in rows if r["name"] == "fa2_d64_bf16_causal_br128_bc128_w4_s1_pad8")
     assert row["tile"] == "128x128/4w" and row["stages"] == 1 and row["pad"] == 8
+    assert row["layout"] == "pad 8"
     assert row["smem_bytes"] == (128 + 2 * 128) * 72 * 2
     assert isinstance(row["est_registers"], int)
 
