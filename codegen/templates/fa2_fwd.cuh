@@ -333,21 +333,21 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
 
   uint32_t q_frag[T::kQInRegs ? kMT : 1][T::kQInRegs ? D / 16 : 1][4];
 
+  if constexpr (T::kQInRegs) {  // Q arrived with K(0): read its fragments once
+    cp_async_wait<2 * S - 2>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+        ldmatrix_x4(q_frag[mt][ks],
+                    sQ_a + mt * 16 * kRowBytes + 2 * T::frag_chunk_offset(ks, a_term));
+  }
+
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<2 * S - 2>();  // K(j) (and Q) landed
     __syncthreads();             // ... for every thread; and all warps finished PV(j-1)
     load_v(j + S - 1);
-
-    if constexpr (T::kQInRegs) {
-      if (j == 0) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-          for (int ks = 0; ks < D / 16; ++ks)
-            ldmatrix_x4(q_frag[mt][ks], sQ_a + mt * 16 * kRowBytes +
-                                            2 * T::frag_chunk_offset(ks, a_term));
-      }
-    }
 
     // S = Q K^T for this warp's rows and the tile's Bc keys.
     float s_acc[kMT][kST][4];
