@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 _BEGIN_OPTION = "fa2tune_sqlite_begin"
+# Not alembic's default "alembic_version": optuna's RDB storage stamps its own schema there,
+# and the tuner keeps its studies in the results database.
+VERSION_TABLE = "fa2tune_alembic_version"
 # pg_advisory_xact_lock keys: arbitrary constants, unique to fa2tune.
 PG_MIGRATE_LOCK = 0x0FA27E_0001
 PG_INGEST_LOCK = 0x0FA27E_0002
@@ -184,7 +187,8 @@ def init_db(engine: Engine) -> None:
         config = alembic_config()
         head = ScriptDirectory.from_config(config).get_current_head()
         with engine.connect() as conn:
-            if MigrationContext.configure(conn).get_current_revision() == head:
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            if context.get_current_revision() == head:
                 return
     with _writer(engine).begin() as conn:
         if conn.dialect.name == "postgresql":

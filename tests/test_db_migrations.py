@@ -11,21 +11,27 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Connection, inspect, text
 
 from db.models import Base
-from db.session import alembic_config, init_db, make_engine, session_scope
+from db.session import VERSION_TABLE, alembic_config, init_db, make_engine, session_scope
 from db.store import Store
 from db.testing import seed_measurement
 
-TABLES = {"gpus", "builds", "problems", "measurements", "ingested_files", "alembic_version"}
+TABLES = {"gpus", "builds", "problems", "measurements", "ingested_files", VERSION_TABLE}
+
+
+def _context(conn: Connection) -> MigrationContext:
+    return MigrationContext.configure(
+        conn, opts={"version_table": VERSION_TABLE, "compare_type": True}
+    )
 
 
 def _version(url: str) -> str | None:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            return _context(conn).get_current_revision()
     finally:
         engine.dispose()
 
@@ -43,11 +49,9 @@ def test_init_db_creates_the_schema_matching_the_models(
         indexes = {ix["name"] for ix in inspect(engine).get_indexes("measurements")}
         assert "ix_measurements_best" in indexes
         with engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_revision() == "0001"
+            assert _context(conn).get_current_revision() == "0001"
             # The migration and the models describe the same schema.
-            diff = compare_metadata(
-                MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata
-            )
+            diff = compare_metadata(_context(conn), Base.metadata)
         assert diff == []
         # ... and the store works on it.
         seed_measurement(Store(engine))
@@ -62,7 +66,7 @@ def test_downgrade_and_upgrade_with_the_alembic_api(sqlite_url: str) -> None:
     assert _version(sqlite_url) == "0001"
     command.downgrade(config, "base")
     engine = make_engine(sqlite_url)
-    assert set(inspect(engine).get_table_names()) == {"alembic_version"}
+    assert set(inspect(engine).get_table_names()) == {VERSION_TABLE}
     engine.dispose()
     command.upgrade(config, "head")
     assert _version(sqlite_url) == "0001"
@@ -93,6 +97,15 @@ def test_migration_environment_falls_back_to_settings(
     monkeypatch.setattr("fa2tune.settings._overrides", {"db_url": url})
     command.upgrade(alembic_config(), "head")
     assert _version(url) == "0001"
+
+
+def test_results_schema_leaves_alembic_version_to_optuna(sqlite_url: str) -> None:
+    """Optuna stamps alembic_version; the results schema must not claim it."""
+    store = Store.from_url(sqlite_url)
+    try:
+        assert not inspect(store.engine).has_table("alembic_version")
+    finally:
+        store.close()
 
 
 def test_sqlite_file_engine_settings(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from db.models import Base
-from db.session import make_engine
+from db.session import VERSION_TABLE, make_engine
 
 config = context.config
 target_metadata = Base.metadata
@@ -36,6 +36,7 @@ def _configure(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
         # SQLite cannot ALTER most things; batch mode copies the table instead.
         render_as_batch=connection.dialect.name == "sqlite",
         # make_engine has SQLite emit BEGIN itself, so its DDL is transactional too.
@@ -49,6 +50,7 @@ def run_migrations_offline() -> None:
     context.configure(
         url=_url(),
         target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
     )
