@@ -16,12 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy import URL, Connection, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +171,27 @@ def _quiet(name: str) -> Iterator[None]:
         log.setLevel(level)
 
 
+def _adopt_legacy_stamp(conn: Connection, script: ScriptDirectory) -> None:
+    """Move our revision from ``alembic_version`` (used by early development databases)
+    into :data:`VERSION_TABLE`, leaving optuna's revisions where they are."""
+    from alembic.migration import MigrationContext
+
+    tables = inspect(conn)
+    if tables.has_table(VERSION_TABLE) or not tables.has_table("alembic_version"):
+        return
+    known = {rev.revision for rev in script.walk_revisions()}
+    stamped = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    ours = [rev for rev in stamped if rev in known]
+    if not ours:
+        return
+    context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+    context.stamp(script, ours[0])  # one linear history: there is at most one of ours
+    conn.execute(text("DELETE FROM alembic_version WHERE version_num = :rev"), {"rev": ours[0]})
+    if len(stamped) == 1:
+        conn.execute(text("DROP TABLE alembic_version"))
+    logger.info("moved schema revision %s from alembic_version to %s", ours[0], VERSION_TABLE)
+
+
 def init_db(engine: Engine) -> None:
     """Bring the schema to the latest migration (creating it on an empty database).
 
@@ -185,7 +207,8 @@ def init_db(engine: Engine) -> None:
         from alembic.script import ScriptDirectory
 
         config = alembic_config()
-        head = ScriptDirectory.from_config(config).get_current_head()
+        script = ScriptDirectory.from_config(config)
+        head = script.get_current_head()
         with engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
             if context.get_current_revision() == head:
@@ -193,6 +216,7 @@ def init_db(engine: Engine) -> None:
     with _writer(engine).begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATE_LOCK})
+        _adopt_legacy_stamp(conn, script)
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
     logger.info(

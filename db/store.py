@@ -634,7 +634,7 @@ class Store:
         hit = self.best(
             gpu, d, n, dtype, causal, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads
         )
-        if hit is not None:
+        if hit is not None or n <= 0:
             return hit
         with session_scope(self._engine) as s:
             query = self._problems_query(gpu, d, dtype, causal, nk, batch, heads, kv_heads)
@@ -644,7 +644,7 @@ class Store:
                 Measurement.median_ms.is_not(None),
             )
             tuned = s.scalars(query.where(has_ok).with_only_columns(Problem.n).distinct()).all()
-            if not tuned or n <= 0:
+            if not tuned:
                 return None
             nearest = min(tuned, key=lambda t: (abs(math.log(t / n)), -t))
             problems = s.scalars(query.where(Problem.n == nearest).order_by(Problem.id)).all()

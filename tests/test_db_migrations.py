@@ -159,3 +159,32 @@ def test_plain_postgresql_url_means_psycopg() -> None:
     engine = make_engine("postgresql://user@localhost/db")
     assert engine.dialect.driver == "psycopg"
     engine.dispose()
+
+
+def test_legacy_alembic_version_stamp_is_adopted(sqlite_url: str) -> None:
+    """Early development databases stamped alembic_version; they must not be re-created."""
+    store = Store.from_url(sqlite_url)
+    seed_measurement(store)
+    with store.engine.begin() as conn:
+        conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('0001')"))
+    init_db(store.engine)
+    tables = set(inspect(store.engine).get_table_names())
+    assert VERSION_TABLE in tables and "alembic_version" not in tables
+    assert _version(sqlite_url) == "0001"
+    assert store.best("H200", 128, 4096) is not None  # data kept
+    store.close()
+
+
+def test_optuna_alembic_version_is_left_alone(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('v3.2.0.a')"))
+    init_db(engine)
+    with engine.connect() as conn:
+        optuna = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    assert optuna == ["v3.2.0.a"]
+    assert _version(sqlite_url) == "0001"
+    engine.dispose()
