@@ -62,7 +62,7 @@ class GpuRecord(_Record):
 
     name: str = Field(min_length=1, max_length=128)
     compute_capability: str = Field(pattern=r"^\d+\.\d+$")
-    sm_count: int = Field(ge=1)
+    sm_count: int = Field(ge=0)  # 0 for replayed, not measured, devices
     driver_version: str = Field(max_length=64)
     cuda_version: str = Field(max_length=64)
     memory_bytes: int = Field(default=0, ge=0)
