@@ -19,12 +19,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, RedirectResponse
 from sqlalchemy.exc import OperationalError
+from starlette.types import ASGIApp
 
 from db.shipped import load_shipped_results
 from db.store import Store
 from db.transfer import DumpFile
 from fa2tune import __version__
 from fa2tune.settings import get_settings
+from service.fastpath import BestFastPath
 from service.index import IndexHolder
 from service.routers import best, export, gpus, health, results
 
@@ -45,7 +47,26 @@ Best FlashAttention-2 forward kernel configs measured by fa2tune, per GPU and sh
 """
 
 
-def create_app(store: Store | None = None, *, load_shipped: bool | None = None) -> FastAPI:
+class Fa2TuneApp(FastAPI):
+    """FastAPI with the ``/v1/best`` fast path wrapped around its whole middleware stack.
+
+    The fast path needs none of FastAPI's middleware (error pages, telemetry, body limits:
+    it reads no body and raises nothing it expects), and outside them it saves about a
+    quarter of the server's CPU per request. Everything it passes on sees the normal stack.
+    """
+
+    fast_path_holder: IndexHolder | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        if self.fast_path_holder is None:
+            return stack
+        return BestFastPath(stack, self.fast_path_holder)
+
+
+def create_app(
+    store: Store | None = None, *, load_shipped: bool | None = None, fast_path: bool = True
+) -> FastAPI:
     """Build the application.
 
     Args:
@@ -53,6 +74,8 @@ def create_app(store: Store | None = None, *, load_shipped: bool | None = None) 
             app then closes it at shutdown.
         load_shipped: ingest the results shipped with the package at start-up; by default
             only for the configured database (an injected store is left as given).
+        fast_path: answer plainly valid ``/v1/best`` requests in a pure-ASGI layer
+            (:mod:`service.fastpath`); off, every request goes through the FastAPI route.
 
     Returns:
         The app; its lifespan builds the best-config index.
@@ -83,7 +106,7 @@ def create_app(store: Store | None = None, *, load_shipped: bool | None = None) 
             if owns_store:
                 store.close()
 
-    app = FastAPI(
+    app = Fa2TuneApp(
         title="fa2tune",
         version=__version__,
         description=DESCRIPTION,
@@ -93,6 +116,7 @@ def create_app(store: Store | None = None, *, load_shipped: bool | None = None) 
     app.state.index = holder
     for module in (health, best, gpus, results, export):
         app.include_router(module.router)
+    app.fast_path_holder = holder if fast_path else None
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_error)
 

@@ -456,3 +456,57 @@ def test_index_refresh_sees_other_writers(client: TestClient, app: FastAPI, stor
 def test_root_redirects_to_docs(client: TestClient) -> None:
     r = client.get("/", follow_redirects=False)
     assert r.status_code in (302, 307) and r.headers["location"] == "/docs"
+
+
+# ------------------------------------------------------------------------- fast path
+
+FAST_PATH_QUERIES = [
+    "gpu=H200&d=128&n=4096",
+    "gpu=NVIDIA+H200&d=64&n=3000&dtype=fp16&causal=false",
+    "gpu=nvidia%20h200&d=128&n=1000&causal=1",
+    "gpu=H200&d=128&n=77&dtype=bf16&causal=0",
+    "gpu=A100-SXM4-80GB&d=64&n=1&extra=ignored",
+    "gpu=%20H200%20&d=64&n=2147483647",
+    "gpu=H200&d=064&n=01024",
+    # Below: not plainly valid or not found, so the route answers (404/422, or 200 for
+    # spellings only pydantic accepts).
+    "gpu=H200&d=64&n=1024&causal=True",
+    "gpu=H200&d=64&n=1024&causal=yes",
+    "gpu=H200&d=+64&n=1024",
+    "gpu=H200&d=64&n=1024&n=2048",
+    "gpu=H200&d=64&n=2147483648",
+    "gpu=H200&d=64&n=99999999999999999999",
+    "gpu=H200&d=48&n=1024",
+    "gpu=H200&d=64.0&n=1024",
+    "gpu=&d=64&n=1024",
+    "gpu=%20&d=64&n=1024",
+    "gpu=" + "x" * 129 + "&d=64&n=1024",
+    "gpu=H%C3%A9200&d=64&n=1024",
+    "gpu=RTX&d=64&n=1024",
+    "gpu=H200&d=32&n=1024",
+    "gpu=H200&d=64&n=1024&dtype=FP16",
+    "gpu=H200&d=64&n=1024&causal=",
+    "d=64&n=1024",
+    "",
+]
+
+
+def test_fast_path_matches_route(store: Store) -> None:
+    """The pure-ASGI shortcut and the FastAPI route answer every query identically."""
+    with (
+        TestClient(create_app(store)) as fast,
+        TestClient(create_app(store, fast_path=False)) as slow,
+    ):
+        for query in FAST_PATH_QUERIES:
+            a, b = fast.get(f"/v1/best?{query}"), slow.get(f"/v1/best?{query}")
+            assert (a.status_code, a.json()) == (b.status_code, b.json()), query
+            assert a.headers["content-type"] == b.headers["content-type"], query
+
+
+def test_fast_path_answers_only_plain_requests(app: FastAPI) -> None:
+    from service.fastpath import BestFastPath
+
+    with TestClient(app):
+        fast = BestFastPath(app, app.state.index)
+        answered = [q for q in FAST_PATH_QUERIES if fast.answer(q.encode()) is not None]
+    assert answered == FAST_PATH_QUERIES[:7]

@@ -1,0 +1,408 @@
+"""Bounded load test of ``GET /v1/best`` against a running ``fa2tune serve``.
+
+A fixed number of requests with mixed GPUs (spelled as users do), head dims, Ns (tuned and
+untuned, log-uniform), dtypes and masks go out over ``--concurrency`` keep-alive connections
+in a closed loop; requests/s and latency percentiles are reported.
+
+The default client is a minimal asyncio HTTP/1.1 client, so the figures measure the server
+rather than the client library (on a 2-core machine client and server share the CPUs);
+``--client httpx`` uses httpx instead.
+
+    # everything in one go: seed a temp DB, start `fa2tune serve` on loopback, load it
+    python bench/loadtest.py --spawn --requests 20000 --concurrency 32
+
+    # against a server you started yourself
+    python bench/loadtest.py seed /tmp/fa2.db   # then: fa2tune --db sqlite:////tmp/fa2.db serve
+    python bench/loadtest.py --url http://127.0.0.1:8000 --requests 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("loadtest")
+
+GPUS = [
+    # (name as the driver reports it, compute capability, SMs, peak-ish TFLOP/s for FA2 fwd)
+    ("NVIDIA H200", "9.0", 132, 420.0),
+    ("NVIDIA H100 80GB HBM3", "9.0", 132, 380.0),
+    ("NVIDIA A100-SXM4-80GB", "8.0", 108, 190.0),
+]
+SPELLINGS = {
+    "NVIDIA H200": ["H200", "NVIDIA H200", "nvidia h200"],
+    "NVIDIA H100 80GB HBM3": ["NVIDIA H100 80GB HBM3", "h100 80gb hbm3"],
+    "NVIDIA A100-SXM4-80GB": ["A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"],
+}
+HEAD_DIMS = (64, 128, 256)
+TUNED_NS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+TRIALS = 4  # OK measurements per problem
+
+
+# ---------------------------------------------------------------------------- seeding
+
+
+def seed(db_path: Path) -> int:
+    """Fill a SQLite database with plausible results (one ingest, so it takes seconds).
+
+    Returns:
+        Measurements added.
+    """
+    from codegen.config import KernelConfig
+    from db.store import Store
+    from db.transfer import DumpFile, ingest
+    from tuner.problem import Problem
+
+    rng = random.Random(7)
+    gpus: list[dict[str, Any]] = []
+    builds: dict[str, dict[str, Any]] = {}
+    problems: list[dict[str, Any]] = []
+    measurements: list[dict[str, Any]] = []
+    t0 = datetime(2025, 6, 1, tzinfo=UTC)
+    for name, cc, sms, peak in GPUS:
+        arch = "sm_" + cc.replace(".", "")
+        gpus.append(
+            {"name": name, "compute_capability": cc, "sm_count": sms,
+             "driver_version": "570.124.06", "cuda_version": "12.8"}
+        )  # fmt: skip
+        for d in HEAD_DIMS:
+            for dtype in ("fp16", "bf16"):
+                for causal in (False, True):
+                    for n in TUNED_NS:
+                        spec = Problem(gpu=name, d=d, n=n, dtype=dtype, causal=causal)
+                        prob = {
+                            "gpu": name, "compute_capability": cc, "d": d, "n": n, "nk": n,
+                            "batch": spec.batch, "heads": spec.heads, "kv_heads": spec.heads,
+                            "dtype": dtype, "causal": causal,
+                        }  # fmt: skip
+                        problems.append(prob)
+                        # Throughput saturates with N, as it does on real GPUs.
+                        eff = peak * (1 - math.exp(-n / 3000)) * (0.8 if causal else 1.0)
+                        for trial in range(TRIALS):
+                            br = rng.choice((64, 128)) if d < 256 else 64
+                            bc = rng.choice((32, 64, 128)) if d < 256 else 64
+                            stages = rng.choice((1, 2))
+                            cfg = KernelConfig(
+                                d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=4,
+                                stages=stages, pad=8,
+                            )  # fmt: skip
+                            bkey = f"{cfg.name}/{arch}"
+                            source = hashlib.sha256(bkey.encode()).hexdigest()[:12]
+                            builds.setdefault(
+                                bkey,
+                                {
+                                    "config_name": cfg.name, "config": cfg.to_dict(),
+                                    "arch": arch, "status": "OK", "registers": 168,
+                                    "source_hash": source,
+                                    "nvcc_version": "Cuda compilation tools, release 12.8",
+                                },
+                            )  # fmt: skip
+                            tflops = eff * rng.uniform(0.75, 1.0)
+                            ms = spec.flops / (tflops * 1e12) * 1e3
+                            measurements.append(
+                                {
+                                    "problem": prob,
+                                    "build": {"config_name": cfg.name, "arch": arch,
+                                              "source_hash": builds[bkey]["source_hash"]},
+                                    "status": "OK", "median_ms": ms, "p10_ms": ms * 0.98,
+                                    "p90_ms": ms * 1.03, "reps": 100, "tflops": tflops,
+                                    "max_abs_err": 1e-3, "rel_err": 2e-4,
+                                    "driver_version": "570.124.06", "cuda_version": "12.8",
+                                    "trial_number": trial,
+                                    "created_at": (t0 + timedelta(seconds=len(measurements)))
+                                    .isoformat(),
+                                }
+                            )  # fmt: skip
+    dump = DumpFile.model_validate(
+        {"gpus": gpus, "builds": list(builds.values()), "problems": problems,
+         "measurements": measurements}
+    )  # fmt: skip
+    with Store.from_url(f"sqlite:///{db_path}") as store:
+        return ingest(store, dump).added
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+def make_paths(count: int, rng: random.Random) -> list[str]:
+    """``/v1/best`` request paths: mixed GPUs/spellings, D, log-uniform N, dtype, mask."""
+    paths = []
+    for _ in range(count):
+        gpu = rng.choice(list(SPELLINGS))
+        n = TUNED_NS[rng.randrange(len(TUNED_NS))] if rng.random() < 0.3 else int(
+            math.exp(rng.uniform(math.log(64), math.log(131072)))
+        )  # fmt: skip
+        query = urllib.parse.urlencode(
+            {
+                "gpu": rng.choice(SPELLINGS[gpu]),
+                "d": rng.choice(HEAD_DIMS),
+                "n": n,
+                "dtype": rng.choice(("fp16", "bf16")),
+                "causal": rng.choice(("true", "false")),
+            }
+        )
+        paths.append(f"/v1/best?{query}")
+    return paths
+
+
+@dataclass
+class Stats:
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    statuses: dict[int, int] = field(default_factory=dict)
+
+
+async def _raw_worker(
+    host: str, port: int, paths: list[str], queue: asyncio.Queue[int], stats: Stats
+) -> None:
+    """One keep-alive connection issuing requests back to back."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            request = f"GET {paths[i]} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+            start = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            body = await reader.readexactly(length)
+            elapsed = time.perf_counter() - start
+            stats.latencies.append(elapsed)
+            stats.statuses[status] = stats.statuses.get(status, 0) + 1
+            if status != 200 or not body.startswith(b'{"n":'):
+                stats.errors += 1
+    finally:
+        writer.close()
+
+
+async def _httpx_worker(
+    client: Any, base: str, paths: list[str], queue: asyncio.Queue[int], stats: Stats
+) -> None:
+    while True:
+        try:
+            i = queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return
+        start = time.perf_counter()
+        r = await client.get(base + paths[i])
+        stats.latencies.append(time.perf_counter() - start)
+        stats.statuses[r.status_code] = stats.statuses.get(r.status_code, 0) + 1
+        if r.status_code != 200:
+            stats.errors += 1
+
+
+async def _load(url: str, paths: list[str], concurrency: int, client: str) -> tuple[Stats, float]:
+    parsed = urllib.parse.urlsplit(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(paths)):
+        queue.put_nowait(i)
+    stats = Stats()
+    start = time.perf_counter()
+    if client == "httpx":
+        import httpx
+
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(limits=limits, timeout=30) as c:
+            await asyncio.gather(
+                *(_httpx_worker(c, url, paths, queue, stats) for _ in range(concurrency))
+            )
+    else:
+        await asyncio.gather(
+            *(_raw_worker(host, port, paths, queue, stats) for _ in range(concurrency))
+        )
+    return stats, time.perf_counter() - start
+
+
+def run_load(
+    url: str, requests: int, concurrency: int, *, warmup: int, client: str, seed_: int
+) -> dict[str, Any]:
+    """Warm up, then time ``requests`` requests; returns the figures."""
+    rng = random.Random(seed_)
+    if warmup:
+        asyncio.run(_load(url, make_paths(warmup, rng), concurrency, client))
+    stats, wall = asyncio.run(_load(url, make_paths(requests, rng), concurrency, client))
+    lat = sorted(stats.latencies)
+
+    def pct(p: float) -> float:
+        return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1e3
+
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "url": url,
+        "client": client,
+        "requests": len(lat),
+        "concurrency": concurrency,
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(pct(50), 3),
+        "p90_ms": round(pct(90), 3),
+        "p99_ms": round(pct(99), 3),
+        "max_ms": round(lat[-1] * 1e3, 3),
+        "mean_ms": round(statistics.fmean(lat) * 1e3, 3),
+        "errors": stats.errors,
+        "statuses": {str(k): v for k, v in sorted(stats.statuses.items())},
+        "cpus": os.cpu_count(),
+    }
+
+
+# ---------------------------------------------------------------------------- server
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fa2tune serve exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.2)
+    raise TimeoutError(f"no healthy server at {url} after {timeout:.0f} s")
+
+
+def spawn_and_load(args: argparse.Namespace) -> dict[str, Any]:
+    """Seed a temp DB, start ``fa2tune serve`` on loopback, load it, stop it."""
+    with tempfile.TemporaryDirectory(prefix="fa2tune-load-") as tmp:
+        db = Path(tmp) / "fa2tune.db"
+        started = time.perf_counter()
+        added = seed(db)
+        log.info("seeded %s: %d measurements in %.1f s", db, added, time.perf_counter() - started)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "fa2tune.cli", "--db", f"sqlite:///{db}", "serve",
+               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        if not args.access_log:
+            cmd.append("--no-access-log")
+        log.info("starting: %s", " ".join(cmd))
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_healthy(url, proc, timeout=60)
+            # CPU time per request separates the server's cost from the machine's load
+            # (client and server share the CPUs; other jobs may too).
+            cpu0, client0 = _cpu_seconds(proc.pid), time.process_time()
+            figures = run_load(
+                url, args.requests, args.concurrency,
+                warmup=args.warmup, client=args.client, seed_=args.seed,
+            )  # fmt: skip
+            cpu1, client1 = _cpu_seconds(proc.pid), time.process_time()
+            total = args.requests + args.warmup
+            if cpu0 is not None and cpu1 is not None:
+                figures["server_cpu_us_per_request"] = round((cpu1 - cpu0) / total * 1e6, 1)
+            figures["client_cpu_us_per_request"] = round((client1 - client0) / total * 1e6, 1)
+            return figures
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", nargs="?", choices=("run", "seed"), default="run")
+    parser.add_argument("db", nargs="?", type=Path, help="seed: the SQLite file to fill")
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="server to load")
+    parser.add_argument("--spawn", action="store_true", help="seed a temp DB and start a server")
+    parser.add_argument("--requests", "-n", type=int, default=20000)
+    parser.add_argument("--concurrency", "-c", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw")
+    parser.add_argument("--access-log", action="store_true", help="--spawn: keep access logs")
+    parser.add_argument("--seed", type=int, default=1, help="request mix seed")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--target-rps", type=float, default=2000.0)
+    parser.add_argument("--target-p99-ms", type=float, default=20.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    for noisy in ("httpx", "alembic", "db", "sqlalchemy"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    if args.command == "seed":
+        if args.db is None:
+            parser.error("seed needs the SQLite file to fill")
+        log.info("seeded %s: %d measurements", args.db, seed(args.db))
+        return 0
+    if args.requests < 1 or args.concurrency < 1:
+        parser.error("--requests and --concurrency must be >= 1")
+
+    figures = spawn_and_load(args) if args.spawn else run_load(
+        args.url, args.requests, args.concurrency,
+        warmup=args.warmup, client=args.client, seed_=args.seed,
+    )  # fmt: skip
+    if args.json:
+        log.info("%s", json.dumps(figures, indent=2))
+    else:
+        log.info(
+            "%d requests, concurrency %d, %s client: %.0f req/s; latency p50 %.2f ms, "
+            "p90 %.2f ms, p99 %.2f ms, max %.2f ms; errors %d %s",
+            figures["requests"], figures["concurrency"], figures["client"],
+            figures["requests_per_s"], figures["p50_ms"], figures["p90_ms"], figures["p99_ms"],
+            figures["max_ms"], figures["errors"], figures["statuses"],
+        )  # fmt: skip
+        if "server_cpu_us_per_request" in figures:
+            log.info(
+                "CPU per request: server %.0f us, client %.0f us (%d CPUs, load average %.1f)",
+                figures["server_cpu_us_per_request"], figures["client_cpu_us_per_request"],
+                figures["cpus"], os.getloadavg()[0],
+            )  # fmt: skip
+    ok = (
+        figures["errors"] == 0
+        and figures["requests_per_s"] >= args.target_rps
+        and figures["p99_ms"] < args.target_p99_ms
+    )
+    if not ok:
+        log.info(
+            "below target (>= %.0f req/s, p99 < %.0f ms, no errors)",
+            args.target_rps, args.target_p99_ms,
+        )  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
