@@ -14,6 +14,7 @@
 #endif
 #include FA2TUNE_HEADER
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -91,6 +92,10 @@ bool parse(int argc, char** argv, Options& o) {
       return false;
     }
   }
+  for (int d : o.ds)
+    if (d <= 0) return false;
+  for (int n : o.ns)
+    if (n <= 0) return false;
   return !o.ds.empty() && !o.ns.empty() && !o.causal.empty() && o.batch > 0 && o.heads > 0 &&
          o.kv_heads > 0 && o.heads % o.kv_heads == 0 && o.rows > 0;
 }
