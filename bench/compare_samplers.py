@@ -99,9 +99,9 @@ def run_one(
             storage_url=storage_url,
             gpu=gpu,
             space_fn=replay.space,
-            seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal)) if use_seeds else (
-                lambda p: []
-            ),
+            seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal))
+            if use_seeds
+            else (lambda p: []),
             build_fn=replay.build,
             measure_fn=replay,
             sampler=sampler,
@@ -109,9 +109,7 @@ def run_one(
             seed=seed,
         )
         store.close()
-        trials = optuna.load_study(study_name=study, storage=storage_url).get_trials(
-            deepcopy=False
-        )
+        trials = optuna.load_study(study_name=study, storage=storage_url).get_trials(deepcopy=False)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     seen: set[str] = set()
@@ -168,7 +166,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no problem in the table matches (a table with problem records is needed)")
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     jobs = [
-        (args.table, study, sampler, seed, args.max_trials, args.tolerance, not args.no_seed_configs)
+        (
+            args.table,
+            study,
+            sampler,
+            seed,
+            args.max_trials,
+            args.tolerance,
+            not args.no_seed_configs,
+        )
         for study in studies
         for sampler in samplers
         for seed in range(args.seeds)

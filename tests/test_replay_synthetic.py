@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,11 @@ def small_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
     ]  # fmt: skip
 
 
+def tiny_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
+    """Two stages only: ~two dozen configs with every kind of failure, for quick campaigns."""
+    return [c for c in small_space(d, causal) if c.stages == 2]
+
+
 def medium_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
     """A larger slice, ~100 configs, for sampler comparisons."""
     return [c for c in enumerate_space(d, "fp16", causal) if c.stages <= 2 and c.br <= 128]
@@ -87,12 +92,15 @@ def problems_for(ns: Iterable[int], d: int = 64, causal: bool = False) -> list[P
 
 
 def synthetic_table(
-    problems: Iterable[Problem], space: list[KernelConfig] | None = None
+    problems: Iterable[Problem],
+    space: list[KernelConfig] | Callable[[int, bool], list[KernelConfig]] = small_space,
 ) -> ReplayTable:
+    """The synthetic table of ``problems`` over ``space`` (a list, or a function of D and
+    causal)."""
     studies = {}
     by_study = {}
     for p in problems:
-        configs = space if space is not None else small_space(p.d, p.causal)
+        configs = space(p.d, p.causal) if callable(space) else space
         studies[p.study_name] = {c.name: synthetic_entry(c, p.n) for c in configs}
         by_study[p.study_name] = p
     return ReplayTable(studies=studies, problems=by_study, gpu=GPU, arch="sm_90")

@@ -59,6 +59,7 @@ import random
 import socket
 import threading
 import time
+import warnings
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -67,7 +68,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final, Protocol
 
 import optuna
-from optuna.exceptions import TrialPruned
+from optuna.exceptions import ExperimentalWarning, TrialPruned
 from optuna.trial import FrozenTrial, Trial, TrialState
 from sqlalchemy import select
 
@@ -500,6 +501,7 @@ class _Context:
     builds: BuildAhead
     observer: CampaignObserver
     claim_wait_s: float
+    in_flight_wait_s: float
     wasted_limit: int
     rng: random.Random
     build_ids: dict[str, int] = field(default_factory=dict)
@@ -678,10 +680,13 @@ class _ProblemRun:
 
         Configs measured right now by lower-numbered trials count as spent; if they fill the
         budget, wait for them (they may end as a free build rejection) rather than overshoot.
-        Stale trials of a killed process are failed meanwhile (after the grace period).
+        Stale trials of a killed process are failed meanwhile (after the grace period); a
+        RUNNING trial that never sent a heartbeat cannot be failed that way, so the wait is
+        bounded by ``in_flight_wait_s`` too.
         """
         if self.trials is None:
             return True
+        give_up = time.monotonic() + self.ctx.in_flight_wait_s
         while True:
             scan = self._scan(trial.number)
             if len(scan.gpu_run) >= self.trials:
@@ -693,7 +698,17 @@ class _ProblemRun:
             }
             if len(scan.gpu_run) + len(in_flight) < self.trials:
                 return True
-            optuna.storages.fail_stale_trials(self.study)
+            if time.monotonic() >= give_up:
+                log.warning(
+                    "%s: trials %s are still running after %.0f s; measuring regardless",
+                    self.study.study_name,
+                    sorted(scan.running[name] for name in in_flight),
+                    self.ctx.in_flight_wait_s,
+                )
+                return True
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                optuna.storages.fail_stale_trials(self.study)
             time.sleep(_POLL_S * 4)
 
     # ---------------------------------------------------------------- after each trial
@@ -877,6 +892,8 @@ def run_campaign(
         builds=builds,
         observer=observer,
         claim_wait_s=claim_wait_s,
+        # A dead process's trial turns stale after grace_period; allow twice that.
+        in_flight_wait_s=2.0 * grace_period + heartbeat_interval,
         wasted_limit=wasted_limit,
         rng=random.Random(seed),
     )
@@ -885,6 +902,12 @@ def run_campaign(
         group = _group(problem)
         if group not in spaces:
             spaces[group] = search.SearchSpace.from_configs(space_fn(problem))
+            first = spaces[group].configs[0]
+            if (first.d, first.dtype, first.causal) != group:
+                raise ValueError(
+                    f"space_fn gave {first.name} for problem {problem.study_name}: "
+                    "configs must match the problem's D, dtype and mask"
+                )
             # Seeds first: they are every new study's first proposals.
             seeds = [c for c in seeds_fn(problem) if c in spaces[group]]
             builds.submit([*seeds, *spaces[group].configs])

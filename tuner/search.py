@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
 from sqlalchemy import create_engine, event, inspect, make_url, text
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from codegen.config import KernelConfig
 from tuner.problem import Problem
@@ -115,6 +117,7 @@ BUILD_STATUSES: Final[frozenset[str]] = frozenset(
 DEFAULT_SEED: Final = 0
 DEFAULT_HEARTBEAT_S: Final = 10
 DEFAULT_GRACE_S: Final = 60
+_CREATE_ATTEMPTS: Final = 5
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -321,9 +324,8 @@ def resolve_storage_url(db_url: str) -> str:
         with engine.connect() as conn:
             if not inspect(conn).has_table("alembic_version"):
                 return db_url
-            revisions = [
-                str(r) for r in conn.execute(text("SELECT version_num FROM alembic_version"))
-            ]
+            rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
+            revisions = [str(r) for r in rows]
     finally:
         engine.dispose()
     if all(_OPTUNA_REVISION.match(r) for r in revisions):
@@ -364,15 +366,27 @@ def open_storage(
         # Several processes (one per GPU) write the same file: wait for the lock instead of
         # failing with "database is locked".
         engine_kwargs["connect_args"] = {"timeout": 60}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExperimentalWarning)
-        storage = RDBStorage(
-            url,
-            engine_kwargs=engine_kwargs,
-            heartbeat_interval=heartbeat_interval,
-            grace_period=grace_period,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
-        )
+    for attempt in range(_CREATE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                storage = RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=heartbeat_interval,
+                    grace_period=grace_period,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(
+                        max_retry=max_retry
+                    ),
+                )
+            break
+        except (OperationalError, IntegrityError) as exc:
+            # Processes started together on a new database race to create optuna's tables
+            # ("table studies already exists"); the loser finds them there on a retry.
+            if attempt == _CREATE_ATTEMPTS - 1:
+                raise
+            log.debug("creating optuna's tables raced another process (%s); retrying", exc)
+            time.sleep(0.2 * (attempt + 1))
     if url.startswith("sqlite"):
         _tune_sqlite(storage)
     return storage

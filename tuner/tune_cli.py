@@ -130,11 +130,13 @@ def parse_duration(text: str, option: str = "--time-budget") -> float:
         m = _DURATION_RE.match(compact, pos)
         if m is None:
             break
-        unit = m[2] or "s"
-        total += float(m[1]) * {"h": 3600, "m": 60, "s": 1}[unit]
+        unit = m[2] or ""
+        total += float(m[1]) * {"h": 3600, "m": 60, "s": 1, "": 1}[unit]
         units.append(unit)
         pos = m.end()
-    if not compact or pos != len(compact) or len(set(units)) != len(units):
+    # A bare number means seconds, but only on its own ("1h 2" is ambiguous).
+    ambiguous = "" in units and len(units) > 1
+    if not compact or pos != len(compact) or len(set(units)) != len(units) or ambiguous:
         raise _bad(option, f"{text!r} is not a duration (e.g. 600, 90s, 10m, 1h30m)")
     if total <= 0:
         raise _bad(option, "the duration must be positive")

@@ -1,0 +1,343 @@
+"""tuner.campaign: resume, interruption, budgets, building ahead, summaries."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import optuna
+import pytest
+from test_replay_synthetic import (
+    GPU,
+    open_store,
+    optuna_url,
+    problems_for,
+    synthetic_table,
+    tiny_space,
+)
+
+from codegen.config import KernelConfig
+from codegen.report import BuildReport
+from codegen.space import seed_configs
+from db.models import Build, Measurement
+from db.session import session_scope
+from db.store import Store
+from tuner import search
+from tuner.campaign import BuildAhead, CampaignSummary, TrialEvent, run_campaign
+from tuner.problem import Problem
+from tuner.records import MeasureResult
+from tuner.replay import ReplayMeasure, ReplayTable
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _campaign(
+    tmp_path: Path,
+    table: ReplayTable,
+    problems: Sequence[Problem],
+    *,
+    trials: int | None = None,
+    time_budget_s: float | None = None,
+    measure_fn: object = None,
+    replay: ReplayMeasure | None = None,
+    sampler: str = "tpe",
+    progress: object = None,
+    **kwargs: object,
+) -> CampaignSummary:
+    replay = replay or ReplayMeasure(table)
+    with open_store(tmp_path) as store:
+        return run_campaign(
+            problems,
+            store=store,
+            storage_url=optuna_url(tmp_path),
+            gpu=GPU,
+            space_fn=replay.space,
+            seeds_fn=lambda p: seed_configs(p.d, p.dtype, p.causal),
+            build_fn=replay.build,
+            measure_fn=measure_fn or replay,  # type: ignore[arg-type]
+            sampler=sampler,
+            trials=trials,
+            time_budget_s=time_budget_s,
+            progress=progress,  # type: ignore[arg-type]
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+def _measurements(tmp_path: Path) -> list[tuple[int, str, str]]:
+    """(problem id, config name, status) of every stored measurement."""
+    # No migration check here: it takes SQLite's write lock, and the kill test polls this
+    # while a child process is writing.
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    with Store.from_url(url, migrate=False) as store, session_scope(store.engine) as s:
+        rows = s.query(Measurement.problem_id, Build.config_name, Measurement.status).join(
+            Build, Build.id == Measurement.build_id
+        )
+        return [(p, c, st) for p, c, st in rows]
+
+
+def _gpu_counts(rows: list[tuple[int, str, str]]) -> Counter[int]:
+    return Counter(p for p, _, st in rows if st in search.GPU_STATUSES)
+
+
+def _assert_each_config_measured_once(rows: list[tuple[int, str, str]]) -> None:
+    per_pair = Counter((p, c) for p, c, _ in rows)
+    assert per_pair and max(per_pair.values()) == 1, per_pair.most_common(3)
+
+
+def test_resume_continues_the_studies(tmp_path: Path) -> None:
+    problems = problems_for([512, 2048])
+    table = synthetic_table(problems)
+    first = _campaign(tmp_path, table, problems, trials=4)
+    assert [p.trials for p in first.problems] == [4, 4]
+    storage = optuna_url(tmp_path)
+    numbers_before = {
+        p.study_name: len(optuna.load_study(study_name=p.study_name, storage=storage).trials)
+        for p in problems
+    }
+    second = _campaign(tmp_path, table, problems, trials=10)
+    assert [p.trials for p in second.problems] == [10, 10]
+    for p in second.problems:
+        study = optuna.load_study(study_name=p.study_name, storage=optuna_url(tmp_path))
+        assert len(study.trials) > numbers_before[p.study_name]  # the same study went on
+        seeds = [t for t in study.trials if t.user_attrs.get(search.ATTR_SEED)]
+        expected = [c for c in seed_configs(64) if c.name in table.studies[p.study_name]]
+        assert expected and len(seeds) == len(expected)  # queued by the first run only
+    rows = _measurements(tmp_path)
+    _assert_each_config_measured_once(rows)
+    assert sorted(_gpu_counts(rows).values()) == [10, 10]
+    # Nothing left to do: a third run measures nothing.
+    third = _campaign(tmp_path, table, problems, trials=10)
+    assert third.total_measured == 0
+    assert len(_measurements(tmp_path)) == len(rows)
+
+
+class _InterruptAfter:
+    def __init__(self, replay: ReplayMeasure, calls: int) -> None:
+        self.replay, self.calls = replay, calls
+
+    def __call__(self, report: BuildReport, problem: Problem) -> MeasureResult:
+        self.calls -= 1
+        if self.calls < 0:
+            raise KeyboardInterrupt
+        return self.replay(report, problem)
+
+
+def test_interrupted_campaign_resumes_without_remeasuring(tmp_path: Path) -> None:
+    problems = problems_for([512, 1024])
+    table = synthetic_table(problems)
+    replay = ReplayMeasure(table)
+    stopped = _campaign(tmp_path, table, problems, trials=8, measure_fn=_InterruptAfter(replay, 5))
+    assert stopped.interrupted
+    assert len(stopped.problems) == 0  # interrupted within the first problem
+    assert sum(_gpu_counts(_measurements(tmp_path)).values()) == 5
+    done = _campaign(tmp_path, table, problems, trials=8, replay=replay)
+    assert not done.interrupted
+    assert [p.trials for p in done.problems] == [8, 8]
+    rows = _measurements(tmp_path)
+    _assert_each_config_measured_once(rows)
+    assert sorted(_gpu_counts(rows).values()) == [8, 8]
+    assert max(replay.measure_counts.values()) == 1
+
+
+def _killable_campaign(tmp: str, trials: int) -> None:
+    """Child process: a slow campaign that the test kills with SIGKILL."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_replay_synthetic import problems_for as pf
+    from test_replay_synthetic import synthetic_table as st
+
+    path = Path(tmp)
+    problems = pf([512])
+    replay = ReplayMeasure(st(problems), latency_s=0.2)
+    with Store.from_url(f"sqlite:///{path / 'results.db'}") as store:
+        run_campaign(
+            problems,
+            store=store,
+            storage_url=f"sqlite:///{path / 'studies.db'}",
+            gpu=GPU,
+            space_fn=replay.space,
+            seeds_fn=lambda p: [],
+            build_fn=replay.build,
+            measure_fn=replay,
+            trials=trials,
+            heartbeat_interval=1,
+            grace_period=2,
+        )
+
+
+def test_resume_after_kill_9(tmp_path: Path) -> None:
+    trials = 8
+    ctx = mp.get_context("spawn")
+    child = ctx.Process(target=_killable_campaign, args=(str(tmp_path), trials))
+    child.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if (tmp_path / "results.db").exists():
+            try:
+                if sum(_gpu_counts(_measurements(tmp_path)).values()) >= 3:
+                    break
+            except Exception:  # the schema may not exist yet
+                continue
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    assert child.exitcode == -signal.SIGKILL
+    measured_before = sum(_gpu_counts(_measurements(tmp_path)).values())
+    assert 3 <= measured_before < trials
+
+    problems = problems_for([512])
+    replay = ReplayMeasure(synthetic_table(problems))
+    summary = _campaign(
+        tmp_path, replay.table, problems, trials=trials, replay=replay,
+        heartbeat_interval=1, grace_period=2,
+    )  # fmt: skip
+    assert summary.problems[0].trials == trials
+    rows = _measurements(tmp_path)
+    _assert_each_config_measured_once(rows)
+    assert sum(_gpu_counts(rows).values()) == trials
+
+
+def test_time_budget_is_shared_by_the_problems(tmp_path: Path) -> None:
+    problems = problems_for([512, 1024, 2048])
+    table = synthetic_table(problems)
+    replay = ReplayMeasure(table, latency_s=0.05)
+    started = time.monotonic()
+    summary = _campaign(tmp_path, table, problems, time_budget_s=6.0, replay=replay)
+    took = time.monotonic() - started
+    assert len(summary.problems) == 3  # every problem got its share
+    assert all(p.trials >= 1 for p in summary.problems)
+    assert took < 6.0 + 10.0  # a trial in flight may overrun its problem's share a little
+    assert all(p.evaluated < p.space_size for p in summary.problems)
+
+
+def test_summary_and_time_split(tmp_path: Path) -> None:
+    problems = problems_for([1024])
+    table = synthetic_table(problems, tiny_space())
+    replay = ReplayMeasure(table, latency_s=0.01)
+    summary = _campaign(tmp_path, table, problems, sampler="grid", replay=replay)
+    (p,) = summary.problems
+    assert p.evaluated == p.space_size == len(tiny_space())
+    assert sum(p.statuses.values()) == p.evaluated
+    assert p.best_tflops is not None and p.best_tflops > 0
+    assert p.measured == p.evaluated  # one measurement per config (build rejections too)
+    t = summary.times
+    assert t.wall_s > 0 and t.measure_s >= 0.01 * p.trials
+    assert t.search_s == pytest.approx(t.wall_s - t.build_wait_s - t.measure_s)
+    data = summary.to_dict()
+    assert data["total_trials"] == p.trials and data["sampler"] == "grid"
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list[TrialEvent] = []
+        self.calls: list[str] = []
+
+    def campaign_started(self, problems: object, trials: object, time_budget_s: object) -> None:
+        self.calls.append("campaign_started")
+
+    def problem_started(
+        self, index: int, problem: object, target: object, deadline: object
+    ) -> None:
+        self.calls.append(f"problem_started {index}")
+
+    def trial_finished(self, event: TrialEvent) -> None:
+        self.events.append(event)
+
+    def problem_finished(self, index: int, summary: object) -> None:
+        self.calls.append(f"problem_finished {index}")
+
+    def campaign_finished(self, summary: object) -> None:
+        self.calls.append("campaign_finished")
+
+
+def test_progress_events(tmp_path: Path) -> None:
+    problems = problems_for([512, 1024])
+    table = synthetic_table(problems)
+    rec = _Recorder()
+    _campaign(tmp_path, table, problems, trials=3, progress=rec)
+    assert rec.calls == [
+        "campaign_started",
+        "problem_started 0",
+        "problem_finished 0",
+        "problem_started 1",
+        "problem_finished 1",
+        "campaign_finished",
+    ]
+    assert rec.events and rec.events[-1].trials == 3 and rec.events[-1].target == 3
+    bests = [e.best_ms for e in rec.events if e.problem == problems[0] and e.best_ms]
+    assert bests == sorted(bests, reverse=True)  # best so far only improves
+
+
+# ----------------------------------------------------------------------- building ahead
+
+
+class _SlowBuild:
+    """Records batches; blocks each background batch until released."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.table = ReplayMeasure(synthetic_table(problems_for([512])))
+
+    def __call__(self, configs: Sequence[KernelConfig]) -> list[BuildReport]:
+        with self.lock:
+            self.batches.append([c.name for c in configs])
+        if len(configs) > 1:
+            self.gate.wait(10)
+        return self.table.build(configs)
+
+
+def test_build_ahead_builds_everything_once_in_batches() -> None:
+    configs = tiny_space()
+    build = _SlowBuild()
+    build.gate.set()
+    ahead = BuildAhead(build, batch_size=5)
+    ahead.submit(configs)
+    ahead.submit(configs[:3])  # already queued: not built twice
+    reports = [ahead.get(c) for c in configs]
+    assert [r.config for r in reports] == configs
+    ahead.close()
+    built = [name for batch in build.batches for name in batch]
+    assert sorted(built) == sorted(c.name for c in configs)
+    assert max(len(b) for b in build.batches) <= 5
+    assert len(ahead.drain_finished()) == len(configs)
+    assert ahead.drain_finished() == []
+    assert ahead.busy_s >= 0
+
+
+def test_build_ahead_compiles_a_queued_config_at_once_when_asked() -> None:
+    configs = tiny_space()
+    build = _SlowBuild()
+    ahead = BuildAhead(build, batch_size=4)
+    ahead.submit(configs)
+    while not build.batches:  # the background thread took the first batch and is stuck
+        time.sleep(0.01)
+    last = configs[-1]
+    report = ahead.get(last)  # queued far behind: compiled on this thread right away
+    assert report.config == last
+    assert [last.name] in build.batches
+    build.gate.set()
+    assert ahead.get(configs[0]).config == configs[0]  # in the stuck batch: awaited
+    ahead.close()
+    built = [name for batch in build.batches for name in batch]
+    assert built.count(last.name) == 1
+
+
+def test_build_ahead_reports_build_errors_to_the_caller() -> None:
+    def broken(configs: Sequence[KernelConfig]) -> list[BuildReport]:
+        raise RuntimeError("nvcc exploded")
+
+    ahead = BuildAhead(broken, batch_size=2)
+    ahead.submit(tiny_space()[:2])
+    with pytest.raises(RuntimeError, match="nvcc exploded"):
+        ahead.get(tiny_space()[0])
+    ahead.close()

@@ -1,0 +1,172 @@
+"""The ``tune`` command: argument parsing, errors (exit 2), replay mode end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from test_replay_synthetic import problems_for, save_replay_table, synthetic_table, tiny_space
+from typer.testing import CliRunner
+
+from tuner import tune_cli
+from tuner.tune_cli import (
+    DEFAULT_TRIALS,
+    make_problems,
+    parse_bool_list,
+    parse_choice_list,
+    parse_duration,
+    parse_int_list,
+    resolve_budget,
+    tune,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer(pretty_exceptions_enable=False)
+
+    @app.callback()
+    def main() -> None:
+        """Test app."""
+
+    app.command("tune")(tune)
+    return app
+
+
+@pytest.fixture
+def table_path(tmp_path: Path) -> Path:
+    problems = problems_for([512, 1024]) + problems_for([512], causal=True)
+    path = tmp_path / "table.json"
+    save_replay_table(synthetic_table(problems, tiny_space), path)
+    return path
+
+
+def test_parse_lists() -> None:
+    assert parse_int_list("64,128", "--d") == [64, 128]
+    assert parse_int_list(" 512 , 1024,512", "--n") == [512, 1024]  # trimmed, deduplicated
+    assert parse_choice_list("FP16,bf16", "--dtype", ("fp16", "bf16")) == ["fp16", "bf16"]
+    assert parse_bool_list("no,yes", "--causal") == [False, True]
+    assert parse_bool_list("causal,full,true", "--causal") == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("600", 600), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5h", 5400), ("2m 30s", 150)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "10x", "m", "-5m", "0", "0s", "10m10m", "1h 2", "ten"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(typer.BadParameter):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: parse_int_list("64,", "--d"), "comma-separated"),
+        (lambda: parse_int_list("64,abc", "--d"), "not an integer"),
+        (lambda: parse_int_list("0", "--n"), "below 1"),
+        (lambda: parse_int_list("65", "--d", allowed=(64, 128)), "not one of"),
+        (lambda: parse_choice_list("fp32", "--dtype", ("fp16", "bf16")), "not one of"),
+        (lambda: parse_bool_list("maybe", "--causal"), "yes or no"),
+    ],
+)
+def test_parse_errors(call: object, match: str) -> None:
+    with pytest.raises(typer.BadParameter, match=match):
+        call()  # type: ignore[operator]
+
+
+def test_default_campaign_is_24_grouped_problems() -> None:
+    problems = make_problems(
+        "NVIDIA H200",
+        parse_int_list(tune_cli.DEFAULT_D, "--d"),
+        parse_int_list(tune_cli.DEFAULT_N, "--n"),
+        ["fp16"],
+        parse_bool_list(tune_cli.DEFAULT_CAUSAL, "--causal"),
+        2,
+        16,
+    )
+    assert len(problems) == 24
+    groups = [(p.dtype, p.causal, p.d) for p in problems]
+    # Each (dtype, causal, D) group is contiguous, so its builds serve it in one go.
+    assert len({g for g in groups}) == 4
+    assert all(groups[i] == groups[i - 1] or groups[i] not in groups[:i] for i in range(24))
+
+
+def test_default_budget() -> None:
+    assert resolve_budget("tpe", None, None) == (DEFAULT_TRIALS, None)
+    assert resolve_budget("random", None, None) == (DEFAULT_TRIALS, None)
+    assert resolve_budget("grid", None, None) == (None, None)  # exhaustive
+    assert resolve_budget("tpe", None, 600.0) == (None, 600.0)
+    assert resolve_budget("tpe", 5, 600.0) == (5, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--d", "65"], "65 is not one of"),
+        (["--n", "0"], "below 1"),
+        (["--n", "1k"], "not an integer"),
+        (["--dtype", "fp32"], "not one of"),
+        (["--causal", "sometimes"], "yes or no"),
+        (["--time-budget", "10x"], "not a duration"),
+        (["--time-budget", "0"], "positive"),
+        (["--sampler", "bayes"], "not one of tpe"),
+        (["--trials", "0"], "--trials"),
+        (["--arch", "sm_70"], "not one of"),
+        (["--batch", "0"], "--batch"),
+    ],
+)
+def test_cli_bad_input_exits_2(app: typer.Typer, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["tune", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_cli_replay_errors_exit_2(app: typer.Typer, tmp_path: Path, table_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(app, ["tune", "--replay", str(tmp_path / "nope.json")])
+    assert missing.exit_code == 2 and "--replay" in missing.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert runner.invoke(app, ["tune", "--replay", str(bad)]).exit_code == 2
+    no_match = runner.invoke(app, ["tune", "--replay", str(table_path), "--d", "128"])
+    assert no_match.exit_code == 2
+    assert "no problem of the table" in " ".join(no_match.output.split())
+
+
+def test_cli_replay_runs_the_campaign(app: typer.Typer, tmp_path: Path, table_path: Path) -> None:
+    out = tmp_path / "summary.json"
+    result = CliRunner().invoke(
+        app,
+        ["tune", "--replay", str(table_path), "--n", "512", "--causal", "no,yes",
+         "--trials", "3", "--sampler", "random", "--seed", "5", "--summary-json", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "fa2tune tune" in result.output
+    summary = json.loads(out.read_text())
+    assert summary["sampler"] == "random"
+    assert [p["problem"]["causal"] for p in summary["problems"]] == [False, True]
+    assert all(p["trials"] == 3 for p in summary["problems"])
+    assert all(p["best_config"] for p in summary["problems"])
+
+
+def test_cli_replay_with_a_bare_table(app: typer.Typer, tmp_path: Path) -> None:
+    (problem,) = problems_for([512])
+    table = synthetic_table([problem], tiny_space())
+    bare = {
+        study: {name: {"status": e.status, "median_ms": e.median_ms} for name, e in rows.items()}
+        for study, rows in table.studies.items()
+    }
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps(bare))
+    result = CliRunner().invoke(app, ["tune", "--replay", str(path), "--sampler", "grid"])
+    assert result.exit_code == 0, result.output
+    assert table.best(problem.study_name)[0][:20] in result.output  # type: ignore[index]

@@ -1,0 +1,248 @@
+"""The search end to end in replay mode: samplers find the best, failures never win, invalid
+combinations never reach the build or the GPU."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+import pytest
+from test_replay_synthetic import (
+    GPU,
+    medium_space,
+    open_store,
+    optuna_url,
+    problems_for,
+    small_space,
+    synthetic_table,
+    tiny_space,
+)
+
+from codegen.config import KernelConfig
+from codegen.report import BuildReport
+from codegen.space import seed_configs
+from tuner import search
+from tuner.campaign import CampaignSummary, run_campaign
+from tuner.problem import Problem
+from tuner.records import MeasureResult, MeasureStatus
+from tuner.replay import ReplayMeasure, ReplayTable
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _run(
+    tmp_path: Path,
+    table: ReplayTable,
+    problems: Sequence[Problem],
+    sampler: str,
+    *,
+    trials: int | None,
+    seed: int = 0,
+    replay: ReplayMeasure | None = None,
+    measure_fn: object = None,
+    allow_spills: bool = False,
+    seeds: bool = False,
+) -> CampaignSummary:
+    replay = replay or ReplayMeasure(table)
+    with open_store(tmp_path) as store:
+        return run_campaign(
+            problems,
+            store=store,
+            storage_url=optuna_url(tmp_path),
+            gpu=GPU,
+            space_fn=replay.space,
+            seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal)) if seeds else lambda p: [],
+            build_fn=replay.build,
+            measure_fn=measure_fn or replay,  # type: ignore[arg-type]
+            sampler=sampler,
+            trials=trials,
+            seed=seed,
+            allow_spills=allow_spills,
+        )
+
+
+def _gpu_eligible(table: ReplayTable, study: str) -> int:
+    return sum(e.status not in search.BUILD_STATUSES for e in table.studies[study].values())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tpe_finds_the_best_within_budget(tmp_path: Path, seed: int) -> None:
+    problems = problems_for([2048])
+    table = synthetic_table(problems)
+    study = problems[0].study_name
+    budget = 20
+    assert budget < _gpu_eligible(table, study)  # not an exhaustive search
+    summary = _run(tmp_path, table, problems, "tpe", trials=budget, seed=seed)
+    (p,) = summary.problems
+    assert p.trials == budget
+    assert (p.best_config, p.best_ms) == table.best(study)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_gets_close_within_budget(tmp_path: Path, seed: int) -> None:
+    problems = problems_for([2048])
+    table = synthetic_table(problems)
+    study = problems[0].study_name
+    summary = _run(tmp_path, table, problems, "random", trials=20, seed=seed)
+    (p,) = summary.problems
+    best = table.best(study)
+    assert best is not None and p.best_ms is not None
+    assert p.trials == 20
+    assert p.best_ms <= best[1] * 1.05
+
+
+def test_random_finds_the_best_with_a_budget_of_every_gpu_config(tmp_path: Path) -> None:
+    problems = problems_for([2048])
+    table = synthetic_table(problems, tiny_space())
+    study = problems[0].study_name
+    budget = _gpu_eligible(table, study)
+    (p,) = _run(tmp_path, table, problems, "random", trials=budget).problems
+    # No config twice: the budget covers exactly every config that reaches the GPU.
+    assert p.trials == budget
+    assert (p.best_config, p.best_ms) == table.best(study)
+
+
+def test_grid_evaluates_every_config_once(tmp_path: Path) -> None:
+    problems = problems_for([1024])
+    table = synthetic_table(problems, tiny_space())
+    study = problems[0].study_name
+    replay = ReplayMeasure(table)
+    (p,) = _run(tmp_path, table, problems, "grid", trials=None, replay=replay, seeds=True).problems
+    assert p.evaluated == p.space_size == len(table.studies[study])
+    assert (p.best_config, p.best_ms) == table.best(study)
+    counts = replay.measure_counts
+    assert counts and max(counts.values()) == 1
+    # Measured = everything but build rejections; seeds were not measured twice either.
+    assert len(counts) == _gpu_eligible(table, study)
+    assert p.statuses == dict(Counter(e.status for e in table.studies[study].values()))
+
+
+def test_invalid_combinations_never_reach_build_or_measure(tmp_path: Path) -> None:
+    # A sparse space: drop every third config, so many combinations of the choices are not
+    # configs of the space (as with the real space's smem and register rules).
+    space = [c for i, c in enumerate(medium_space()) if i % 3]
+    problems = problems_for([1024])
+    table = synthetic_table(problems, space)
+    valid = {c.name for c in space}
+    replay = ReplayMeasure(table)
+    summary = _run(tmp_path, table, problems, "random", trials=12, replay=replay)
+    (p,) = summary.problems
+    assert p.invalid > 0  # the sampler did propose invalid combinations...
+    assert set(replay.built) <= valid  # ...and none was built
+    assert {config for _, config in replay.measured} <= valid  # ...nor measured
+    assert max(Counter(replay.built).values()) == 1  # each valid config built once
+    trials = optuna.load_study(study_name=p.study_name, storage=optuna_url(tmp_path)).get_trials(
+        deepcopy=False
+    )
+    invalid = [t for t in trials if search.trial_status(t) == search.STATUS_INVALID]
+    assert invalid and all(t.state == optuna.trial.TrialState.PRUNED for t in invalid)
+    assert all(search.trial_config(t) is None for t in invalid)
+
+
+class _Liar:
+    """Reports absurdly fast times together with failing statuses for some configs."""
+
+    def __init__(self, replay: ReplayMeasure) -> None:
+        self.replay = replay
+        self.lied: set[str] = set()
+
+    def __call__(self, report: BuildReport, problem: Problem) -> MeasureResult:
+        result = self.replay(report, problem)
+        c = report.config
+        if result.status == MeasureStatus.OK and c.br == 64:
+            self.lied.add(c.name)
+            status = MeasureStatus.WRONG_RESULT if c.stages == 1 else MeasureStatus.TIMEOUT
+            return replace(result, status=status, median_ms=1e-6, tflops=1e9)
+        return result
+
+
+def test_non_ok_statuses_never_become_best(tmp_path: Path) -> None:
+    problems = problems_for([1024])
+    table = synthetic_table(problems, tiny_space())
+    liar = _Liar(ReplayMeasure(table))
+    (p,) = _run(tmp_path, table, problems, "grid", trials=None, measure_fn=liar).problems
+    assert liar.lied
+    assert p.best_config not in liar.lied
+    assert p.best_ms is not None and p.best_ms > 1e-3
+    ok = {n: e.median_ms for n, e in table.studies[p.study_name].items() if e.status == "OK"}
+    honest = {n: ms for n, ms in ok.items() if n not in liar.lied}
+    assert p.best_ms == min(honest.values())  # type: ignore[type-var]
+    study = optuna.load_study(study_name=p.study_name, storage=optuna_url(tmp_path))
+    for t in study.get_trials(deepcopy=False):
+        if search.trial_config(t) in liar.lied:
+            assert t.state == optuna.trial.TrialState.PRUNED
+            assert t.value is None
+    assert study.best_trial.value == p.best_ms
+    with open_store(tmp_path) as store:
+        best = store.best(GPU.name, 64, 1024)
+    assert best is not None and best.config.name == p.best_config
+
+
+def test_spills_are_recorded_not_timed_unless_allowed(tmp_path: Path) -> None:
+    problems = problems_for([1024])
+    table = synthetic_table(problems, tiny_space())
+    study = problems[0].study_name
+    spilling = {n for n, e in table.studies[study].items() if e.build_status == "SPILLS"}
+    assert spilling
+    replay = ReplayMeasure(table)
+    (p,) = _run(tmp_path / "a", table, problems, "grid", trials=None, replay=replay).problems
+    assert p.statuses["SPILLS"] == len(spilling)
+    assert not spilling & {config for _, config in replay.measured}
+    with open_store(tmp_path / "a") as store:
+        rows = store.results(GPU.name, status="SPILLS", limit=1000).items
+    assert {r.config_name for r in rows} == spilling
+    assert all(r.median_ms is None and r.error and "spill" in r.error for r in rows)
+
+    allowed = ReplayMeasure(table)
+    _run(tmp_path / "b", table, problems, "grid", trials=None, replay=allowed, allow_spills=True)
+    assert spilling <= {config for _, config in allowed.measured}
+
+
+def test_build_failures_are_recorded_as_measurements(tmp_path: Path) -> None:
+    problems = problems_for([512])
+    table = synthetic_table(problems, tiny_space())
+    failed = {n for n, e in table.studies[problems[0].study_name].items()
+              if e.status == "COMPILE_FAILED"}  # fmt: skip
+    assert failed
+    _run(tmp_path, table, problems, "grid", trials=None)
+    with open_store(tmp_path) as store:
+        rows = store.results(GPU.name, status="COMPILE_FAILED", limit=1000).items
+    assert {r.config_name for r in rows} == failed
+    assert all(r.trial_number is not None for r in rows)
+
+
+def test_measurements_carry_search_provenance(tmp_path: Path) -> None:
+    problems = problems_for([512])
+    table = synthetic_table(problems)
+    _run(tmp_path, table, problems, "tpe", trials=4, seed=7)
+    with open_store(tmp_path) as store:
+        rows = store.results(GPU.name, status="OK", limit=1000).items
+        assert rows
+        from db.models import Measurement
+        from db.session import session_scope
+
+        with session_scope(store.engine) as s:
+            extras = [m.extra for m in s.query(Measurement).all()]
+    assert all(e and e["search"]["study"] == problems[0].study_name for e in extras)
+    assert all(e["search"]["sampler"] == "tpe" for e in extras if e)
+    assert {r.trial_number for r in rows} == {
+        e["search"]["trial"] for e in extras if e and "replay" in e
+    }
+
+
+def test_unknown_sampler_is_refused(tmp_path: Path) -> None:
+    problems = problems_for([512])
+    with pytest.raises(ValueError, match="unknown sampler"):
+        _run(tmp_path, synthetic_table(problems), problems, "bayes", trials=1)
+
+
+def _configs(names: Sequence[str]) -> list[KernelConfig]:
+    return [KernelConfig.from_name(n) for n in names]
+
+
+def test_small_space_fixture_is_small() -> None:
+    assert 20 <= len(small_space()) <= 60
+    assert len(_configs([c.name for c in small_space()])) == len(small_space())
