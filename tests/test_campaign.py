@@ -341,3 +341,38 @@ def test_build_ahead_reports_build_errors_to_the_caller() -> None:
     with pytest.raises(RuntimeError, match="nvcc exploded"):
         ahead.get(tiny_space()[0])
     ahead.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
+def test_campaign_on_postgres(postgres_url: str) -> None:
+    from sqlalchemy import make_url, text
+
+    from db.session import make_engine
+
+    problems = problems_for([512])
+    replay = ReplayMeasure(synthetic_table(problems, tiny_space()))
+    schema = make_url(postgres_url).query["options"].split("=", 1)[1]  # type: ignore[union-attr]
+    try:
+        with Store.from_url(postgres_url) as store:
+            kwargs = dict(
+                store=store,
+                storage_url=search.resolve_storage_url(postgres_url),
+                gpu=GPU,
+                space_fn=replay.space,
+                seeds_fn=lambda p: [],
+                build_fn=replay.build,
+                measure_fn=replay,
+                trials=3,
+            )
+            first = run_campaign(problems, **kwargs)  # type: ignore[arg-type]
+            kwargs["trials"] = 5
+            second = run_campaign(problems, **kwargs)  # type: ignore[arg-type]
+            assert (first.problems[0].trials, second.problems[0].trials) == (3, 5)
+            rows = store.results(GPU.name, limit=1000).items
+            assert len({r.config_name for r in rows}) == len(rows)
+    finally:
+        engine = make_engine(postgres_url)
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}_optuna" CASCADE'))
+        engine.dispose()

@@ -205,3 +205,28 @@ def test_trial_helpers() -> None:
     bare = optuna.trial.create_trial(state=TrialState.FAIL)
     assert search.trial_config(bare) is None and search.trial_status(bare) is None
     assert "OK" in search.GPU_STATUSES and "SPILLS" in search.BUILD_STATUSES
+
+
+@pytest.mark.postgres
+def test_resolve_storage_url_on_postgres(postgres_url: str) -> None:
+    from sqlalchemy import make_url, text
+
+    from db.session import make_engine
+
+    Store.from_url(postgres_url).close()
+    resolved = search.resolve_storage_url(postgres_url)
+    schema = make_url(postgres_url).query["options"].split("=", 1)[1]  # type: ignore[union-attr]
+    try:
+        if resolved != postgres_url:
+            assert f"{schema}_optuna" in resolved
+        storage = search.open_storage(resolved)
+        study = optuna.create_study(storage=storage, study_name="pg")
+        study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+        storage.engine.dispose()
+        Store.from_url(postgres_url).close()  # the results schema is untouched, at head
+        assert search.resolve_storage_url(postgres_url) == resolved  # stable on a re-run
+    finally:
+        engine = make_engine(postgres_url)
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}_optuna" CASCADE'))
+        engine.dispose()

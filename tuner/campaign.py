@@ -295,6 +295,23 @@ class NullObserver:
 # Building ahead
 
 
+#: Niceness of the background build thread and the compilers it starts.
+BACKGROUND_NICE: Final = 10
+
+
+def _lower_thread_priority(nice: int) -> None:
+    """Renice the calling thread only (Linux: niceness is per thread, inherited by children).
+
+    The background compilers then yield the CPU to the measuring worker (so a busy CPU does
+    not open gaps between timed launches) and to builds the GPU is waiting for, which run at
+    normal priority on the search thread.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError) as exc:  # not Linux, or not permitted
+        log.debug("could not lower the build thread's priority: %s", exc)
+
+
 class BuildAhead:
     """Compiles queued configs in batches on a background thread; on demand when asked.
 
@@ -365,6 +382,7 @@ class BuildAhead:
         self._thread.join()
 
     def _run(self) -> None:
+        _lower_thread_priority(BACKGROUND_NICE)
         while True:
             with self._cond:
                 while not self._queue and not self._closed:

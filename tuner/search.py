@@ -60,7 +60,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
-from sqlalchemy import create_engine, event, inspect, make_url, text
+from sqlalchemy import event, inspect, make_url, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from codegen.config import KernelConfig
@@ -309,27 +309,52 @@ def resolve_storage_url(db_url: str) -> str:
 
     Optuna's RDB storage stamps its schema revision in alembic's default ``alembic_version``
     table. When the results schema's own alembic migrations use that same table, the two
-    cannot share a database (optuna then refuses the "incompatible" schema, or the results
+    cannot share one schema (optuna then refuses the "incompatible" schema, or the results
     migrations cannot find optuna's revision). This adapter keeps the studies in the results
-    database when that table is free or optuna's, and otherwise moves them to a sibling SQLite
-    file (``<name>.optuna.db``), with a warning. Giving the results migrations their own
-    ``version_table`` makes this a no-op.
+    database when that table is free or optuna's; otherwise it moves them aside, with a
+    warning: for SQLite to a sibling file (``<name>.optuna.db``), for PostgreSQL to the schema
+    ``<current schema>_optuna`` of the same database (created when missing). Giving the
+    results migrations their own ``version_table`` makes this a no-op.
+
+    A driverless ``postgresql://`` URL is given psycopg 3's driver, as the results store does.
 
     Raises:
-        RuntimeError: on a clash outside SQLite (no sibling file to fall back to).
+        RuntimeError: on a clash with another kind of database.
     """
+    from db.session import make_engine  # the results store's engine rules (drivers, SQLite)
+
     url = make_url(db_url)
-    engine = create_engine(url)
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    same = url.render_as_string(hide_password=False)
+    engine = make_engine(url)
     try:
         with engine.connect() as conn:
             if not inspect(conn).has_table("alembic_version"):
-                return db_url
+                return same
             rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
             revisions = [str(r) for r in rows]
+            current = (
+                conn.execute(text("SELECT current_schema()")).scalar()
+                if url.get_backend_name() == "postgresql"
+                else None
+            )
+            if all(_OPTUNA_REVISION.match(r) for r in revisions):
+                return same
+            if current is not None:
+                schema = f"{current}_optuna"
+                conn.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
+                conn.commit()
     finally:
         engine.dispose()
-    if all(_OPTUNA_REVISION.match(r) for r in revisions):
-        return db_url
+    warning = (
+        "the results database's alembic_version table belongs to its own migrations, so the "
+        "optuna studies cannot share its schema; keeping them in %s"
+    )
+    if url.get_backend_name() == "postgresql":
+        log.warning(warning, f"schema {schema}")
+        moved = url.update_query_dict({"options": f"-csearch_path={schema}"})
+        return moved.render_as_string(hide_password=False)
     if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
         raise RuntimeError(
             "the results database's alembic_version table is not optuna's, so optuna's study "
@@ -337,11 +362,7 @@ def resolve_storage_url(db_url: str) -> str:
         )
     path = Path(url.database)
     sibling = path.with_name(f"{path.stem}.optuna{path.suffix or '.db'}")
-    log.warning(
-        "the results database's alembic_version table is taken by its own migrations; "
-        "keeping the optuna studies in %s",
-        sibling,
-    )
+    log.warning(warning, sibling)
     return url.set(database=str(sibling)).render_as_string(hide_password=False)
 
 

@@ -173,27 +173,25 @@ def resolve_budget(
 
 def tune(
     d: Annotated[
-        str | None, typer.Option("--d", help=f"head dims, comma-separated [default: {DEFAULT_D}]")
+        str | None, typer.Option("--d", help="head dims, comma-separated", show_default=DEFAULT_D)
     ] = None,
     n: Annotated[
         str | None,
-        typer.Option("--n", help=f"sequence lengths (Nq = Nk) [default: {DEFAULT_N}]"),
+        typer.Option("--n", help="sequence lengths (Nq = Nk)", show_default=DEFAULT_N),
     ] = None,
     dtype: Annotated[
-        str | None, typer.Option("--dtype", help="fp16, bf16 or both [default: fp16]")
+        str | None, typer.Option("--dtype", help="fp16, bf16 or both", show_default=DEFAULT_DTYPE)
     ] = None,
     causal: Annotated[
-        str | None, typer.Option("--causal", help="no, yes or no,yes [default: no,yes]")
+        str | None, typer.Option("--causal", help="no, yes or both", show_default=DEFAULT_CAUSAL)
     ] = None,
     trials: Annotated[
         int | None,
         typer.Option(
             "--trials",
             min=1,
-            help=(
-                "configs to run on the GPU per problem (build rejections are free) "
-                f"[default: {DEFAULT_TRIALS}; grid: all]"
-            ),
+            help="configs to run on the GPU per problem (build rejections are free)",
+            show_default=f"{DEFAULT_TRIALS}; grid: all",
         ),
     ] = None,
     time_budget: Annotated[
@@ -209,7 +207,7 @@ def tune(
         bool, typer.Option("--allow-spills", help="also time builds that spill registers")
     ] = False,
     arch: Annotated[
-        str | None, typer.Option("--arch", help="nvcc architecture [default: the GPU's]")
+        str | None, typer.Option("--arch", help="nvcc architecture", show_default="the GPU's")
     ] = None,
     device: Annotated[int, typer.Option("--device", min=0, help="CUDA device index")] = 0,
     seed: Annotated[
