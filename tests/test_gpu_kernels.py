@@ -1,0 +1,148 @@
+"""Correctness of the kernel template over its space, on a real GPU (marker ``gpu``).
+
+Every valid config for D in {64, 128}, fp16, causal and not, is built (ninja, cached) and run
+against a float32 reference on fresh random inputs, output poisoned with NaN first, at
+N in {1, 17, 64, 1000, 4096} and at Nq != Nk. A sample of configs also runs bf16, D in
+{32, 96, 256}, GQA/MQA, both [B,N,H,D] and [B,H,N,D] storage and the LSE output. The error
+bound is :func:`tuner.verify.check_output`'s: at most 2x SDPA-flash's error on the same inputs
+(or a small rounding floor). References are computed once per shape and shared by all
+configs, so the run is dominated by compilation (about a minute for ~1200 configs on 16
+cores).
+
+Run on a GPU machine: ``pytest -m gpu tests/test_gpu_kernels.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Any, cast
+
+import pytest
+
+from codegen.config import Dtype, KernelConfig
+from codegen.space import enumerate_space, seed_configs
+from tuner.problem import Problem
+
+
+def _skip_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    try:
+        from tuner.loader import driver
+
+        driver()
+    except ImportError:
+        return "cuda-bindings is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    return None
+
+
+_REASON = _skip_reason()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_REASON is not None, reason=f"GPU tests: {_REASON}"),
+]
+
+# (batch, heads, kv_heads, nq, nk)
+SQUARE_SHAPES = [(1, 2, 2, n, n) for n in (1, 17, 64, 1000, 4096)]
+RAGGED_SHAPES = [(2, 2, 2, 300, 1000), (1, 2, 2, 1000, 300)]
+SAMPLE_SHAPES = [(2, 4, 2, 257, 257), (1, 4, 1, 100, 700), (1, 2, 2, 700, 100), (1, 2, 2, 1, 33)]
+
+
+def _problems(
+    d: int, dtype: Dtype, causal: bool, shapes: Iterable[tuple[int, ...]]
+) -> list[Problem]:
+    return [
+        Problem(
+            gpu="test",
+            d=d,
+            n=nq,
+            nk=nk if nk != nq else None,
+            batch=b,
+            heads=h,
+            kv_heads=hkv if hkv != h else None,
+            dtype=dtype,
+            causal=causal,
+        )
+        for b, h, hkv, nq, nk in shapes
+    ]
+
+
+def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: list[str]) -> None:
+    """Build ``configs`` and check each on every (problem, layout); fail listing every miss."""
+    import torch
+
+    from codegen.build import build_configs
+    from tuner.loader import Layout, LoadedKernel, ensure_context, grid_for, make_params
+    from tuner.reference import make_inputset
+    from tuner.verify import check_output, poison
+
+    ensure_context(torch.cuda.current_device())
+    reports = build_configs(configs, "sm_90")
+    unbuilt = [f"{r.config.name}: {r.status} {r.error}" for r in reports if not r.usable]
+    assert not unbuilt, "configs of the space failed to build:\n" + "\n".join(unbuilt)
+
+    inputsets: list[Any] = [
+        make_inputset(p, cast(Layout, layout)) for p in problems for layout in layouts
+    ]
+    stream = torch.cuda.current_stream().cuda_stream
+    failures: list[str] = []
+    for report in reports:
+        assert report.cubin is not None
+        kernel = LoadedKernel.for_config(report.config, report.cubin)
+        try:
+            for inputs in inputsets:
+                out, lse = inputs.outputs()
+                poison(out, lse)
+                params = make_params(
+                    inputs.q, inputs.k, inputs.v, out, lse, inputs.scale, inputs.layout
+                )
+                grid, block = grid_for(report.config, inputs.problem)
+                kernel.launch(params, grid, block, report.config.smem_bytes, stream)
+                torch.cuda.synchronize()
+                result = check_output(out, lse, inputs)
+                if not result.ok:
+                    p = inputs.problem
+                    failures.append(
+                        f"{report.config.name} b={p.batch} h={p.heads}/{p.n_kv_heads} "
+                        f"nq={p.n} nk={p.n_keys} {inputs.layout}: {result.message}"
+                    )
+        finally:
+            kernel.unload()
+    assert not failures, f"{len(failures)} wrong results:\n" + "\n".join(failures[:50])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_every_config_fp16(d: int, causal: bool) -> None:
+    configs = enumerate_space(d, "fp16", causal)
+    assert configs
+    _run_configs(configs, _problems(d, "fp16", causal, SQUARE_SHAPES + RAGGED_SHAPES), ["bnhd"])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    ("d", "dtype"),
+    [
+        (32, "fp16"),
+        (96, "fp16"),
+        (256, "fp16"),
+        (64, "bf16"),
+        (128, "bf16"),
+        (32, "bf16"),
+        (96, "bf16"),
+        (256, "bf16"),
+    ],
+)
+def test_sample_configs(d: int, dtype: str, causal: bool) -> None:
+    """Seed configs plus a random sample: other head dims, bf16, GQA/MQA, both layouts, LSE."""
+    dt = cast(Dtype, dtype)
+    space = enumerate_space(d, dt, causal)
+    rng = random.Random(f"{d}{dtype}{causal}")
+    sample = rng.sample(space, min(8, len(space)))
+    configs = sorted(set(seed_configs(d, dt, causal)) | set(sample))
+    _run_configs(configs, _problems(d, dt, causal, SAMPLE_SHAPES), ["bnhd", "bhnd"])
