@@ -580,6 +580,10 @@ class _ProblemRun:
         owner = scan.running.get(config.name)
         if owner is not None and owner < trial.number:
             self._mark(trial, TrialRole.DUPLICATE, search.STATUS_DUPLICATE)
+            # Another process drew the same config: its sampler may be in lockstep with ours
+            # (same seed and salt, e.g. every container's GPU is "device 0"). A fresh random
+            # state breaks the tie; single-process runs never get here and stay reproducible.
+            self.study.sampler.reseed_rng()
             raise _SearchSkip(f"{config.name} is being measured by trial {owner}")
         if not self._within_budget(trial, config):
             self._mark(trial, TrialRole.ABANDONED, STATUS_ABANDONED)

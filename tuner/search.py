@@ -118,6 +118,7 @@ DEFAULT_SEED: Final = 0
 DEFAULT_HEARTBEAT_S: Final = 10
 DEFAULT_GRACE_S: Final = 60
 _CREATE_ATTEMPTS: Final = 5
+_SQLITE_BUSY_MS: Final = 60_000
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -414,24 +415,35 @@ def open_storage(
 
 
 def _tune_sqlite(storage: RDBStorage) -> None:
-    """WAL and ``synchronous=NORMAL`` on optuna's SQLite connections.
+    """Make optuna's SQLite connections safe for several processes, and fast enough.
 
-    A trial is a dozen small commits (one per parameter and attribute); with SQLite's default
-    ``synchronous=FULL`` each waits for an fsync, which made the search slower than the
-    measurements it schedules. In WAL mode NORMAL stays consistent after a crash and only
-    risks the last commits on power loss, the same trade the results store makes.
+    * Transactions start with ``BEGIN IMMEDIATE``, emitted by us with pysqlite's own
+      transaction handling off. pysqlite otherwise runs a SELECT outside any transaction
+      and opens one only at the first write, so optuna's read-check-write of a WAITING trial
+      (``SELECT ... FOR UPDATE`` is a no-op on SQLite) lets two processes both pop the same
+      queued trial and later fail with "Cannot tell a COMPLETE trial". Taking the write lock
+      up front serialises those sections; the busy timeout queues the other process.
+    * WAL and ``synchronous=NORMAL``: a trial is a dozen small commits, and with the default
+      ``FULL`` each waits for an fsync. In WAL mode NORMAL stays consistent after a crash and
+      only risks the last commits on power loss (the results store makes the same trade).
     """
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
+            cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_MS}")
             cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute("PRAGMA synchronous = NORMAL")
         finally:
             cursor.close()
 
+    def on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
     event.listen(storage.engine, "connect", on_connect)
-    storage.engine.dispose()  # reconnect through the listener
+    event.listen(storage.engine, "begin", on_begin)
+    storage.engine.dispose()  # reconnect through the listeners
 
 
 def open_study(
