@@ -7,9 +7,8 @@ median over seeds of the number of GPU trials (distinct configs run on the GPU, 
 ``--trials`` counts) until the first config within the tolerance of the table's best::
 
     fa2tune tune --sampler grid ...                         # on the GPU, exhaustive
-    python -c 'import json; from db.store import Store; from tuner.replay import \\
-        export_replay_table as e; print(json.dumps(e(Store.from_url(URL), "H200")))' > t.json
-    python bench/compare_samplers.py t.json --seeds 5 --max-trials 60
+    python bench/compare_samplers.py t.json --from-db sqlite:///.../fa2tune.db --gpu H200
+    python bench/compare_samplers.py t.json --seeds 5 --max-trials 60   # again, from t.json
 
 Each (problem, sampler, seed) run is independent and gets its own throw-away SQLite files
 (in ``/dev/shm`` when there is one), so ``--jobs`` runs them in parallel processes.
@@ -149,14 +148,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--problems", default="", help="only studies containing this text")
     parser.add_argument("--no-seed-configs", action="store_true", help="start without seeds")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    parser.add_argument("--from-db", metavar="URL", help="first export TABLE from this database")
+    parser.add_argument("--gpu", default="H200", help="the GPU to export (with --from-db)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     from rich.console import Console
     from rich.table import Table
 
-    from tuner.replay import load_replay_table
+    from tuner.replay import ReplayTable, export_replay_table, load_replay_table, save_replay_table
 
+    if args.from_db:
+        from db.store import Store
+
+        with Store.from_url(args.from_db) as store:
+            try:
+                exported = export_replay_table(store, args.gpu)
+            except ValueError as exc:
+                parser.error(str(exc))
+        save_replay_table(ReplayTable.from_dict(exported), args.table)
     try:
         table = load_replay_table(args.table)
     except (OSError, ValueError) as exc:

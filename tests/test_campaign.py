@@ -376,3 +376,45 @@ def test_campaign_on_postgres(postgres_url: str) -> None:
         with engine.begin() as conn:
             conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}_optuna" CASCADE'))
         engine.dispose()
+
+
+@pytest.mark.compile
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
+def test_real_builds_and_worker_process(tmp_path: Path) -> None:
+    """The production glue on a CPU: nvcc builds in the background, a spawned worker process
+    (with the GPU-free fake handler) measures, the store records both."""
+    import shutil
+
+    from codegen.build import build_configs
+    from tuner.worker import BenchWorker
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    space = seed_configs(64)[:3]
+    problems = problems_for([512, 1024])
+
+    def build_fn(configs: Sequence[KernelConfig]) -> list[BuildReport]:
+        return build_configs(configs, arch="sm_90", cache_dir=tmp_path / "cache", jobs=2)
+
+    with (
+        open_store(tmp_path) as store,
+        BenchWorker(handler="tuner.worker:fake_handle", job_timeout_s=60) as worker,
+    ):
+        summary = run_campaign(
+            problems,
+            store=store,
+            storage_url=optuna_url(tmp_path),
+            gpu=GPU,
+            space_fn=lambda p: space,
+            seeds_fn=lambda p: space[:1],
+            build_fn=build_fn,
+            measure_fn=worker.measure,
+            sampler="grid",
+            build_batch=2,
+        )
+        rows = store.results(GPU.name, limit=1000).items
+    assert [p.evaluated for p in summary.problems] == [3, 3]
+    assert {r.status for r in rows} == {"OK"}
+    assert len(rows) == 6 and all(r.median_ms == 1.0 for r in rows)
+    assert {r.source_hash for r in rows} and all(r.registers for r in rows)
+    assert summary.times.build_s > 0
