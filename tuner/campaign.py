@@ -562,6 +562,8 @@ class _ProblemRun:
         self.names = {c.name for c in space.configs}
         self.roles: Counter[str] = Counter()
         self.wasted = 0  # consecutive proposals that evaluated nothing new
+        self.silent: set[int] = set()  # running trials that never published a config
+        self.skipped: set[int] = set()  # trials failed on purpose (duplicate, over budget)
         self.build_wait_s = 0.0
         self.measure_s = 0.0
 
@@ -584,10 +586,12 @@ class _ProblemRun:
             # (same seed and salt, e.g. every container's GPU is "device 0"). A fresh random
             # state breaks the tie; single-process runs never get here and stay reproducible.
             self.study.sampler.reseed_rng()
+            self.skipped.add(trial.number)
             raise _SearchSkip(f"{config.name} is being measured by trial {owner}")
         if not self._within_budget(trial, config):
             self._mark(trial, TrialRole.ABANDONED, STATUS_ABANDONED)
             self.study.stop()
+            self.skipped.add(trial.number)
             raise _SearchSkip("the trial budget is used up")
         key = config.key
         if key in self.ctx.store.measured_pairs(self.problem_id):
@@ -682,15 +686,20 @@ class _ProblemRun:
         give_up = time.monotonic() + self.ctx.claim_wait_s
         while True:
             trials = self.study.get_trials(deepcopy=False)
-            sampling = [
-                t
+            sampling = {
+                t.number
                 for t in trials
                 if t.state == TrialState.RUNNING
                 and t.number < number
+                and t.number not in self.silent
                 and search.ATTR_CONFIG not in t.user_attrs
                 and search.ATTR_STATUS not in t.user_attrs
-            ]
-            if not sampling or time.monotonic() >= give_up:
+            }
+            if not sampling:
+                return _Scan.of(trials, retime_spills=self.ctx.allow_spills)
+            if time.monotonic() >= give_up:
+                # Waited for these once: never again (the heartbeat will fail them).
+                self.silent |= sampling
                 return _Scan.of(trials, retime_spills=self.ctx.allow_spills)
             time.sleep(_POLL_S)
 
@@ -832,6 +841,31 @@ class _ProblemRun:
 # The campaign
 
 
+class _QuietSkips(logging.Filter):
+    """Drops optuna's warnings (with traceback) about trials this campaign failed on purpose.
+
+    A duplicate or over-budget trial is failed by raising :class:`_SearchSkip`, which optuna
+    reports as a failure with a traceback; those are expected, and logged here at DEBUG.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run: _ProblemRun | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], _SearchSkip):
+            log.debug("trial skipped: %s", record.exc_info[1])
+            return False
+        run = self.run
+        if run is None or not run.skipped:
+            return True
+        message = record.getMessage()
+        return not any(message.startswith(f"Trial {n} failed") for n in run.skipped)
+
+
+_OPTUNA_OPTIMIZE_LOGGER: Final = "optuna.study._optimize"
+
+
 def _group(problem: Problem) -> tuple[int, str, bool]:
     return (problem.d, problem.dtype, problem.causal)
 
@@ -937,6 +971,8 @@ def run_campaign(
     observer.campaign_started(problems, trials, time_budget_s)
     summaries: list[ProblemSummary] = []
     interrupted = False
+    quiet = _QuietSkips()
+    logging.getLogger(_OPTUNA_OPTIMIZE_LOGGER).addFilter(quiet)
     try:
         for index, problem in enumerate(problems):
             problem_deadline = None
@@ -948,6 +984,7 @@ def run_campaign(
                 trials, problem_deadline, seed, worker_index,
             )  # fmt: skip
             observer.problem_started(index, problem, trials, problem_deadline)
+            quiet.run = run
             if not run.done():
                 timeout = (
                     max(0.0, problem_deadline - time.monotonic())
@@ -969,6 +1006,7 @@ def run_campaign(
         log.warning("interrupted; re-run the same command to resume")
         interrupted = True
     finally:
+        logging.getLogger(_OPTUNA_OPTIMIZE_LOGGER).removeFilter(quiet)
         builds.close()
         ctx.record_finished_builds()
     result = CampaignSummary(
