@@ -418,7 +418,8 @@ def _check_tensor(name: str, t: torch.Tensor, layout: Layout) -> None:
         raise ValueError(
             f"{name}: the head dimension must be contiguous (stride 1), got {t.stride()}"
         )
-    for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
+    # The head dim (last) is contiguous; the other strides step whole rows of vectors.
+    for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.stride()[:-1], strict=True)):
         # A size-1 dimension's stride is never multiplied by a non-zero index.
         if size > 1 and stride % ALIGN_ELEMS != 0:
             raise ValueError(
