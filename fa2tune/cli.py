@@ -17,6 +17,7 @@ from db import commands as db_commands
 from fa2tune.settings import get_settings, override_settings
 from service import commands as service_commands
 from tuner import commands as tuner_commands
+from tuner import tune_cli
 
 app = typer.Typer(
     name="fa2tune",
@@ -50,7 +51,7 @@ def main(
 app.command("space")(codegen_commands.space)
 app.command("build")(codegen_commands.build)
 app.command("bench")(tuner_commands.bench)
-app.command("tune")(tuner_commands.tune)
+app.command("tune")(tune_cli.tune)
 app.command("best")(db_commands.best)
 app.command("dump")(db_commands.dump)
 app.command("ingest")(db_commands.ingest)

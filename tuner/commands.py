@@ -9,8 +9,6 @@ from typing import Annotated
 
 import typer
 
-from fa2tune.unbuilt import not_built
-
 log = logging.getLogger(__name__)
 
 
@@ -119,8 +117,3 @@ def bench(
         render(report, Console(width=max(100, shutil.get_terminal_size((100, 24)).columns)))
     if not report.ok:
         raise typer.Exit(code=1)
-
-
-def tune() -> None:
-    """Not built yet."""
-    not_built("tune")
