@@ -418,3 +418,19 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
     assert len(rows) == 6 and all(r.median_ms == 1.0 for r in rows)
     assert {r.source_hash for r in rows} and all(r.registers for r in rows)
     assert summary.times.build_s > 0
+
+
+def test_default_space_follows_the_gpus_shared_memory() -> None:
+    from dataclasses import replace
+
+    from codegen.space import enumerate_space
+    from tuner.campaign import _defaults
+
+    (problem,) = problems_for([1024])
+    space_fn, seeds_fn, _ = _defaults("sm_90", GPU, None, None, None)
+    assert list(space_fn(problem)) == enumerate_space(64, "fp16", False, 227 * 1024, "sm_90")
+    assert list(seeds_fn(problem)) == seed_configs(64, "fp16", False)
+    small = replace(GPU, smem_optin_bytes=48 * 1024)
+    small_space_fn, _, _ = _defaults("sm_90", small, None, None, None)
+    assert 0 < len(small_space_fn(problem)) < len(space_fn(problem))
+    assert all(c.smem_bytes <= 48 * 1024 for c in small_space_fn(problem))

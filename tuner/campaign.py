@@ -876,10 +876,11 @@ def run_campaign(
     store: Store,
     storage_url: str,
     gpu: GpuInfo,
-    space_fn: SpaceFn,
-    seeds_fn: SeedFn,
-    build_fn: BuildFn,
     measure_fn: MeasureFn,
+    arch: str = "sm_90",
+    space_fn: SpaceFn | None = None,
+    seeds_fn: SeedFn | None = None,
+    build_fn: BuildFn | None = None,
     sampler: str = "tpe",
     trials: int | None = None,
     time_budget_s: float | None = None,
@@ -900,11 +901,16 @@ def run_campaign(
             builds, so keep them together).
         store: where builds and measurements are recorded.
         storage_url: optuna RDB storage URL (normally the store's database).
-        gpu: the device measured on (provenance; its name must match ``Problem.gpu``).
-        space_fn: the valid configs of a problem.
-        seeds_fn: the configs each new study starts with.
-        build_fn: compiles a batch of configs for the campaign's architecture.
-        measure_fn: verifies and times one build on one problem.
+        gpu: the device measured on (provenance; its name must match ``Problem.gpu``; its
+            ``smem_optin_bytes`` bounds the default space).
+        measure_fn: verifies and times one build on one problem (``BenchWorker.measure``).
+        arch: nvcc architecture of the default ``space_fn`` and ``build_fn``.
+        space_fn: the valid configs of a problem; default :func:`codegen.space.enumerate_space`
+            for ``arch`` and the GPU's shared memory.
+        seeds_fn: the configs each new study starts with; default
+            :func:`codegen.space.seed_configs`.
+        build_fn: compiles a batch of configs; default :func:`codegen.build.build_configs`
+            for ``arch`` with the settings' cache directory and jobs.
         sampler: ``tpe``, ``random`` or ``grid`` (see :func:`search.make_sampler`).
         trials: GPU-run configs per problem; None for no limit.
         time_budget_s: wall-clock budget of the whole campaign; None for no limit.
@@ -931,6 +937,7 @@ def run_campaign(
         raise ValueError(
             f"unknown sampler {sampler!r}; choose one of {', '.join(search.sampler_names())}"
         )
+    space_fn, seeds_fn, build_fn = _defaults(arch, gpu, space_fn, seeds_fn, build_fn)
     observer: CampaignObserver = progress if progress is not None else NullObserver()
     started = time.monotonic()
     deadline = started + time_budget_s if time_budget_s is not None else None
@@ -1022,6 +1029,37 @@ def run_campaign(
     )
     observer.campaign_finished(result)
     return result
+
+
+def _defaults(
+    arch: str,
+    gpu: GpuInfo,
+    space_fn: SpaceFn | None,
+    seeds_fn: SeedFn | None,
+    build_fn: BuildFn | None,
+) -> tuple[SpaceFn, SeedFn, BuildFn]:
+    """The production space, seeds and build for ``arch`` where none is given."""
+    from codegen.space import ARCH_SMEM_LIMIT, enumerate_space, seed_configs
+
+    limit = ARCH_SMEM_LIMIT.get(arch, 0)
+    smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes
+
+    def default_space(p: Problem) -> Sequence[KernelConfig]:
+        return enumerate_space(p.d, p.dtype, p.causal, smem, arch)
+
+    def default_seeds(p: Problem) -> Sequence[KernelConfig]:
+        return seed_configs(p.d, p.dtype, p.causal)
+
+    def default_build(configs: Sequence[KernelConfig]) -> Sequence[BuildReport]:
+        from codegen.build import build_configs
+
+        return build_configs(configs, arch=arch, smem_limit=smem or None)
+
+    return (
+        space_fn or default_space,
+        seeds_fn or default_seeds,
+        build_fn or default_build,
+    )
 
 
 def _open_problem(

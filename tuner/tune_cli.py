@@ -281,10 +281,7 @@ def _tune_gpu(
 ) -> CampaignSummary:
     # GPU, compiler and database modules load only here: the argument checks above (and the
     # replay mode) work on machines without torch or nvcc.
-    from codegen.build import build_configs
-    from codegen.config import KernelConfig
-    from codegen.report import BuildReport
-    from codegen.space import ARCH_SMEM_LIMIT, enumerate_space, seed_configs
+    from codegen.space import ARCH_SMEM_LIMIT
     from db.store import Store
     from fa2tune.settings import get_settings
     from tuner.gpuinfo import arch_for, current_gpu_info
@@ -299,20 +296,7 @@ def _tune_gpu(
         target = arch or arch_for(gpu)
         if target not in ARCH_SMEM_LIMIT:
             raise _bad("--arch", f"the GPU's {target} is not supported; pass --arch")
-        smem = min(gpu.smem_optin_bytes or ARCH_SMEM_LIMIT[target], ARCH_SMEM_LIMIT[target])
         problems = make_problems(gpu.name, ds, ns, dtypes, causals, batch, heads)
-
-        def space_fn(p: Problem) -> list[KernelConfig]:
-            return enumerate_space(p.d, p.dtype, p.causal, smem, target)
-
-        def build_fn(configs: Sequence[KernelConfig]) -> list[BuildReport]:
-            return build_configs(
-                configs,
-                arch=target,
-                cache_dir=settings.cache_dir,
-                jobs=settings.build_jobs,
-                smem_limit=smem,
-            )
 
         log.info(
             "tuning %d problems on %s (%s, device %d), sampler %s",
@@ -324,10 +308,8 @@ def _tune_gpu(
                 store=store,
                 storage_url=storage_url,
                 gpu=gpu,
-                space_fn=space_fn,
-                seeds_fn=lambda p: seed_configs(p.d, p.dtype, p.causal),
-                build_fn=build_fn,
                 measure_fn=worker.measure,
+                arch=target,  # the space, seeds and nvcc builds are run_campaign's defaults
                 sampler=sampler,
                 trials=trials,
                 time_budget_s=budget_s,
