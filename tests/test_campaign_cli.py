@@ -170,3 +170,18 @@ def test_cli_replay_with_a_bare_table(app: typer.Typer, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["tune", "--replay", str(path), "--sampler", "grid"])
     assert result.exit_code == 0, result.output
     assert table.best(problem.study_name)[0][:20] in result.output  # type: ignore[index]
+
+
+def test_cli_without_a_gpu_worker_exits_1(
+    app: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from fa2tune import settings
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed: a worker may start here")
+    monkeypatch.setitem(settings._overrides, "db_url", f"sqlite:///{tmp_path / 'r.db'}")
+    result = CliRunner().invoke(app, ["tune", "--d", "64", "--n", "512", "--causal", "no"])
+    assert result.exit_code == 1, result.output
+    assert "no GPU worker on device 0" in result.output

@@ -157,12 +157,12 @@ def summary_table(summary: CampaignSummary) -> Table:
         title += " (interrupted)"
     table = Table(title=title)
     table.add_column("problem")
-    table.add_column("best config")
+    table.add_column("best config", overflow="fold")  # the name is the result: never cut
     table.add_column("ms", justify="right")
     table.add_column("TFLOP/s", justify="right")
     table.add_column("GPU trials", justify="right")
     table.add_column("evaluated", justify="right")
-    table.add_column("statuses")
+    table.add_column("statuses", overflow="fold")
     for p in summary.problems:
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(p.statuses.items()))
         table.add_row(

@@ -21,7 +21,7 @@ import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Final, TypeVar
+from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 
 import optuna
 import typer
@@ -31,6 +31,10 @@ from tuner import search
 from tuner.campaign import CampaignSummary, run_campaign
 from tuner.problem import Problem
 from tuner.progress import RichProgress, render_summary
+
+if TYPE_CHECKING:
+    from db.store import Store
+    from tuner.worker import BenchWorker
 
 log = logging.getLogger(__name__)
 
@@ -281,44 +285,82 @@ def _tune_gpu(
 ) -> CampaignSummary:
     # GPU, compiler and database modules load only here: the argument checks above (and the
     # replay mode) work on machines without torch or nvcc.
-    from codegen.space import ARCH_SMEM_LIMIT
     from db.store import Store
     from fa2tune.settings import get_settings
-    from tuner.gpuinfo import arch_for, current_gpu_info
-    from tuner.worker import BenchWorker
+    from tuner.worker import BenchWorker, WorkerStartError
 
     settings = get_settings()
     _quiet_optuna()
-    store = Store.from_url(settings.db_url)
-    storage_url = search.resolve_storage_url(settings.db_url)
-    with BenchWorker(device=device, job_timeout_s=job_timeout) as worker:
-        gpu = worker.gpu_info or current_gpu_info(device)
-        target = arch or arch_for(gpu)
-        if target not in ARCH_SMEM_LIMIT:
-            raise _bad("--arch", f"the GPU's {target} is not supported; pass --arch")
-        problems = make_problems(gpu.name, ds, ns, dtypes, causals, batch, heads)
+    try:
+        with (
+            Store.from_url(settings.db_url) as store,
+            BenchWorker(device=device, job_timeout_s=job_timeout) as worker,
+        ):
+            return _campaign_on_gpu(
+                store, worker, settings.db_url, settings.build_jobs, ds, ns, dtypes, causals,
+                batch, heads, sampler, trials, budget_s, allow_spills, arch, device, seed,
+            )  # fmt: skip
+    except WorkerStartError as exc:
+        # The campaign so far is saved; the same command resumes it once a worker starts.
+        typer.echo(f"fa2tune tune: no GPU worker on device {device}: {exc}", err=True)
+        raise typer.Exit(code=1) from None
 
-        log.info(
-            "tuning %d problems on %s (%s, device %d), sampler %s",
-            len(problems), gpu.name, target, device, sampler,
-        )  # fmt: skip
-        with RichProgress() as progress:
-            return run_campaign(
-                problems,
-                store=store,
-                storage_url=storage_url,
-                gpu=gpu,
-                measure_fn=worker.measure,
-                arch=target,  # the space, seeds and nvcc builds are run_campaign's defaults
-                sampler=sampler,
-                trials=trials,
-                time_budget_s=budget_s,
-                allow_spills=allow_spills,
-                seed=seed,
-                worker_index=device,
-                build_batch=settings.build_jobs,
-                progress=progress,
-            )
+
+def _campaign_on_gpu(
+    store: Store,
+    worker: BenchWorker,
+    db_url: str,
+    build_jobs: int,
+    ds: list[int],
+    ns: list[int],
+    dtypes: list[str],
+    causals: list[bool],
+    batch: int,
+    heads: int,
+    sampler: str,
+    trials: int | None,
+    budget_s: float | None,
+    allow_spills: bool,
+    arch: str | None,
+    device: int,
+    seed: int,
+) -> CampaignSummary:
+    """Run the campaign with ``worker`` measuring; the problems are named after its GPU.
+
+    Raises:
+        typer.BadParameter: when the GPU's architecture is not supported.
+        WorkerStartError: when the worker cannot start (no GPU, no torch).
+    """
+    from codegen.space import ARCH_SMEM_LIMIT
+    from tuner.gpuinfo import arch_for, current_gpu_info
+
+    storage_url = search.resolve_storage_url(db_url)
+    gpu = worker.gpu_info or current_gpu_info(device)
+    target = arch or arch_for(gpu)
+    if target not in ARCH_SMEM_LIMIT:
+        raise _bad("--arch", f"the GPU's {target} is not supported; pass --arch")
+    problems = make_problems(gpu.name, ds, ns, dtypes, causals, batch, heads)
+    log.info(
+        "tuning %d problems on %s (%s, device %d), sampler %s",
+        len(problems), gpu.name, target, device, sampler,
+    )  # fmt: skip
+    with RichProgress() as progress:
+        return run_campaign(
+            problems,
+            store=store,
+            storage_url=storage_url,
+            gpu=gpu,
+            measure_fn=worker.measure,
+            arch=target,  # the space, seeds and nvcc builds are run_campaign's defaults
+            sampler=sampler,
+            trials=trials,
+            time_budget_s=budget_s,
+            allow_spills=allow_spills,
+            seed=seed,
+            worker_index=device,
+            build_batch=build_jobs,
+            progress=progress,
+        )
 
 
 def _select(
