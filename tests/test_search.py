@@ -184,15 +184,26 @@ def test_resolve_storage_url(tmp_path: Path) -> None:
     only_optuna = f"sqlite:///{tmp_path / 'optuna.db'}"
     search.open_storage(only_optuna)
     assert search.resolve_storage_url(only_optuna) == only_optuna
+    # The results schema keeps its revision in its own table: studies share the database.
     results = f"sqlite:///{tmp_path / 'results.db'}"
     Store.from_url(results).close()
-    resolved = search.resolve_storage_url(results)
-    if resolved != results:
-        # The results migrations own alembic_version: the studies go next to the database.
-        assert resolved == f"sqlite:///{tmp_path / 'results.optuna.db'}"
-    storage = search.open_storage(resolved)  # either way optuna must open it
+    assert search.resolve_storage_url(results) == results
+    storage = search.open_storage(results)
     optuna.create_study(storage=storage, study_name="ok")
+    storage.engine.dispose()
     Store.from_url(results).close()  # and the results schema is still at head
+
+
+def test_resolve_storage_url_moves_studies_aside_on_a_clash(tmp_path: Path) -> None:
+    import sqlite3
+
+    clash = tmp_path / "clash.db"
+    with sqlite3.connect(clash) as conn:  # someone else's alembic stamp in alembic_version
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        conn.execute("INSERT INTO alembic_version VALUES ('0001')")
+    resolved = search.resolve_storage_url(f"sqlite:///{clash}")
+    assert resolved == f"sqlite:///{tmp_path / 'clash.optuna.db'}"
+    optuna.create_study(storage=search.open_storage(resolved), study_name="ok")
 
 
 def test_trial_helpers() -> None:
@@ -217,8 +228,7 @@ def test_resolve_storage_url_on_postgres(postgres_url: str) -> None:
     resolved = search.resolve_storage_url(postgres_url)
     schema = make_url(postgres_url).query["options"].split("=", 1)[1]  # type: ignore[union-attr]
     try:
-        if resolved != postgres_url:
-            assert f"{schema}_optuna" in resolved
+        assert resolved == postgres_url  # the results' revision is in its own table
         storage = search.open_storage(resolved)
         study = optuna.create_study(storage=storage, study_name="pg")
         study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)

@@ -309,13 +309,12 @@ def resolve_storage_url(db_url: str) -> str:
     """The optuna storage URL to use next to the results database at ``db_url``.
 
     Optuna's RDB storage stamps its schema revision in alembic's default ``alembic_version``
-    table. When the results schema's own alembic migrations use that same table, the two
-    cannot share one schema (optuna then refuses the "incompatible" schema, or the results
-    migrations cannot find optuna's revision). This adapter keeps the studies in the results
-    database when that table is free or optuna's; otherwise it moves them aside, with a
-    warning: for SQLite to a sibling file (``<name>.optuna.db``), for PostgreSQL to the schema
-    ``<current schema>_optuna`` of the same database (created when missing). Giving the
-    results migrations their own ``version_table`` makes this a no-op.
+    table. The results schema keeps its own revision in ``fa2tune_alembic_version``, so the
+    two share a database and this returns ``db_url`` (driver-normalised). It is a safety net
+    for a database whose ``alembic_version`` holds someone else's revision, where optuna
+    would refuse the "incompatible" schema: the studies then move aside, with a warning, for
+    SQLite to a sibling file (``<name>.optuna.db``), for PostgreSQL to the schema
+    ``<current schema>_optuna`` of the same database (created when missing).
 
     A driverless ``postgresql://`` URL is given psycopg 3's driver, as the results store does.
 
