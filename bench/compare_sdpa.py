@@ -24,7 +24,7 @@ from typing import Any
 
 from codegen.build import build_configs
 from codegen.config import KernelConfig
-from codegen.export import default_config
+from codegen.space import fa2_default_config
 from db.store import Store
 from tuner.problem import Problem
 from tuner.records import MeasureStatus
@@ -51,7 +51,7 @@ def pick_config(store: Store, gpu: str, problem: Problem) -> tuple[KernelConfig,
     )
     if best is not None:
         return best.config, True
-    return default_config(problem.d, problem.dtype, problem.causal), False
+    return fa2_default_config(problem.d, problem.dtype, problem.causal), False
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from codegen.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
+from codegen.space import fa2_default_config
 from db.store import BestResult, Store, normalize_gpu_name
 from fa2tune import __version__
 
@@ -31,17 +32,6 @@ log = logging.getLogger(__name__)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE_NAME = "fa2_fwd.cuh"
-
-# FlashAttention-2's own forward choices (Br x Bc, 4 warps), used wherever nothing was tuned.
-DEFAULT_TILES: dict[int, tuple[int, int, int]] = {
-    32: (128, 128, 4),
-    64: (128, 128, 4),
-    96: (128, 64, 4),
-    128: (128, 64, 4),
-    256: (64, 64, 4),
-}
-DEFAULT_STAGES = 1
-DEFAULT_PAD = 8
 
 _ELEM = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 _ENUM = {"fp16": "FA2TUNE_FP16", "bf16": "FA2TUNE_BF16"}
@@ -90,21 +80,6 @@ class TunedPoint:
     driver_version: str | None = None
     cuda_version: str | None = None
     measured_at: datetime | None = None
-
-
-def default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
-    """FlashAttention-2's config for a head dim: the fallback for untuned GPUs and shapes.
-
-    Raises:
-        ValueError: when ``d`` is not a supported head dim.
-    """
-    if d not in DEFAULT_TILES:
-        raise ValueError(f"unsupported head dim {d}; supported: {', '.join(map(str, HEAD_DIMS))}")
-    br, bc, warps = DEFAULT_TILES[d]
-    return KernelConfig(
-        d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=warps,
-        stages=DEFAULT_STAGES, pad=DEFAULT_PAD,
-    )  # fmt: skip
 
 
 def normalise_device_name(name: str) -> str:
@@ -446,7 +421,7 @@ def render_header(
             tables.setdefault((p.d, p.dtype, p.causal), {}).setdefault(p.n, p)
     kept = [tables[k][n] for k in sorted(tables) for n in sorted(tables[k])]
 
-    defaults = [default_config(d, t, c) for d in ds for t in dtypes for c in (False, True)]
+    defaults = [fa2_default_config(d, t, c) for d in ds for t in dtypes for c in (False, True)]
     configs: dict[str, KernelConfig] = {}
     for cfg in [p.config for p in kept] + defaults:
         configs.setdefault(cfg.name, cfg)

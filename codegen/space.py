@@ -14,6 +14,7 @@ because whether ptxas spills them is exactly what a build measures.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from codegen.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
 
@@ -65,6 +66,9 @@ FA2_TILES: dict[int, tuple[int, int, int]] = {
     128: (128, 64, 4),
     256: (64, 64, 4),
 }
+#: FlashAttention-2's pipeline depth and shared-memory padding that go with :data:`FA2_TILES`.
+FA2_STAGES = 1
+FA2_PAD = 8
 #: The hand-written seed kernels' tiles: (br, bc, warps) with these stage counts.
 SEED_TILES: tuple[tuple[int, int, int], ...] = (
     (64, 64, 4),
@@ -99,6 +103,24 @@ def estimate_registers(config: KernelConfig) -> int:
     q_in_regs = q_frag <= Q_IN_REGS_MAX and accumulators + q_frag <= Q_IN_REGS_MAX_TOTAL
     q_regs = q_frag if q_in_regs else 0
     return accumulators + softmax_state + q_regs + BASE_REGISTERS
+
+
+def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
+    """FlashAttention-2's config for a head dim: the fallback for untuned GPUs and shapes.
+
+    Its tile is :data:`FA2_TILES`'s for ``d``, with :data:`FA2_STAGES` stages and
+    :data:`FA2_PAD` padding (no swizzle).
+
+    Raises:
+        ValueError: when ``d`` is not a supported head dim.
+    """
+    if d not in FA2_TILES:
+        raise ValueError(f"unsupported head dim {d}; supported: {', '.join(map(str, HEAD_DIMS))}")
+    br, bc, warps = FA2_TILES[d]
+    return KernelConfig(
+        d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=warps,
+        stages=FA2_STAGES, pad=FA2_PAD,
+    )  # fmt: skip
 
 
 def _check_arch(arch: str) -> None:
@@ -217,10 +239,10 @@ def enumerate_space(
 def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[KernelConfig]:
     """Known-good starting points: FlashAttention-2's tile and the seed kernels' tiles.
 
-    FA2's tile for ``d`` (:data:`FA2_TILES`) comes with 1 stage in the pad-8 and swizzled
-    layouts; the seed kernels' tiles (:data:`SEED_TILES`) with :data:`SEED_STAGES` and pad 8.
-    Configs the space rejects (e.g. 64x64 with 8 warps: 8 rows per warp is less than one mma
-    tile) are dropped.
+    FA2's config for ``d`` (:func:`fa2_default_config`: 1 stage, pad 8) comes also in the
+    swizzled layout; the seed kernels' tiles (:data:`SEED_TILES`) with :data:`SEED_STAGES`
+    and pad 8. Configs the space rejects (e.g. 64x64 with 8 warps: 8 rows per warp is less
+    than one mma tile) are dropped.
 
     Args:
         d: head dimension.
@@ -232,9 +254,8 @@ def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[Ke
     """
     found: list[KernelConfig] = []
     if d in FA2_TILES:
-        br, bc, warps = FA2_TILES[d]
-        for pad, swizzle in ((8, False), (0, True)):
-            found.append(KernelConfig(d, dtype, causal, br, bc, warps, 1, pad=pad, swizzle=swizzle))
+        fa2 = fa2_default_config(d, dtype, causal)
+        found += [fa2, replace(fa2, pad=0, swizzle=True)]
     for br, bc, warps in SEED_TILES:
         for stages in SEED_STAGES:
             found.append(KernelConfig(d, dtype, causal, br, bc, warps, stages, pad=8))

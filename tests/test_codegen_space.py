@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.config import KernelConfig
+from codegen.config import HEAD_DIMS, KernelConfig
 from codegen.space import (
     ARCH_SMEM_LIMIT,
     FA2_TILES,
@@ -18,6 +18,7 @@ from codegen.space import (
     VALID_WARPS,
     enumerate_space,
     estimate_registers,
+    fa2_default_config,
     is_valid,
     seed_configs,
 )
@@ -169,6 +170,16 @@ def test_seed_configs_are_valid_and_in_the_space(d: int, causal: bool) -> None:
     br, bc, warps = FA2_TILES[d]
     assert KernelConfig(d, "bf16", causal, br, bc, warps, 1, pad=8) in seeds
     assert KernelConfig(d, "bf16", causal, br, bc, warps, 1, pad=0, swizzle=True) in seeds
+
+
+def test_fa2_default_config_is_fa2s() -> None:
+    expected = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64), 256: (64, 64)}
+    assert set(FA2_TILES) == set(HEAD_DIMS)
+    for d, (br, bc) in expected.items():
+        c = fa2_default_config(d, "fp16", False)
+        assert (c.br, c.bc, c.warps, c.stages, c.pad, c.swizzle) == (br, bc, 4, 1, 8, False)
+    with pytest.raises(ValueError, match="unsupported head dim"):
+        fa2_default_config(80, "fp16", False)
 
 
 def test_seed_configs_hold_fa2_and_seed_kernel_tiles() -> None:

@@ -14,19 +14,18 @@ from test_service_data import H200_NS, Seeded, make_store, seed
 
 from codegen.config import HEAD_DIMS, KernelConfig
 from codegen.export import (
-    DEFAULT_TILES,
     TEMPLATE_DIR,
     TEMPLATE_NAME,
     ExportError,
     TunedPoint,
     UnknownGpuError,
-    default_config,
     export_header,
     inline_template,
     normalise_device_name,
     render_header,
     tuned_results,
 )
+from codegen.space import fa2_default_config
 from db.store import Store
 from service.index import BestIndex
 
@@ -52,18 +51,6 @@ def instantiated(text: str) -> set[str]:
     return set(
         re.findall(r"template __global__ void fa2::fwd_kernel<fa2tune_configs::(\w+)>", text)
     )
-
-
-def test_defaults_are_fa2s() -> None:
-    expected = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64), 256: (64, 64)}
-    assert set(DEFAULT_TILES) == set(HEAD_DIMS)
-    for d, (br, bc) in expected.items():
-        cfg = default_config(d, "fp16", False)
-        assert (cfg.br, cfg.bc, cfg.warps, cfg.stages, cfg.pad, cfg.swizzle) == (
-            br, bc, 4, 1, 8, False,
-        )  # fmt: skip
-    with pytest.raises(ValueError, match="unsupported head dim"):
-        default_config(80, "fp16", False)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +104,7 @@ def test_header_instantiates_tuned_and_defaults(
     names = instantiated(header)
     h200 = {cfg.name for (gpu, *_), cfg in seeded.winners.items() if gpu == "NVIDIA H200"}
     defaults = {
-        default_config(d, t, c).name
+        fa2_default_config(d, t, c).name
         for d in HEAD_DIMS
         for t in ("fp16", "bf16")
         for c in (False, True)
@@ -163,7 +150,7 @@ def test_header_filters(seeded_store: tuple[Store, Seeded]) -> None:
     assert "No tuned results for D=32: defaults only." in text
     assert "inline constexpr int kTunedCount = 0;" in text
     assert instantiated(text) == {
-        default_config(32, t, c).name for t in ("fp16", "bf16") for c in (False, True)
+        fa2_default_config(32, t, c).name for t in ("fp16", "bf16") for c in (False, True)
     }
 
 
