@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpu_support import gpu_marks
 
 from codegen.config import KernelConfig
 from tuner.problem import Problem
@@ -47,27 +48,7 @@ JOB_TIMEOUT_S = 8.0
 FAST = TimingOptions(warmup=2, target_ms=20.0, min_reps=5, max_reps=200)
 
 
-def _skip_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    try:
-        from tuner.loader import driver
-
-        driver()
-    except ImportError:
-        return "cuda-bindings is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible to torch"
-    return None
-
-
-_REASON = _skip_reason()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_REASON is not None, reason=f"GPU tests: {_REASON}"),
-]
+pytestmark = gpu_marks()
 
 
 # --------------------------------------------------------------------------- building

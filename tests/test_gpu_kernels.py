@@ -19,33 +19,13 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import pytest
+from gpu_support import gpu_marks
 
 from codegen.config import Dtype, KernelConfig
 from codegen.space import enumerate_space, seed_configs
 from tuner.problem import Problem
 
-
-def _skip_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    try:
-        from tuner.loader import driver
-
-        driver()
-    except ImportError:
-        return "cuda-bindings is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
-    return None
-
-
-_REASON = _skip_reason()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_REASON is not None, reason=f"GPU tests: {_REASON}"),
-]
+pytestmark = gpu_marks()
 
 # (batch, heads, kv_heads, nq, nk)
 SQUARE_SHAPES = [(1, 2, 2, n, n) for n in (1, 17, 64, 1000, 4096)]
