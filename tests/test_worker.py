@@ -24,7 +24,6 @@ from tuner.worker import (
     make_handler,
     problem_from_dict,
     resolve,
-    result_from_dict,
 )
 
 FAKE = "tuner.worker:fake_handle"
@@ -200,11 +199,11 @@ def test_measure_result_round_trips_through_dict() -> None:
     )
     d = res.to_dict()
     assert d["status"] == "OK"
-    assert result_from_dict(d) == res
+    assert MeasureResult.from_dict(d) == res
 
 
 def test_result_from_dict_tolerates_missing_optional_keys() -> None:
-    res = result_from_dict({"status": "TIMEOUT", "error": "hang"})
+    res = MeasureResult.from_dict({"status": "TIMEOUT", "error": "hang"})
     assert res == MeasureResult(status=MeasureStatus.TIMEOUT, error="hang")
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
+from typing import Any
 
 
 class MeasureStatus(StrEnum):
@@ -64,3 +66,12 @@ class MeasureResult:
         d = asdict(self)
         d["status"] = str(self.status)
         return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MeasureResult:
+        """Inverse of :meth:`to_dict`; tolerant of missing optional keys (unknown ones ignored)."""
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs["status"] = MeasureStatus(str(data["status"]))
+        kwargs["extra"] = dict(data.get("extra") or {})
+        return cls(**kwargs)

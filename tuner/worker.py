@@ -190,15 +190,6 @@ def problem_from_dict(data: Mapping[str, Any]) -> Problem:
     return Problem(**{k: v for k, v in data.items() if k in names})
 
 
-def result_from_dict(data: Mapping[str, Any]) -> MeasureResult:
-    """Inverse of ``MeasureResult.to_dict()``; tolerant of missing optional keys."""
-    names = {f.name for f in fields(MeasureResult)}
-    kwargs = {k: v for k, v in data.items() if k in names}
-    kwargs["status"] = MeasureStatus(str(data["status"]))
-    kwargs["extra"] = dict(data.get("extra") or {})
-    return MeasureResult(**kwargs)
-
-
 def failure(status: MeasureStatus, error: str, **extra: Any) -> dict[str, Any]:
     """A result dict for a job that produced no timing."""
     return MeasureResult(status=status, error=error, extra=dict(extra)).to_dict()
@@ -554,7 +545,7 @@ class BenchWorker:
         Raises:
             WorkerStartError: when no child can be started at all (environment problem).
         """
-        return result_from_dict(self.measure_dict(job, problem, options))
+        return MeasureResult.from_dict(self.measure_dict(job, problem, options))
 
     def measure_dict(
         self,
