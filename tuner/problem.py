@@ -47,8 +47,7 @@ class Problem:
         tail = f"_nk{self.nk}" if self.nk is not None else ""
         gqa = f"_kv{self.kv_heads}" if self.kv_heads is not None else ""
         return (
-            f"{gpu}_d{self.d}_n{self.n}{tail}_b{self.batch}_h{self.heads}{gqa}"
-            f"_{self.dtype}_{mask}"
+            f"{gpu}_d{self.d}_n{self.n}{tail}_b{self.batch}_h{self.heads}{gqa}_{self.dtype}_{mask}"
         )
 
     def to_dict(self) -> dict[str, object]:
