@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from codegen.config import DTYPES, HEAD_DIMS, Dtype
+from codegen.config import DTYPES, Dtype
 from codegen.export import ExportError, UnknownGpuError, export_header
 from db.shipped import load_shipped_results
 from db.store import Store
@@ -55,18 +55,16 @@ def serve(
 def _parse_ds(value: str | None) -> list[int] | None:
     if value is None:
         return None
-    ds: list[int] = []
-    for item in value.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if not item.isdigit() or int(item) not in HEAD_DIMS:
-            supported = ",".join(map(str, HEAD_DIMS))
-            raise typer.BadParameter(f"{item!r} is not one of {supported}", param_hint="--d")
-        ds.append(int(item))
-    if not ds:
+    # The HTTP export's rule; imported here, since service.params loads fastapi (slow to import).
+    from service.params import parse_head_dims
+
+    try:
+        ds = parse_head_dims([value])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--d") from None
+    if ds is None:
         raise typer.BadParameter("no head dim given", param_hint="--d")
-    return sorted(set(ds))
+    return ds
 
 
 def _parse_dtypes(value: str | None) -> list[Dtype] | None:
