@@ -75,6 +75,22 @@ def test_timing_options_round_trip_ignores_unknown_keys() -> None:
     assert TimingOptions.from_dict({}) == TimingOptions()
 
 
+def test_time_with_options_passes_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tuner.timing
+
+    calls: list[dict[str, Any]] = []
+    stats = summarize([1.0])
+
+    def fake(fn: object, **kwargs: Any) -> TimingStats:
+        calls.append(kwargs)
+        return stats
+
+    monkeypatch.setattr(tuner.timing, "time_launches", fake)
+    o = TimingOptions(warmup=1, target_ms=10.0, min_reps=3, max_reps=30, budget_ms=99.0)
+    assert tuner.timing.time_with_options(lambda: None, o, device=1) is stats
+    assert calls == [{**o.to_dict(), "device": 1}]
+
+
 def test_choose_reps_fills_the_target() -> None:
     assert choose_reps(0.5, target_ms=100.0, min_reps=10, max_reps=1000) == 200
 

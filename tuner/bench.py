@@ -91,7 +91,7 @@ def sdpa_times(
         progress: called with ``"sdpa-<backend>"`` before each backend (worker heartbeat).
     """
     from tuner.reference import SdpaUnsupported, errors_vs_reference, sdpa_callable
-    from tuner.timing import time_launches
+    from tuner.timing import time_with_options
 
     t = timing or TimingOptions()
     qb, kb, vb = inputs.bhnd()
@@ -109,16 +109,7 @@ def sdpa_times(
             continue
         try:
             errs = errors_vs_reference(fn(), inputs, layout="bhnd")
-            stats = time_launches(
-                fn,
-                warmup=t.warmup,
-                flush_l2=t.flush_l2,
-                target_ms=t.target_ms,
-                min_reps=t.min_reps,
-                max_reps=t.max_reps,
-                budget_ms=t.budget_ms,
-                device=device,
-            )
+            stats = time_with_options(fn, t, device=device)
         except RuntimeError as exc:
             out[backend] = SdpaTiming(backend, "FAILED", note=f"{type(exc).__name__}: {exc}"[:300])
             continue

@@ -301,6 +301,22 @@ def time_launches(
         return summarize(_timed(one, reps, flush, cycles_per_ms, cpu_ms_per_rep))
 
 
+def time_with_options(
+    fn: Callable[..., object], options: TimingOptions, *, device: int | None = None
+) -> TimingStats:
+    """:func:`time_launches` driven by ``options`` (adaptive rep count, no argument rotation)."""
+    return time_launches(
+        fn,
+        warmup=options.warmup,
+        flush_l2=options.flush_l2,
+        target_ms=options.target_ms,
+        min_reps=options.min_reps,
+        max_reps=options.max_reps,
+        budget_ms=options.budget_ms,
+        device=device,
+    )
+
+
 def _timed(
     one: Callable[[int], None],
     reps: int,

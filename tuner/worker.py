@@ -854,7 +854,7 @@ class GpuJobHandler:
 
     def _measure(self, job: BenchJob) -> dict[str, Any]:
         from tuner.loader import grid_for, make_params, synchronize
-        from tuner.timing import time_launches
+        from tuner.timing import time_with_options
         from tuner.verify import check_output, poison
 
         config = KernelConfig.from_dict(job.config)
@@ -944,16 +944,7 @@ class GpuJobHandler:
 
         self._enter("time")
         t = opts.timing
-        stats = time_launches(
-            launch,
-            warmup=t.warmup,
-            flush_l2=t.flush_l2,
-            target_ms=t.target_ms,
-            min_reps=t.min_reps,
-            max_reps=t.max_reps,
-            budget_ms=t.budget_ms,
-            device=self.device,
-        )
+        stats = time_with_options(launch, t, device=self.device)
         synchronize(self.stream)
         extra.update(mean_ms=stats.mean_ms, stdev_ms=stats.stdev_ms, flush_l2=t.flush_l2)
 
