@@ -255,10 +255,7 @@ def build(
     configs = _select_configs(d, dtype, causal, arch, limit, config)
     try:
         batch = build_batch(configs, arch=arch, jobs=jobs)
-    except NvccNotFoundError as exc:
-        typer.echo(f"fa2tune build: {exc}", err=True)
-        raise typer.Exit(code=1) from None
-    except TemplateMissingError as exc:
+    except (NvccNotFoundError, TemplateMissingError) as exc:
         typer.echo(f"fa2tune build: {exc}", err=True)
         raise typer.Exit(code=1) from None
     if as_json:
