@@ -56,25 +56,43 @@ def _sqlite_file(url: URL) -> Path | None:
     return Path(database).expanduser()
 
 
+def setup_sqlite_connection(dbapi_connection: Any, *, foreign_keys: bool = True) -> None:
+    """Prepare a new pysqlite connection for several writing processes.
+
+    pysqlite's own transaction handling is switched off (the caller's "begin" hook emits
+    ``BEGIN``), then: a busy timeout, WAL mode, ``synchronous = NORMAL`` and, unless
+    ``foreign_keys`` is False, foreign key enforcement.
+    """
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # busy_timeout first so the journal-mode switch itself waits for other writers.
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        if foreign_keys:
+            cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
 def _install_sqlite_events(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
-        # Let SQLAlchemy (the "begin" hook below) emit BEGIN instead of pysqlite.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            # busy_timeout first so the journal-mode switch itself waits for other writers.
-            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
-            cursor.execute("PRAGMA foreign_keys = ON")
-        finally:
-            cursor.close()
+        setup_sqlite_connection(dbapi_connection)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get(_BEGIN_OPTION, "")
         conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+def normalize_url(url: str | URL) -> URL:
+    """``url`` parsed, with psycopg 3's driver for a driverless ``postgresql://``."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
 
 
 def make_engine(url: str | URL, **kwargs: Any) -> Engine:
@@ -92,9 +110,7 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
     Returns:
         The engine.
     """
-    parsed = make_url(url)
-    if parsed.drivername in ("postgresql", "postgres"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
+    parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         if _is_memory_sqlite(parsed):
             kwargs.setdefault("poolclass", StaticPool)

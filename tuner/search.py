@@ -60,7 +60,7 @@ from optuna.exceptions import ExperimentalWarning
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
-from sqlalchemy import event, inspect, make_url, text
+from sqlalchemy import event, inspect, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from codegen.config import KernelConfig
@@ -118,7 +118,6 @@ DEFAULT_SEED: Final = 0
 DEFAULT_HEARTBEAT_S: Final = 10
 DEFAULT_GRACE_S: Final = 60
 _CREATE_ATTEMPTS: Final = 5
-_SQLITE_BUSY_MS: Final = 60_000
 
 
 def layout_of(config: KernelConfig) -> str:
@@ -321,11 +320,9 @@ def resolve_storage_url(db_url: str) -> str:
     Raises:
         RuntimeError: on a clash with another kind of database.
     """
-    from db.session import make_engine  # the results store's engine rules (drivers, SQLite)
+    from db.session import make_engine, normalize_url  # the results store's rules
 
-    url = make_url(db_url)
-    if url.drivername in ("postgresql", "postgres"):
-        url = url.set(drivername="postgresql+psycopg")
+    url = normalize_url(db_url)
     same = url.render_as_string(hide_password=False)
     engine = make_engine(url)
     try:
@@ -427,15 +424,11 @@ def _tune_sqlite(storage: RDBStorage) -> None:
       only risks the last commits on power loss (the results store makes the same trade).
     """
 
+    from db.session import setup_sqlite_connection
+
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_MS}")
-            cursor.execute("PRAGMA journal_mode = WAL")
-            cursor.execute("PRAGMA synchronous = NORMAL")
-        finally:
-            cursor.close()
+        # As the results store's connections, less foreign keys (optuna's schema is optuna's).
+        setup_sqlite_connection(dbapi_connection, foreign_keys=False)
 
     def on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
