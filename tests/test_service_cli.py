@@ -48,8 +48,9 @@ def test_export_to_stdout_with_dtype(db_url: str) -> None:
         app, ["--db", db_url, "export", "--gpu", "h200", "--d", "64", "--dtype", "bf16", "-o", "-"]
     )
     assert result.exit_code == 0, result.output
-    assert "inline constexpr int kTunedCount = 0;" in result.stdout  # nothing tuned in bf16
+    # FA2's default bf16 config is always instantiated; the dtype filter keeps fp16 out.
     assert "fa2_d64_bf16_full_br128_bc128_w4_s1_pad8" in result.stdout
+    assert "fa2_d64_fp16_" not in result.stdout
 
 
 def test_export_unknown_gpu_fails(
