@@ -10,6 +10,13 @@ median over seeds of the number of GPU trials (distinct configs run on the GPU, 
     python bench/compare_samplers.py t.json --from-db sqlite:///.../fa2tune.db --gpu H200
     python bench/compare_samplers.py t.json --seeds 5 --max-trials 60   # again, from t.json
 
+The comparison is only meaningful over a problem whose table covers the whole valid space
+(every config ``fa2tune tune`` would search has a recorded outcome: an OK time, or a status
+such as SPILLS or COMPILE_FAILED). A problem tuned with TPE holds a few dozen configs of a few
+hundred: replaying it would search that handful instead of the real space (and the best
+recorded config is not the best of the space). Such problems are skipped, with a warning, and
+listed under the table as skipped.
+
 Each (problem, sampler, seed) run is independent and gets its own throw-away SQLite files
 (in ``/dev/shm`` when there is one), so ``--jobs`` runs them in parallel processes.
 """
@@ -26,8 +33,19 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from codegen.config import KernelConfig
+    from tuner.problem import Problem
+    from tuner.records import GpuInfo
+    from tuner.replay import ReplayTable
 
 log = logging.getLogger("compare_samplers")
+
+_MISSING_SHOWN = 3  # missing configs named in a skip note
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,49 @@ def _scratch_dir() -> str:
     )
 
 
+def valid_space(problem: Problem, gpu: GpuInfo, arch: str) -> list[KernelConfig]:
+    """The configs ``fa2tune tune`` searches for ``problem`` on ``gpu`` (its default space).
+
+    The shared-memory bound is the campaign's: the GPU's opt-in maximum, capped at the
+    architecture's.
+    """
+    from codegen.space import ARCH_SMEM_LIMIT, enumerate_space
+
+    limit = ARCH_SMEM_LIMIT.get(arch, 0)
+    smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes
+    return enumerate_space(problem.d, problem.dtype, problem.causal, smem, arch)
+
+
+def skip_reason(table: ReplayTable, study: str, *, examples: int = 0) -> str | None:
+    """Why ``study`` cannot be compared (None when it can): no problem or GPU record, a
+    table that does not cover the valid space, or no OK config in it.
+
+    Args:
+        table: the replay table.
+        study: the problem's study name.
+        examples: name up to this many of the configs without a recorded outcome.
+    """
+    problem = table.problems.get(study)
+    if problem is None:
+        return "no problem record in the table (export it with --from-db)"
+    if table.gpu is None:
+        return "no GPU record in the table (export it with --from-db)"
+    space = valid_space(problem, table.gpu, table.arch or "sm_90")
+    missing = table.missing(study, space)
+    if missing:
+        reason = (
+            f"not exhaustive: {len(missing)} of {len(space)} valid configs have no recorded outcome"
+        )
+        if examples > 0:
+            names = ", ".join(c.name for c in missing[:examples])
+            more = f" and {len(missing) - examples} more" if len(missing) > examples else ""
+            reason += f" ({names}{more}); sweep it with --sampler grid first"
+        return reason
+    if table.best(study, among={c.name for c in space}) is None:
+        return "no config of the valid space ran OK"
+    return None
+
+
 def run_one(
     table_path: str,
     study: str,
@@ -67,7 +128,15 @@ def run_one(
     tolerance: float,
     use_seeds: bool,
 ) -> RunResult:
-    """Search one problem of the table from scratch and measure trials-to-target."""
+    """Search one problem of the table from scratch and measure trials-to-target.
+
+    The search runs over the problem's valid space (:func:`valid_space`), as ``fa2tune tune``
+    would, answered from the table.
+
+    Raises:
+        ValueError: when the problem cannot be compared (see :func:`skip_reason`).
+        RuntimeError: when the search itself fails; the message names the run.
+    """
     import shutil
 
     import optuna
@@ -80,34 +149,47 @@ def run_one(
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = load_replay_table(table_path)
-    problem = table.problems[study]
-    best = table.best(study)
-    if best is None:
-        return RunResult(study, sampler, seed, None, 0, None)
+    reason = skip_reason(table, study, examples=_MISSING_SHOWN)
+    if reason is not None:
+        raise ValueError(f"{study}: cannot compare samplers: {reason}")
+    problem, gpu = table.problems[study], table.gpu
+    assert gpu is not None  # skip_reason checked
+    space = valid_space(problem, gpu, table.arch or "sm_90")
+    best = table.best(study, among={c.name for c in space})
+    assert best is not None  # skip_reason checked
     target = best[1] * (1 + tolerance)
-    replay = ReplayMeasure(table)
-    gpu = table.gpu
-    assert gpu is not None
+    # Strict: a config without a recorded outcome is an error, never a silent SKIPPED.
+    replay = ReplayMeasure(table, strict=True)
     scratch = _scratch_dir()
     try:
         store = Store.from_url(f"sqlite:///{scratch}/results.db")
         storage_url = f"sqlite:///{scratch}/studies.db"
-        run_campaign(
-            [problem],
-            store=store,
-            storage_url=storage_url,
-            gpu=gpu,
-            space_fn=replay.space,
-            seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal))
-            if use_seeds
-            else (lambda p: []),
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler=sampler,
-            trials=max_trials,
-            seed=seed,
-        )
-        store.close()
+        try:
+            run_campaign(
+                [problem],
+                store=store,
+                storage_url=storage_url,
+                gpu=gpu,
+                arch=table.arch or "sm_90",
+                space_fn=lambda p: space,
+                seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal))
+                if use_seeds
+                else (lambda p: []),
+                build_fn=replay.build,
+                measure_fn=replay,
+                sampler=sampler,
+                trials=max_trials,
+                seed=seed,
+            )
+        except Exception as exc:
+            # Name the run, and never let a StopIteration escape into the pool's result
+            # generator (where it turns into "generator raised StopIteration").
+            raise RuntimeError(
+                f"{study}, sampler {sampler}, seed {seed}: the search failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            store.close()
         trials = optuna.load_study(study_name=study, storage=storage_url).get_trials(deepcopy=False)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -171,9 +253,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = load_replay_table(args.table)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    studies = [s for s in sorted(table.problems) if args.problems in s]
+    matching = [s for s in sorted(table.studies) if args.problems in s]
+    if not matching:
+        parser.error(f"no problem in the table matches {args.problems!r}")
+    if table.gpu is None:
+        parser.error("the table has no GPU record (a table exported with --from-db is needed)")
+    skipped: dict[str, str] = {}
+    for study in matching:
+        reason = skip_reason(table, study)
+        if reason is not None:
+            skipped[study] = reason
+            log.warning(
+                "skipping %s: %s", study, skip_reason(table, study, examples=_MISSING_SHOWN)
+            )
+    studies = [s for s in matching if s not in skipped]
+    console = Console()
+    if not console.is_terminal:  # piped to a file: rich would assume 80 columns and cut names
+        console = Console(width=max(console.width, 160))
     if not studies:
-        parser.error("no problem in the table matches (a table with problem records is needed)")
+        _print_skipped(console, skipped)
+        console.print(
+            f"nothing to compare: none of the {len(matching)} matching problems has a table "
+            "covering its whole valid space"
+        )
+        return 1
     samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
     jobs = [
         (
@@ -190,7 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seed in range(args.seeds)
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(run_one, *zip(*jobs, strict=True)))
+        try:
+            results = list(pool.map(run_one, *zip(*jobs, strict=True)))
+        except BaseException:
+            # A failed run (or ^C) stops the comparison now, not after every queued run.
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
     out = Table(
         title=(
@@ -198,12 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(median over {args.seeds} seeds; runs that reached it)"
         )
     )
-    out.add_column("problem")
+    # Study names say which problem a row is: never cut them, squeeze the numbers instead.
+    out.add_column("problem", no_wrap=True, min_width=max(len(s) for s in studies))
     out.add_column("space", justify="right")
     for sampler in samplers:
         out.add_column(sampler, justify="right")
     for study in studies:
-        row = [study, str(len(table.studies[study]))]
+        space = valid_space(table.problems[study], table.gpu, table.arch or "sm_90")
+        row = [study, str(len(space))]
         for sampler in samplers:
             runs = [r for r in results if r.study == study and r.sampler == sampler]
             row.append(_cell(runs, args.max_trials))
@@ -213,8 +323,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [r for r in results if r.sampler == sampler]
         totals.append(_cell(runs, args.max_trials))
     out.add_row(*totals, end_section=True)
-    Console().print(out)
+    console.print(out)
+    _print_skipped(console, skipped)
     return 0
+
+
+def _print_skipped(console: Console, skipped: dict[str, str]) -> None:
+    """List the skipped problems and why (the warnings logged when skipping name some of the
+    missing configs)."""
+    if not skipped:
+        return
+    plural = "s" if len(skipped) != 1 else ""
+    console.print(f"Skipped {len(skipped)} problem{plural} (not compared):", highlight=False)
+    for study, reason in skipped.items():
+        console.print(f"  {study}: {reason}", highlight=False, markup=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

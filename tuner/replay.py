@@ -23,6 +23,13 @@ campaign on the real GPU) and saved as JSON::
 (``build_fn``), the GPU worker (``measure_fn``) and the space (``space_fn``) of
 :func:`tuner.campaign.run_campaign`, so samplers can be compared and the campaign tested
 without a GPU or nvcc.
+
+A table answers for a problem's whole search space only when it *covers* it: every valid
+config has a recorded outcome (:meth:`ReplayTable.missing` lists those that do not). A table
+exported from a TPE campaign holds a few dozen configs of a few hundred and stands in for the
+GPU over those only. A :class:`ReplayMeasure` made ``strict`` raises
+:class:`ReplayMissingError` for a config it is asked to measure that has no recorded outcome,
+instead of answering SKIPPED.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -55,6 +62,10 @@ _BUILD_LEVEL: Final[dict[str, BuildStatus]] = {
 }
 
 
+class ReplayMissingError(LookupError):
+    """A config was measured in replay but the table has no recorded outcome for it."""
+
+
 @dataclass(frozen=True)
 class ReplayEntry:
     """The recorded outcome of one config on one problem.
@@ -69,6 +80,16 @@ class ReplayEntry:
     status: str
     median_ms: float | None = None
     build_status: str | None = None
+
+    @property
+    def is_outcome(self) -> bool:
+        """True when the entry says what the config does: a time, or a definite failure.
+
+        SKIPPED (never ran, for some other reason) and an OK without a time say nothing.
+        """
+        if self.status == MeasureStatus.SKIPPED:
+            return False
+        return self.status != MeasureStatus.OK or self.median_ms is not None
 
     def to_dict(self) -> dict[str, object]:
         data: dict[str, object] = {"status": self.status, "median_ms": self.median_ms}
@@ -147,12 +168,30 @@ class ReplayTable:
         """The configs recorded for a study (its whole search space in replay)."""
         return sorted(KernelConfig.from_name(n) for n in self.studies.get(study_name, {}))
 
-    def best(self, study_name: str) -> tuple[str, float] | None:
-        """The fastest OK ``(config name, median ms)`` of a study, if any."""
+    def missing(self, study_name: str, space: Iterable[KernelConfig]) -> list[KernelConfig]:
+        """The configs of ``space`` that have no recorded outcome for the study.
+
+        Empty when the table is exhaustive over ``space`` (a ``grid`` campaign's export);
+        configs recorded with SKIPPED count as missing (see :attr:`ReplayEntry.is_outcome`).
+        """
+        entries = self.studies.get(study_name, {})
+        return [c for c in space if (e := entries.get(c.name)) is None or not e.is_outcome]
+
+    def best(
+        self, study_name: str, among: Container[str] | None = None
+    ) -> tuple[str, float] | None:
+        """The fastest OK ``(config name, median ms)`` of a study, if any.
+
+        Args:
+            study_name: the study.
+            among: only these config names (e.g. the current search space) when given.
+        """
         ok = [
             (e.median_ms, name)
             for name, e in self.studies.get(study_name, {}).items()
-            if e.status == MeasureStatus.OK and e.median_ms is not None
+            if e.status == MeasureStatus.OK
+            and e.median_ms is not None
+            and (among is None or name in among)
         ]
         if not ok:
             return None
@@ -299,12 +338,23 @@ class ReplayMeasure:
         table: the recorded outcomes.
         arch: architecture written into the fake build reports.
         latency_s: seconds each measurement sleeps (to exercise timing-dependent code).
+        strict: raise :class:`ReplayMissingError` when asked to measure a config without a
+            recorded outcome, instead of answering SKIPPED (a search that must only see
+            recorded outcomes, such as a sampler comparison, then fails loudly).
     """
 
-    def __init__(self, table: ReplayTable, *, arch: str = "sm_90", latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        table: ReplayTable,
+        *,
+        arch: str = "sm_90",
+        latency_s: float = 0.0,
+        strict: bool = False,
+    ) -> None:
         self.table = table
         self.arch = table.arch or arch
         self.latency_s = latency_s
+        self.strict = strict
         self._lock = threading.Lock()
         self._build_status: dict[str, BuildStatus] = {}
         for entries in table.studies.values():
@@ -363,12 +413,24 @@ class ReplayMeasure:
         return reports
 
     def measure(self, config: KernelConfig, problem: Problem) -> MeasureResult:
-        """The recorded outcome of ``config`` on ``problem``; SKIPPED when not recorded."""
+        """The recorded outcome of ``config`` on ``problem``; SKIPPED when not recorded.
+
+        Raises:
+            ReplayMissingError: in ``strict`` mode, when the table has no recorded outcome.
+        """
         with self._lock:
             self.measured.append((problem.study_name, config.name))
         if self.latency_s:
             time.sleep(self.latency_s)
         entry = self.table.studies.get(problem.study_name, {}).get(config.name)
+        if self.strict and (entry is None or not entry.is_outcome):
+            recorded = len(self.table.studies.get(problem.study_name, {}))
+            what = "no entry" if entry is None else f"only an entry recorded as {entry.status}"
+            raise ReplayMissingError(
+                f"replay table has {what} for config {config.name} of problem "
+                f"{problem.study_name} ({recorded} configs recorded): the table does not cover "
+                "the search space; export it from an exhaustive (grid) campaign"
+            )
         if entry is None:
             return MeasureResult(status=MeasureStatus.SKIPPED, error="not in the replay table")
         status = MeasureStatus(entry.status)
