@@ -226,15 +226,6 @@ def test_export_from_db_then_compare(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "tpe" in out and "Skipped" not in out
 
 
-@pytest.mark.xfail(
-    raises=StopIteration,
-    strict=True,
-    reason=(
-        "tuner/campaign.py _ProblemRun._enqueue_fresh calls rng.choice(left) once per config "
-        "inside next(...), so no config may match and next() raises StopIteration; this is "
-        "what crashed compare_samplers on non-exhaustive tables (and can crash fa2tune tune)"
-    ),
-)
 def test_campaign_fallback_enqueue_never_raises_stopiteration(tmp_path: Path) -> None:
     # wasted_limit=1: every proposal that evaluates nothing new (an invalid combination, a
     # config already measured) queues an unevaluated config, the path that raised.

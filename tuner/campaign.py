@@ -792,7 +792,8 @@ class _ProblemRun:
         self.wasted = 0
         if not left:
             return
-        config = next(c for c in self.space.configs if c.name == self.ctx.rng.choice(left))
+        pick = self.ctx.rng.choice(left)  # draw once, then find that config
+        config = next(c for c in self.space.configs if c.name == pick)
         log.debug(
             "%s: %d proposals in a row evaluated nothing new; queueing %s",
             study.study_name,
