@@ -518,7 +518,8 @@ def build_batch(
     if n_jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {n_jobs}")
     nvcc_exe = nvcc if nvcc is not None else settings.nvcc
-    tdir = template_dir if template_dir is not None else default_template_dir()
+    # Absolute, because nvcc runs in each config's build directory.
+    tdir = (template_dir if template_dir is not None else default_template_dir()).resolve()
     if not (tdir / TEMPLATE_HEADER).is_file():
         raise TemplateMissingError(f"kernel template {TEMPLATE_HEADER} not found in {tdir}")
     limit = smem_limit if smem_limit is not None else ARCH_SMEM_LIMIT[arch]

@@ -172,3 +172,15 @@ def test_tiny_template_statuses(tmp_path: Path) -> None:
     assert r_assert.status == BuildStatus.COMPILE_FAILED
     assert r_assert.error is not None and "tiny template: no swizzle" in r_assert.error
     assert (batch.built, batch.failed, batch.spilling) == (4, 2, 1)
+
+
+def test_relative_template_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A template directory given relative to the caller's cwd still compiles (nvcc runs
+    in each config's own build directory, so the path must not be used as given)."""
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / TEMPLATE_HEADER).write_text(TINY_TEMPLATE)
+    monkeypatch.chdir(tmp_path)
+    batch = build_batch(
+        [cfg(64, 64, 32, 4, 1)], "sm_90", tmp_path / "cache", 1, template_dir=Path("tpl")
+    )
+    assert batch.reports[0].status == BuildStatus.OK, batch.reports[0].error
