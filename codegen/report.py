@@ -55,6 +55,11 @@ class BuildReport:
     error: str | None = None
 
     @property
+    def spill_bytes(self) -> int:
+        """The larger of ptxas's spill stores and spill loads, in bytes per thread."""
+        return max(self.spill_stores, self.spill_loads)
+
+    @property
     def usable(self) -> bool:
         """True when a cubin exists that the worker can load."""
         return self.cubin is not None and self.status in (BuildStatus.OK, BuildStatus.SPILLS)

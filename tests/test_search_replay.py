@@ -25,10 +25,10 @@ from codegen.config import KernelConfig
 from codegen.report import BuildReport
 from codegen.space import seed_configs
 from tuner import search
-from tuner.campaign import CampaignSummary, run_campaign
+from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignSummary, run_campaign
 from tuner.problem import Problem
 from tuner.records import MeasureResult, MeasureStatus
-from tuner.replay import ReplayMeasure, ReplayTable
+from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -43,7 +43,7 @@ def _run(
     seed: int = 0,
     replay: ReplayMeasure | None = None,
     measure_fn: object = None,
-    allow_spills: bool = False,
+    max_spill_bytes: int | None = DEFAULT_MAX_SPILL_BYTES,
     seeds: bool = False,
 ) -> CampaignSummary:
     replay = replay or ReplayMeasure(table)
@@ -60,7 +60,7 @@ def _run(
             sampler=sampler,
             trials=trials,
             seed=seed,
-            allow_spills=allow_spills,
+            max_spill_bytes=max_spill_bytes,
         )
 
 
@@ -181,7 +181,7 @@ def test_non_ok_statuses_never_become_best(tmp_path: Path) -> None:
     assert best is not None and best.config.name == p.best_config
 
 
-def test_spills_are_recorded_not_timed_unless_allowed(tmp_path: Path) -> None:
+def test_heavy_spills_are_recorded_not_timed_unless_allowed(tmp_path: Path) -> None:
     problems = problems_for([1024])
     table = synthetic_table(problems, tiny_space())
     study = problems[0].study_name
@@ -197,8 +197,59 @@ def test_spills_are_recorded_not_timed_unless_allowed(tmp_path: Path) -> None:
     assert all(r.median_ms is None and r.error and "spill" in r.error for r in rows)
 
     allowed = ReplayMeasure(table)
-    _run(tmp_path / "b", table, problems, "grid", trials=None, replay=allowed, allow_spills=True)
+    _run(tmp_path / "b", table, problems, "grid", trials=None, replay=allowed, max_spill_bytes=None)
     assert spilling <= {config for _, config in allowed.measured}
+
+
+def _with_small_spill(table: ReplayTable, study: str) -> tuple[ReplayTable, str]:
+    """``table`` with its second-fastest OK config turned into a 24-B spiller that is the
+    fastest of all (as the causal D=128 FA2 tiles are on the H200)."""
+    entries = dict(table.studies[study])
+    ok = sorted((e.median_ms, n) for n, e in entries.items() if e.median_ms is not None)
+    fastest_ms, name = ok[0][0], ok[1][1]
+    entries[name] = ReplayEntry(
+        status="OK", median_ms=0.9 * fastest_ms, build_status="SPILLS", spill_bytes=24
+    )
+    return ReplayTable(studies={study: entries}, problems=table.problems, gpu=GPU), name
+
+
+def test_small_spills_are_timed_within_the_limit(tmp_path: Path) -> None:
+    problems = problems_for([1024])
+    study = problems[0].study_name
+    table, spiller = _with_small_spill(synthetic_table(problems, tiny_space()), study)
+    heavy = {n for n, e in table.studies[study].items() if e.spill_bytes == 512}
+
+    within = ReplayMeasure(table)
+    (p,) = _run(tmp_path / "a", table, problems, "grid", trials=None, replay=within).problems
+    assert p.best_config == spiller
+    assert spiller in {c for _, c in within.measured}
+    assert not heavy & {c for _, c in within.measured}
+
+    strict = ReplayMeasure(table)
+    (q,) = _run(tmp_path / "b", table, problems, "grid", trials=None, replay=strict,
+                max_spill_bytes=0).problems  # fmt: skip
+    assert q.best_config != spiller and q.best_config is not None
+    assert spiller not in {c for _, c in strict.measured}
+    with open_store(tmp_path / "b") as store:
+        rows = store.results(GPU.name, status="SPILLS", limit=1000).items
+    assert spiller in {r.config_name for r in rows}
+    assert all("--max-spill-bytes" in (r.error or "") for r in rows)
+
+
+def test_resume_with_a_higher_spill_limit_times_what_it_skipped(tmp_path: Path) -> None:
+    """A campaign resumed with a larger limit times the SPILLS it skipped before (from its
+    trials and from the store), and only those within the new limit."""
+    problems = problems_for([1024])
+    study = problems[0].study_name
+    table, spiller = _with_small_spill(synthetic_table(problems, tiny_space()), study)
+    first = ReplayMeasure(table)
+    (p,) = _run(tmp_path, table, problems, "grid", trials=None, replay=first,
+                max_spill_bytes=0).problems  # fmt: skip
+    assert p.best_config != spiller
+    again = ReplayMeasure(table)
+    (q,) = _run(tmp_path, table, problems, "grid", trials=None, replay=again).problems
+    assert {c for _, c in again.measured} == {spiller}, (again.measured, q)
+    assert q.best_config == spiller
 
 
 def test_build_failures_are_recorded_as_measurements(tmp_path: Path) -> None:

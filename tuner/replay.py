@@ -73,13 +73,16 @@ class ReplayEntry:
     Attributes:
         status: a :class:`MeasureStatus` value.
         median_ms: the time when ``status`` is OK.
-        build_status: the build's :class:`BuildStatus` when known (a spilling build timed
-            with ``--allow-spills`` is status OK, build status SPILLS).
+        build_status: the build's :class:`BuildStatus` when known (a spilling build that was
+            timed is status OK, build status SPILLS).
+        spill_bytes: the build's spill (stores or loads, bytes per thread) when known, so a
+            replay applies ``--max-spill-bytes`` as the GPU campaign would.
     """
 
     status: str
     median_ms: float | None = None
     build_status: str | None = None
+    spill_bytes: int | None = None
 
     @property
     def is_outcome(self) -> bool:
@@ -95,6 +98,8 @@ class ReplayEntry:
         data: dict[str, object] = {"status": self.status, "median_ms": self.median_ms}
         if self.build_status is not None:
             data["build_status"] = self.build_status
+        if self.spill_bytes is not None:
+            data["spill_bytes"] = self.spill_bytes
         return data
 
     @classmethod
@@ -105,10 +110,12 @@ class ReplayEntry:
         build = data.get("build_status")
         if build is not None:
             BuildStatus(str(build))
+        spill = data.get("spill_bytes")
         return cls(
             status=status,
             median_ms=float(median) if median is not None else None,
             build_status=str(build) if build is not None else None,
+            spill_bytes=int(spill) if spill is not None else None,
         )
 
 
@@ -310,6 +317,7 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
                 status=row.status,
                 median_ms=row.median_ms,
                 build_status=str(build) if build is not None else str(BuildStatus.OK),
+                spill_bytes=max(row.spill_stores, row.spill_loads) if spills else None,
             )
         offset += len(page.items)
         if not page.items or offset >= page.total:
@@ -357,11 +365,14 @@ class ReplayMeasure:
         self.strict = strict
         self._lock = threading.Lock()
         self._build_status: dict[str, BuildStatus] = {}
+        self._spill_bytes: dict[str, int] = {}
         for entries in table.studies.values():
             for name, entry in entries.items():
                 status = _build_status(entry)
                 if status != BuildStatus.OK or name not in self._build_status:
                     self._build_status[name] = status
+                if entry.spill_bytes is not None:
+                    self._spill_bytes[name] = max(entry.spill_bytes, self._spill_bytes.get(name, 0))
         #: (study name, config name) of every measurement answered, in order.
         self.measured: list[tuple[str, str]] = []
         #: config names of every build asked for, in order.
@@ -390,14 +401,16 @@ class ReplayMeasure:
         for config in configs:
             status = self._build_status.get(config.name, BuildStatus.OK)
             failed = status in (BuildStatus.COMPILE_FAILED, BuildStatus.SMEM_OVERFLOW)
+            # Unknown spill sizes replay as 64 B: a spill, but under the default limit.
+            spill = self._spill_bytes.get(config.name, 64) if status == BuildStatus.SPILLS else 0
             reports.append(
                 BuildReport(
                     config=config,
                     arch=self.arch,
                     status=status,
                     registers=None if failed else 128,
-                    spill_stores=64 if status == BuildStatus.SPILLS else 0,
-                    spill_loads=64 if status == BuildStatus.SPILLS else 0,
+                    spill_stores=spill,
+                    spill_loads=spill,
                     stack_bytes=0,
                     static_smem=0,
                     compile_seconds=0.0,

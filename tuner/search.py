@@ -80,6 +80,7 @@ ATTR_ROLE: Final = "role"  # how the outcome was obtained, see TrialRole
 ATTR_TFLOPS: Final = "tflops"
 ATTR_REASON: Final = "reason"
 ATTR_SEED: Final = "seed_config"
+ATTR_SPILL_BYTES: Final = "spill_bytes"  # of an untimed SPILLS outcome
 STUDY_ATTR_CHOICES: Final = "fa2tune.choices"
 STUDY_ATTR_SEEDED: Final = "fa2tune.seeded"
 

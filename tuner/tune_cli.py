@@ -28,7 +28,7 @@ import typer
 
 from codegen.config import DTYPES, HEAD_DIMS, Dtype
 from tuner import search
-from tuner.campaign import CampaignSummary, run_campaign
+from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignSummary, run_campaign
 from tuner.problem import Problem
 from tuner.progress import RichProgress, render_summary
 
@@ -207,8 +207,16 @@ def tune(
     sampler: Annotated[
         str, typer.Option("--sampler", help="tpe, random or grid (exhaustive)")
     ] = "tpe",
+    max_spill_bytes: Annotated[
+        int,
+        typer.Option(
+            "--max-spill-bytes",
+            min=0,
+            help="time builds spilling at most this many bytes per thread (0: none that spill)",
+        ),
+    ] = DEFAULT_MAX_SPILL_BYTES,
     allow_spills: Annotated[
-        bool, typer.Option("--allow-spills", help="also time builds that spill registers")
+        bool, typer.Option("--allow-spills", help="time every build, however much it spills")
     ] = False,
     arch: Annotated[
         str | None, typer.Option("--arch", help="nvcc architecture", show_default="the GPU's")
@@ -235,10 +243,11 @@ def tune(
     if sampler not in search.sampler_names():
         raise _bad("--sampler", f"{sampler!r} is not one of {', '.join(search.sampler_names())}")
     budget_s = parse_duration(time_budget) if time_budget is not None else None
+    spill_limit = None if allow_spills else max_spill_bytes
     trials, budget_s = resolve_budget(sampler, trials, budget_s)
     if replay is not None:
         summary = _tune_replay(
-            replay, d, n, dtype, causal, sampler, trials, budget_s, allow_spills, seed,
+            replay, d, n, dtype, causal, sampler, trials, budget_s, spill_limit, seed,
         )  # fmt: skip
     else:
         ds = parse_int_list(d or DEFAULT_D, "--d", allowed=HEAD_DIMS)
@@ -251,7 +260,7 @@ def tune(
             if arch not in SUPPORTED_ARCHS:
                 raise _bad("--arch", f"{arch!r} is not one of {', '.join(SUPPORTED_ARCHS)}")
         summary = _tune_gpu(
-            ds, ns, dtypes, causals, batch, heads, sampler, trials, budget_s, allow_spills,
+            ds, ns, dtypes, causals, batch, heads, sampler, trials, budget_s, spill_limit,
             arch, device, seed, job_timeout,
         )  # fmt: skip
     render_summary(summary)
@@ -277,7 +286,7 @@ def _tune_gpu(
     sampler: str,
     trials: int | None,
     budget_s: float | None,
-    allow_spills: bool,
+    spill_limit: int | None,
     arch: str | None,
     device: int,
     seed: int,
@@ -298,7 +307,7 @@ def _tune_gpu(
         ):
             return _campaign_on_gpu(
                 store, worker, settings.db_url, settings.build_jobs, ds, ns, dtypes, causals,
-                batch, heads, sampler, trials, budget_s, allow_spills, arch, device, seed,
+                batch, heads, sampler, trials, budget_s, spill_limit, arch, device, seed,
             )  # fmt: skip
     except WorkerStartError as exc:
         # The campaign so far is saved; the same command resumes it once a worker starts.
@@ -320,7 +329,7 @@ def _campaign_on_gpu(
     sampler: str,
     trials: int | None,
     budget_s: float | None,
-    allow_spills: bool,
+    spill_limit: int | None,
     arch: str | None,
     device: int,
     seed: int,
@@ -355,7 +364,7 @@ def _campaign_on_gpu(
             sampler=sampler,
             trials=trials,
             time_budget_s=budget_s,
-            allow_spills=allow_spills,
+            max_spill_bytes=spill_limit,
             seed=seed,
             worker_index=device,
             build_batch=build_jobs,
@@ -381,7 +390,7 @@ def _tune_replay(
     sampler: str,
     trials: int | None,
     budget_s: float | None,
-    allow_spills: bool,
+    spill_limit: int | None,
     seed: int,
 ) -> CampaignSummary:
     from codegen.space import seed_configs
@@ -432,7 +441,7 @@ def _tune_replay(
                     sampler=sampler,
                     trials=trials,
                     time_budget_s=budget_s,
-                    allow_spills=allow_spills,
+                    max_spill_bytes=spill_limit,
                     seed=seed,
                     progress=progress,
                 )
