@@ -12,16 +12,33 @@ import sys
 from collections import Counter
 
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
-WATCH = ("HMMA", "LDSM", "MUFU", "STL", "LDL", "LDGSTS", "BAR", "SHFL", "FMNMX", "FFMA", "FMUL",
-         "F2FP", "LDS", "STS", "STG", "BRA")
+WATCH = (
+    "HMMA",
+    "LDSM",
+    "MUFU",
+    "STL",
+    "LDL",
+    "LDGSTS",
+    "BAR",
+    "SHFL",
+    "FMNMX",
+    "FFMA",
+    "FMUL",
+    "F2FP",
+    "LDS",
+    "STS",
+    "STG",
+    "BRA",
+)
 
 
 def main(path: str) -> None:
     insts = []
-    for line in open(path, encoding="utf-8"):
-        m = LINE.search(line)
-        if m:
-            insts.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = LINE.search(line)
+            if m:
+                insts.append((int(m.group(1), 16), m.group(2), m.group(3)))
     loop = (0, -1)
     for addr, op, args in insts:
         if op == "BRA":
@@ -30,8 +47,10 @@ def main(path: str) -> None:
                 loop = (int(t.group(1), 16), addr)
     inside = Counter(op.split(".")[0] for a, op, _ in insts if loop[0] <= a <= loop[1])
     outside = Counter(op.split(".")[0] for a, op, _ in insts if not loop[0] <= a <= loop[1])
-    print(f"{path}: {len(insts)} instructions, main loop 0x{loop[0]:x}-0x{loop[1]:x} "
-          f"({sum(inside.values())} instructions)")
+    print(
+        f"{path}: {len(insts)} instructions, main loop 0x{loop[0]:x}-0x{loop[1]:x} "
+        f"({sum(inside.values())} instructions)"
+    )
     for op in WATCH:
         print(f"  {op:7s} loop {inside.get(op, 0):5d}   rest {outside.get(op, 0):5d}")
 
