@@ -99,8 +99,9 @@ _MEASURE_STATUSES: Final[frozenset[str]] = frozenset(str(s) for s in MeasureStat
 _POLL_S: Final = 0.05
 #: Spill bytes per thread up to which a build is still timed. Small spills are not failures:
 #: on the H200 the causal D=128 128x64 4-warp configs spill 4-108 B (ptxas, sm_90) and still
-#: beat every spill-free config of those problems by 7-15 % (docs/performance.md). Larger
-#: spills are skipped to save GPU time; a campaign can raise or lower the limit.
+#: beat every spill-free config of those problems, the best of them by 12-15 %
+#: (docs/performance.md). Larger spills are skipped to save GPU time; a campaign can raise or
+#: lower the limit.
 DEFAULT_MAX_SPILL_BYTES: Final = 128
 
 
