@@ -434,3 +434,45 @@ def test_default_space_follows_the_gpus_shared_memory() -> None:
     small_space_fn, _, _ = _defaults("sm_90", small, None, None, None)
     assert 0 < len(small_space_fn(problem)) < len(space_fn(problem))
     assert all(c.smem_bytes <= 48 * 1024 for c in small_space_fn(problem))
+
+
+class _SlowFor:
+    """A replay that takes ``seconds`` per measurement of one problem, none for the others."""
+
+    def __init__(self, replay: ReplayMeasure, slow: Problem, seconds: float) -> None:
+        self.replay, self.slow, self.seconds = replay, slow, seconds
+
+    def __call__(self, report: BuildReport, problem: Problem) -> MeasureResult:
+        if problem == self.slow:
+            time.sleep(self.seconds)
+        return self.replay(report, problem)
+
+
+class _Finishes(_Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trials: list[tuple[int, int]] = []
+
+    def problem_finished(self, index: int, summary: object) -> None:
+        super().problem_finished(index, summary)
+        self.trials.append((index, summary.trials))  # type: ignore[attr-defined]
+
+
+def test_unused_budget_goes_back_to_problems_cut_short(tmp_path: Path) -> None:
+    """With --trials and --time-budget, a problem whose even share ran out before its trials
+    continues with the time the problems after it did not need."""
+    problems = problems_for([512, 1024])
+    table = synthetic_table(problems)
+    replay = ReplayMeasure(table)
+    rec = _Finishes()
+    trials = 12
+    summary = _campaign(
+        tmp_path, table, problems, trials=trials, time_budget_s=4.0, replay=replay,
+        measure_fn=_SlowFor(replay, problems[0], 0.25), progress=rec,
+    )  # fmt: skip
+    first, fast, again = rec.trials
+    assert first[0] == 0 and first[1] < trials  # its 2 s share allowed ~8 slow trials
+    assert fast == (1, trials)  # the fast problem finished early...
+    assert again[0] == 0 and again[1] > first[1]  # ...and its time went back to problem 0
+    assert summary.problems[0].trials == again[1]
+    assert rec.calls[-3:] == ["problem_started 0", "problem_finished 0", "campaign_finished"]

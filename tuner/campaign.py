@@ -23,7 +23,8 @@ Budget
     them. Invalid proposals, reuses, duplicates and build rejections (COMPILE_FAILED,
     SMEM_OVERFLOW, untimed SPILLS) are recorded but free. ``time_budget_s`` covers the whole
     campaign: each problem gets the remaining time divided by the problems left, so time a
-    problem does not use flows to the next. With neither, every valid config is evaluated
+    problem does not use flows to the next; time still left at the end goes back, split the
+    same way, to the problems whose share ran out before their ``trials``. With neither, every valid config is evaluated
     (what ``grid`` is for). A problem also ends when all its valid configs are evaluated.
 
 Building ahead
@@ -97,6 +98,8 @@ SeedFn = Callable[[Problem], Sequence[KernelConfig]]
 STATUS_ABANDONED: Final = "ABANDONED"
 _MEASURE_STATUSES: Final[frozenset[str]] = frozenset(str(s) for s in MeasureStatus)
 _POLL_S: Final = 0.05
+#: Seconds of unused budget below which no cut-short problem is continued.
+_MIN_EXTRA_S: Final = 1.0
 #: Spill bytes per thread up to which a build is still timed. Small spills are not failures:
 #: on the H200 the causal D=128 128x64 4-warp configs spill 4-108 B (ptxas, sm_90) and still
 #: beat every spill-free config of those problems, the best of them by 12-15 %
@@ -807,16 +810,40 @@ class _ProblemRun:
             self._enqueue_fresh(study, scan)
 
     def done(self, scan: _Scan | None = None) -> bool:
-        """True when the problem needs no more trials from this process."""
+        """True when the problem needs no more trials from this process (now)."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return True
+        return self.complete(scan)
+
+    def complete(self, scan: _Scan | None = None) -> bool:
+        """True when the trial budget is used or nothing is left to evaluate, whatever the
+        clock says (a problem its time share cut short is not complete)."""
         if scan is None:
             scan = self._scan_now(self.study)
         if self.trials is not None and len(scan.gpu_run) >= self.trials:
             return True
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return True
         # Everything evaluated, or all that is left is being measured by other trials.
         left = self.names - scan.outcome.keys() - scan.running.keys()
         return not left
+
+    def drive(self) -> None:
+        """Run trials until :meth:`done`.
+
+        A sampler may stop the study with configs still open (the grid sampler does once its
+        grid has been visited, e.g. when a resume re-opens skipped spills), so this goes on
+        until the problem is done. Every ``optimize`` call runs a trial, and wasted ones lead
+        to a queued fresh config, so this ends.
+        """
+        while not self.done():
+            timeout = (
+                max(0.0, self.deadline - time.monotonic()) if self.deadline is not None else None
+            )
+            self.study.optimize(
+                self.objective,
+                timeout=timeout,
+                callbacks=[self.after_trial],
+                catch=(_SearchSkip,),
+            )
 
     def queue_retimes(self) -> int:
         """Queue the configs this study skipped as SPILLS that the spill limit now times (a
@@ -1039,6 +1066,7 @@ def run_campaign(
 
     observer.campaign_started(problems, trials, time_budget_s)
     summaries: list[ProblemSummary] = []
+    runs: list[_ProblemRun] = []
     interrupted = False
     quiet = _QuietSkips()
     logging.getLogger(_OPTUNA_OPTIMIZE_LOGGER).addFilter(quiet)
@@ -1052,29 +1080,26 @@ def run_campaign(
                 ctx, index, problem, storage, spaces[_group(problem)], seeds_fn,
                 trials, problem_deadline, seed, worker_index,
             )  # fmt: skip
+            runs.append(run)
             observer.problem_started(index, problem, trials, problem_deadline)
             quiet.run = run
-            # A sampler may stop the study with configs still open (the grid sampler does once
-            # its grid has been visited, e.g. when a resume re-opens skipped spills): go on
-            # until the problem is done. Every call runs a trial, and wasted ones lead to a
-            # queued fresh config, so this ends.
-            while not run.done():
-                timeout = (
-                    max(0.0, problem_deadline - time.monotonic())
-                    if problem_deadline is not None
-                    else None
-                )
-                run.study.optimize(
-                    run.objective,
-                    timeout=timeout,
-                    callbacks=[run.after_trial],
-                    catch=(_SearchSkip,),
-                )
-            ctx.build_wait_s += run.build_wait_s
-            ctx.measure_s += run.measure_s
-            summary = run.summary()
-            summaries.append(summary)
-            observer.problem_finished(index, summary)
+            run.drive()
+            summaries.append(run.summary())
+            observer.problem_finished(index, summaries[-1])
+        # Time the even split gave to problems that finished early (budget reached, space
+        # exhausted) goes back to the ones their share cut short, split evenly again.
+        short = [run for run in runs if deadline is not None and not run.complete()]
+        for k, run in enumerate(short):
+            left = deadline - time.monotonic() if deadline is not None else 0.0
+            if left < _MIN_EXTRA_S:
+                break
+            run.deadline = time.monotonic() + left / (len(short) - k)
+            log.info("%s: %.0f s of unused budget to continue", run.study.study_name, left)
+            observer.problem_started(run.index, run.problem, trials, run.deadline)
+            quiet.run = run
+            run.drive()
+            summaries[run.index] = run.summary()
+            observer.problem_finished(run.index, summaries[run.index])
     except KeyboardInterrupt:
         log.warning("interrupted; re-run the same command to resume")
         interrupted = True
@@ -1082,6 +1107,8 @@ def run_campaign(
         logging.getLogger(_OPTUNA_OPTIMIZE_LOGGER).removeFilter(quiet)
         builds.close()
         ctx.record_finished_builds()
+        ctx.build_wait_s = sum(run.build_wait_s for run in runs)
+        ctx.measure_s = sum(run.measure_s for run in runs)
     result = CampaignSummary(
         problems=summaries,
         times=TimeSplit(

@@ -80,7 +80,10 @@ class RichProgress:
         )
         self._overall: TaskID | None = None
         self._current: TaskID | None = None
-        self._done_trials = 0  # GPU trials of finished problems
+        self._current_index = -1
+        # GPU trials of finished problems, by index: a problem continued with leftover time
+        # finishes twice and must not count twice.
+        self._trials_by_problem: dict[int, int] = {}
         self._n_problems = 0
         self._trials: int | None = None
 
@@ -114,6 +117,7 @@ class RichProgress:
     ) -> None:
         if self._current is not None:
             self._progress.remove_task(self._current)
+        self._current_index = index
         self._current = self._progress.add_task(
             f"[{index + 1}/{self._n_problems}] {problem_label(problem)}",
             total=target,
@@ -131,12 +135,13 @@ class RichProgress:
         )
         self._progress.update(self._current, completed=event.trials, best=best)
         if self._overall is not None:
-            self._progress.update(self._overall, completed=self._done_trials + event.trials)
+            done = sum(n for i, n in self._trials_by_problem.items() if i != self._current_index)
+            self._progress.update(self._overall, completed=done + event.trials)
 
     def problem_finished(self, index: int, summary: ProblemSummary) -> None:
-        self._done_trials += summary.trials
+        self._trials_by_problem[index] = summary.trials
         if self._overall is not None:
-            self._progress.update(self._overall, completed=self._done_trials)
+            self._progress.update(self._overall, completed=sum(self._trials_by_problem.values()))
         tflops = f"{summary.best_tflops:.0f} TFLOP/s" if summary.best_tflops else ""
         self._progress.console.print(
             f"[bold]{problem_label(summary.problem)}[/bold]: "
