@@ -11,6 +11,7 @@ from test_replay_synthetic import problems_for, save_replay_table, synthetic_tab
 from typer.testing import CliRunner
 
 from tuner import tune_cli
+from tuner.replay import ReplayEntry
 from tuner.tune_cli import (
     DEFAULT_TRIALS,
     make_problems,
@@ -122,6 +123,7 @@ def test_default_budget() -> None:
         (["--trials", "0"], "--trials"),
         (["--arch", "sm_70"], "not one of"),
         (["--batch", "0"], "--batch"),
+        (["--max-spill-bytes", "-1"], "--max-spill-bytes"),
     ],
 )
 def test_cli_bad_input_exits_2(app: typer.Typer, args: list[str], message: str) -> None:
@@ -185,3 +187,31 @@ def test_cli_without_a_gpu_worker_exits_1(
     result = CliRunner().invoke(app, ["tune", "--d", "64", "--n", "512", "--causal", "no"])
     assert result.exit_code == 1, result.output
     assert "no GPU worker on device 0" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "untimed_spills"),
+    [([], "heavy"), (["--max-spill-bytes", "0"], "all"), (["--allow-spills"], "none")],
+)
+def test_cli_spill_limit_reaches_the_campaign(
+    app: typer.Typer, tmp_path: Path, flags: list[str], untimed_spills: str
+) -> None:
+    """The table's only small spiller (24 B) is timed under the default limit, not with 0;
+    the heavy ones (512 B) only with --allow-spills."""
+    (problem,) = problems_for([512])
+    table = synthetic_table([problem], tiny_space())
+    entries = table.studies[problem.study_name]
+    heavy = sum(e.spill_bytes == 512 for e in entries.values())
+    small = next(n for n, e in entries.items() if e.status == "OK")
+    entries[small] = ReplayEntry(status="OK", median_ms=1e-3, build_status="SPILLS", spill_bytes=24)
+    path, out = tmp_path / "table.json", tmp_path / "summary.json"
+    save_replay_table(table, path)
+    result = CliRunner().invoke(
+        app,
+        ["tune", "--replay", str(path), "--sampler", "grid", "--summary-json", str(out), *flags],
+    )
+    assert result.exit_code == 0, result.output
+    (p,) = json.loads(out.read_text())["problems"]
+    expected = {"heavy": heavy, "all": heavy + 1, "none": 0}[untimed_spills]
+    assert p["statuses"].get("SPILLS", 0) == expected
+    assert (p["best_config"] == small) == (untimed_spills != "all")

@@ -16,7 +16,7 @@ class MeasureStatus(StrEnum):
     RUNTIME_FAILED = "RUNTIME_FAILED"  # trap, illegal address, launch failure, dead worker
     TIMEOUT = "TIMEOUT"  # the worker did not answer in time (hang); it was replaced
     COMPILE_FAILED = "COMPILE_FAILED"  # never ran: the build failed
-    SPILLS = "SPILLS"  # never timed: the build spills (unless --allow-spills)
+    SPILLS = "SPILLS"  # not timed: the build spills more than --max-spill-bytes
     SMEM_OVERFLOW = "SMEM_OVERFLOW"  # never ran: needs more shared memory than the device has
     SKIPPED = "SKIPPED"  # never ran for another recorded reason
 
