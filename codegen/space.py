@@ -66,9 +66,13 @@ FA2_TILES: dict[int, tuple[int, int, int]] = {
     128: (128, 64, 4),
     256: (64, 64, 4),
 }
-#: FlashAttention-2's pipeline depth and shared-memory padding that go with :data:`FA2_TILES`.
+#: FlashAttention-2's pipeline depth and shared-memory layout that go with :data:`FA2_TILES`:
+#: one K/V stage and a swizzled (XOR) layout, no padding, as FA2's CUTLASS layouts are. On the
+#: H200 (2026-11-30 campaign) the swizzled FA2 tile is at least as fast as the padded one in
+#: 15 of the 24 problems where both were timed (median 0.3% faster, up to 3%; at worst 0.7%
+#: slower), and for causal D=128 the padded one spills 132 B and is 7% slower.
 FA2_STAGES = 1
-FA2_PAD = 8
+FA2_SWIZZLE = True
 #: The hand-written seed kernels' tiles: (br, bc, warps) with these stage counts.
 SEED_TILES: tuple[tuple[int, int, int], ...] = (
     (64, 64, 4),
@@ -108,8 +112,8 @@ def estimate_registers(config: KernelConfig) -> int:
 def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
     """FlashAttention-2's config for a head dim: the fallback for untuned GPUs and shapes.
 
-    Its tile is :data:`FA2_TILES`'s for ``d``, with :data:`FA2_STAGES` stages and
-    :data:`FA2_PAD` padding (no swizzle).
+    Its tile is :data:`FA2_TILES`'s for ``d``, with :data:`FA2_STAGES` stages and the
+    swizzled shared-memory layout (:data:`FA2_SWIZZLE`).
 
     Raises:
         ValueError: when ``d`` is not a supported head dim.
@@ -119,7 +123,7 @@ def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
     br, bc, warps = FA2_TILES[d]
     return KernelConfig(
         d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=warps,
-        stages=FA2_STAGES, pad=FA2_PAD,
+        stages=FA2_STAGES, pad=0, swizzle=FA2_SWIZZLE,
     )  # fmt: skip
 
 
@@ -239,8 +243,8 @@ def enumerate_space(
 def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[KernelConfig]:
     """Known-good starting points: FlashAttention-2's tile and the seed kernels' tiles.
 
-    FA2's config for ``d`` (:func:`fa2_default_config`: 1 stage, pad 8) comes also in the
-    swizzled layout; the seed kernels' tiles (:data:`SEED_TILES`) with :data:`SEED_STAGES`
+    FA2's config for ``d`` (:func:`fa2_default_config`: 1 stage, swizzled) comes also in the
+    padded layout (pad 8); the seed kernels' tiles (:data:`SEED_TILES`) with :data:`SEED_STAGES`
     and pad 8. Configs the space rejects (e.g. 64x64 with 8 warps: 8 rows per warp is less
     than one mma tile) are dropped.
 
@@ -255,7 +259,7 @@ def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[Ke
     found: list[KernelConfig] = []
     if d in FA2_TILES:
         fa2 = fa2_default_config(d, dtype, causal)
-        found += [fa2, replace(fa2, pad=0, swizzle=True)]
+        found += [fa2, replace(fa2, pad=8, swizzle=False)]
     for br, bc, warps in SEED_TILES:
         for stages in SEED_STAGES:
             found.append(KernelConfig(d, dtype, causal, br, bc, warps, stages, pad=8))

@@ -177,7 +177,7 @@ def test_fa2_default_config_is_fa2s() -> None:
     assert set(FA2_TILES) == set(HEAD_DIMS)
     for d, (br, bc) in expected.items():
         c = fa2_default_config(d, "fp16", False)
-        assert (c.br, c.bc, c.warps, c.stages, c.pad, c.swizzle) == (br, bc, 4, 1, 8, False)
+        assert (c.br, c.bc, c.warps, c.stages, c.pad, c.swizzle) == (br, bc, 4, 1, 0, True)
     with pytest.raises(ValueError, match="unsupported head dim"):
         fa2_default_config(80, "fp16", False)
 

@@ -49,7 +49,7 @@ def test_export_to_stdout_with_dtype(db_url: str) -> None:
     )
     assert result.exit_code == 0, result.output
     # FA2's default bf16 config is always instantiated; the dtype filter keeps fp16 out.
-    assert "fa2_d64_bf16_full_br128_bc128_w4_s1_pad8" in result.stdout
+    assert "fa2_d64_bf16_full_br128_bc128_w4_s1_swz" in result.stdout
     assert "fa2_d64_fp16_" not in result.stdout
 
 
