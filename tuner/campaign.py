@@ -24,8 +24,9 @@ Budget
     SMEM_OVERFLOW, untimed SPILLS) are recorded but free. ``time_budget_s`` covers the whole
     campaign: each problem gets the remaining time divided by the problems left, so time a
     problem does not use flows to the next; time still left at the end goes back, split the
-    same way, to the problems whose share ran out before their ``trials``. With neither, every valid config is evaluated
-    (what ``grid`` is for). A problem also ends when all its valid configs are evaluated.
+    same way, to the problems whose share ran out before their ``trials``. With neither, every
+    valid config is evaluated (what ``grid`` is for). A problem also ends when all its valid
+    configs are evaluated.
 
 Building ahead
     Builds do not depend on N, so one build per config serves every problem of its
