@@ -51,6 +51,19 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+#: The :class:`Build` columns that hold ptxas's report and the build's provenance, named alike
+#: on a ``BuildReport``, a ``Build`` row and a dump's build record, so they are copied by name.
+BUILD_REPORT_COLUMNS: tuple[str, ...] = (
+    "registers", "spill_stores", "spill_loads", "stack_bytes", "static_smem",
+    "compile_seconds", "source_hash", "nvcc_version", "error",
+)  # fmt: skip
+
+
+def build_report_values(source: object) -> dict[str, Any]:
+    """:data:`BUILD_REPORT_COLUMNS` read from ``source`` (a report, row or record) by name."""
+    return {name: getattr(source, name) for name in BUILD_REPORT_COLUMNS}
+
+
 class UtcDateTime(TypeDecorator[datetime]):
     """A timestamp stored as naive UTC and returned as timezone-aware UTC.
 

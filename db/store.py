@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, contains_eager
 
 from codegen.config import KernelConfig
 from codegen.report import BuildReport
-from db.models import Build, Gpu, Measurement, Problem, utcnow
+from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import init_db, make_engine, session_scope
 from tuner.problem import Problem as ProblemSpec
 from tuner.records import GpuInfo, MeasureResult, MeasureStatus
@@ -230,16 +230,8 @@ def _build_values(report: BuildReport) -> dict[str, Any]:
         "swizzle": config.swizzle,
         "arch": report.arch,
         "status": str(report.status),
-        "registers": report.registers,
-        "spill_stores": report.spill_stores,
-        "spill_loads": report.spill_loads,
-        "stack_bytes": report.stack_bytes,
-        "static_smem": report.static_smem,
-        "compile_seconds": report.compile_seconds,
-        "source_hash": report.source_hash,
-        "nvcc_version": report.nvcc_version,
         "flags": list(report.flags),
-        "error": report.error,
+        **build_report_values(report),
     }
 
 

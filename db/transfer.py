@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from codegen.config import Dtype, KernelConfig
 from codegen.report import BuildStatus
-from db.models import Build, Gpu, Measurement, Problem, utcnow
+from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import PG_INGEST_LOCK, session_scope
 from db.store import Store, build_config, normalize_gpu_name
 from fa2tune import __version__
@@ -351,16 +351,8 @@ def _build_record(b: Build) -> BuildRecord:
         config=ConfigRecord(**config.to_dict()),  # type: ignore[arg-type]
         arch=b.arch,
         status=BuildStatus(b.status),
-        registers=b.registers,
-        spill_stores=b.spill_stores,
-        spill_loads=b.spill_loads,
-        stack_bytes=b.stack_bytes,
-        static_smem=b.static_smem,
-        compile_seconds=b.compile_seconds,
-        source_hash=b.source_hash,
-        nvcc_version=b.nvcc_version,
         flags=list(b.flags),
-        error=b.error,
+        **build_report_values(b),
     )
 
 
@@ -560,16 +552,8 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             **b.config.model_dump(),
             arch=b.arch,
             status=str(b.status),
-            registers=b.registers,
-            spill_stores=b.spill_stores,
-            spill_loads=b.spill_loads,
-            stack_bytes=b.stack_bytes,
-            static_smem=b.static_smem,
-            compile_seconds=b.compile_seconds,
-            source_hash=b.source_hash,
-            nvcc_version=b.nvcc_version,
             flags=list(b.flags),
-            error=b.error,
+            **build_report_values(b),
             created_at=now,
         )
     session.add_all(new_builds.values())

@@ -20,6 +20,7 @@ import logging
 import re
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 
@@ -243,12 +244,16 @@ def tune(
     if sampler not in search.sampler_names():
         raise _bad("--sampler", f"{sampler!r} is not one of {', '.join(search.sampler_names())}")
     budget_s = parse_duration(time_budget) if time_budget is not None else None
-    spill_limit = None if allow_spills else max_spill_bytes
     trials, budget_s = resolve_budget(sampler, trials, budget_s)
+    search_opts = _SearchOptions(
+        sampler=sampler,
+        trials=trials,
+        time_budget_s=budget_s,
+        max_spill_bytes=None if allow_spills else max_spill_bytes,
+        seed=seed,
+    )
     if replay is not None:
-        summary = _tune_replay(
-            replay, d, n, dtype, causal, sampler, trials, budget_s, spill_limit, seed,
-        )  # fmt: skip
+        summary = _tune_replay(replay, d, n, dtype, causal, search_opts)
     else:
         ds = parse_int_list(d or DEFAULT_D, "--d", allowed=HEAD_DIMS)
         ns = parse_int_list(n or DEFAULT_N, "--n")
@@ -260,14 +265,24 @@ def tune(
             if arch not in SUPPORTED_ARCHS:
                 raise _bad("--arch", f"{arch!r} is not one of {', '.join(SUPPORTED_ARCHS)}")
         summary = _tune_gpu(
-            ds, ns, dtypes, causals, batch, heads, sampler, trials, budget_s, spill_limit,
-            arch, device, seed, job_timeout,
-        )  # fmt: skip
+            ds, ns, dtypes, causals, batch, heads, search_opts, arch, device, job_timeout
+        )
     render_summary(summary)
     if summary_json is not None:
         summary_json.write_text(json.dumps(summary.to_dict(), indent=1) + "\n", encoding="utf-8")
     if summary.interrupted:
         raise typer.Exit(code=EXIT_INTERRUPTED)
+
+
+@dataclass(frozen=True)
+class _SearchOptions:
+    """How every problem is searched: :func:`run_campaign`'s keyword arguments of that name."""
+
+    sampler: str
+    trials: int | None
+    time_budget_s: float | None
+    max_spill_bytes: int | None
+    seed: int
 
 
 def _quiet_optuna() -> None:
@@ -283,13 +298,9 @@ def _tune_gpu(
     causals: list[bool],
     batch: int,
     heads: int,
-    sampler: str,
-    trials: int | None,
-    budget_s: float | None,
-    spill_limit: int | None,
+    search_opts: _SearchOptions,
     arch: str | None,
     device: int,
-    seed: int,
     job_timeout: float,
 ) -> CampaignSummary:
     # GPU, compiler and database modules load only here: the argument checks above (and the
@@ -307,7 +318,7 @@ def _tune_gpu(
         ):
             return _campaign_on_gpu(
                 store, worker, settings.db_url, settings.build_jobs, ds, ns, dtypes, causals,
-                batch, heads, sampler, trials, budget_s, spill_limit, arch, device, seed,
+                batch, heads, search_opts, arch, device,
             )  # fmt: skip
     except WorkerStartError as exc:
         # The campaign so far is saved; the same command resumes it once a worker starts.
@@ -326,13 +337,9 @@ def _campaign_on_gpu(
     causals: list[bool],
     batch: int,
     heads: int,
-    sampler: str,
-    trials: int | None,
-    budget_s: float | None,
-    spill_limit: int | None,
+    search_opts: _SearchOptions,
     arch: str | None,
     device: int,
-    seed: int,
 ) -> CampaignSummary:
     """Run the campaign with ``worker`` measuring; the problems are named after its GPU.
 
@@ -351,7 +358,7 @@ def _campaign_on_gpu(
     problems = make_problems(gpu.name, ds, ns, dtypes, causals, batch, heads)
     log.info(
         "tuning %d problems on %s (%s, device %d), sampler %s",
-        len(problems), gpu.name, target, device, sampler,
+        len(problems), gpu.name, target, device, search_opts.sampler,
     )  # fmt: skip
     with RichProgress() as progress:
         return run_campaign(
@@ -361,14 +368,10 @@ def _campaign_on_gpu(
             gpu=gpu,
             measure_fn=worker.measure,
             arch=target,  # the space, seeds and nvcc builds are run_campaign's defaults
-            sampler=sampler,
-            trials=trials,
-            time_budget_s=budget_s,
-            max_spill_bytes=spill_limit,
-            seed=seed,
             worker_index=device,
             build_batch=build_jobs,
             progress=progress,
+            **asdict(search_opts),
         )
 
 
@@ -387,11 +390,7 @@ def _tune_replay(
     n: str | None,
     dtype: str | None,
     causal: str | None,
-    sampler: str,
-    trials: int | None,
-    budget_s: float | None,
-    spill_limit: int | None,
-    seed: int,
+    search_opts: _SearchOptions,
 ) -> CampaignSummary:
     from codegen.space import seed_configs
     from db.store import Store
@@ -438,12 +437,8 @@ def _tune_replay(
                     seeds_fn=lambda p: seed_configs(p.d, p.dtype, p.causal),
                     build_fn=replay.build,
                     measure_fn=replay,
-                    sampler=sampler,
-                    trials=trials,
-                    time_budget_s=budget_s,
-                    max_spill_bytes=spill_limit,
-                    seed=seed,
                     progress=progress,
+                    **asdict(search_opts),
                 )
         finally:
             store.close()
