@@ -11,6 +11,8 @@ read snapshot that another writer has moved past.
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+_WAL_RETRY_S = 0.05
 _BEGIN_OPTION = "fa2tune_sqlite_begin"
 # Not alembic's default "alembic_version": optuna's RDB storage stamps its own schema there,
 # and the tuner keeps its studies in the results database.
@@ -66,14 +69,35 @@ def setup_sqlite_connection(dbapi_connection: Any, *, foreign_keys: bool = True)
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        # busy_timeout first so the journal-mode switch itself waits for other writers.
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(cursor)
         cursor.execute("PRAGMA synchronous = NORMAL")
         if foreign_keys:
             cursor.execute("PRAGMA foreign_keys = ON")
     finally:
         cursor.close()
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL mode (persistent: later connections find it set and skip this).
+
+    Two processes opening a fresh file at once both try the switch, and SQLite answers the
+    loser "database is locked" at once instead of waiting on the busy timeout; so retry.
+    """
+    (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
+    if str(mode).lower() == "wal":
+        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_WAL_RETRY_S)
 
 
 def _install_sqlite_events(engine: Engine) -> None:
