@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from codegen.config import KernelConfig
-    from tuner.problem import Problem
-    from tuner.records import GpuInfo
+    from core.config import KernelConfig
+    from core.problem import Problem
+    from core.records import GpuInfo
     from tuner.replay import ReplayTable
 
 log = logging.getLogger("compare_samplers")

@@ -2,7 +2,7 @@
 
 For every (D, N, causal, dtype) it takes the best config the results database holds for this
 GPU (FlashAttention-2's own tile choice when the problem was never tuned, flagged as such),
-builds it, and lets one :class:`~tuner.worker.BenchWorker` verify it against the float32
+builds it, and lets one :class:`~measure.worker.BenchWorker` verify it against the float32
 reference and time it together with SDPA's flash, efficient and cuDNN backends on the very
 same inputs (fresh random inputs per problem, outputs poisoned and checked, CUDA events,
 warm-up, median of many reps, L2 flushed between reps).
@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from codegen.build import build_configs
-from codegen.config import KernelConfig
 from codegen.space import fa2_default_config
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureStatus
 from db.store import Store
-from tuner.problem import Problem
-from tuner.records import MeasureStatus
-from tuner.worker import BenchJob, BenchWorker, MeasureOptions
+from measure.jobs import BenchJob, MeasureOptions
+from measure.worker import BenchWorker
 
 log = logging.getLogger("compare_sdpa")
 BACKENDS = ("flash", "efficient", "cudnn")

@@ -67,10 +67,10 @@ def seed(db_path: Path) -> int:
     Returns:
         Measurements added.
     """
-    from codegen.config import KernelConfig
+    from core.config import KernelConfig
+    from core.problem import Problem
     from db.store import Store
     from db.transfer import DumpFile, ingest
-    from tuner.problem import Problem
 
     rng = random.Random(7)
     gpus: list[dict[str, Any]] = []

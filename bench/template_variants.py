@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from codegen.build import build_configs
-from codegen.config import KernelConfig
-from tuner.problem import Problem
-from tuner.timing import TimingOptions
-from tuner.worker import BenchJob, BenchWorker, MeasureOptions
+from core.config import KernelConfig
+from core.problem import Problem
+from measure.jobs import BenchJob, MeasureOptions
+from measure.timing import TimingOptions
+from measure.worker import BenchWorker
 
 log = logging.getLogger("template_variants")
 

@@ -27,12 +27,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from codegen import nvcc_job
-from codegen.config import KernelConfig
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
 from codegen.render import TEMPLATE_HEADER, render_instantiation, template_hash, write_if_changed
 from codegen.render import template_dir as default_template_dir
-from codegen.report import BuildReport, BuildStatus
 from codegen.space import ARCH_SMEM_LIMIT, SUPPORTED_ARCHS
+from core.build_report import BuildReport, BuildStatus
+from core.config import KernelConfig
 from fa2tune.settings import get_settings
 
 logger = logging.getLogger(__name__)

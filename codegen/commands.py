@@ -18,8 +18,6 @@ from codegen.build import (
     build_batch,
     report_to_dict,
 )
-from codegen.config import Dtype, KernelConfig
-from codegen.report import BuildReport, BuildStatus
 from codegen.space import (
     ARCH_SMEM_LIMIT,
     DEFAULT_SMEM_LIMIT,
@@ -30,6 +28,8 @@ from codegen.space import (
     estimate_registers,
     is_valid,
 )
+from core.build_report import BuildReport, BuildStatus
+from core.config import Dtype, KernelConfig
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from codegen.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
 from codegen.space import fa2_default_config
+from core.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
 from db.store import BestResult, Store, normalize_gpu_name
 from fa2tune import __version__
 
@@ -501,7 +501,7 @@ def render_header(
 # ------------------------------------------------------------------------------------------
 # From the store
 
-_OK = "OK"  # tuner.records.MeasureStatus.OK; only OK measurements can win
+_OK = "OK"  # core.records.MeasureStatus.OK; only OK measurements can win
 _PAGE = 1000  # db.store.MAX_PAGE
 
 

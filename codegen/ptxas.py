@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from codegen.report import BuildStatus
+from core.build_report import BuildStatus
 
 _COMPILING_RE = re.compile(r"Compiling entry function '(?P<name>[^']+)' for '(?P<arch>[^']+)'")
 _PROPS_RE = re.compile(r"Function properties for (?P<name>\S+)")

@@ -13,7 +13,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from codegen.config import KernelConfig
+from core.config import KernelConfig
 
 TEMPLATE_HEADER = "fa2_fwd.cuh"
 

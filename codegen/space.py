@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from codegen.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
+from core.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
 
 VALID_HEAD_DIMS: tuple[int, ...] = HEAD_DIMS
 VALID_DTYPES: tuple[Dtype, ...] = DTYPES

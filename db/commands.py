@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from codegen.config import DTYPES
+from core.config import DTYPES
 from db.shipped import load_shipped_results
 from db.store import BestResult, Store
 from db.transfer import TransferError, export, ingest_file, to_json

@@ -19,12 +19,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session, contains_eager
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport
+from core.build_report import BuildReport
+from core.config import KernelConfig
+from core.problem import Problem as ProblemSpec
+from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import init_db, make_engine, session_scope
-from tuner.problem import Problem as ProblemSpec
-from tuner.records import GpuInfo, MeasureResult, MeasureStatus
 
 _NVIDIA_PREFIX = re.compile(r"^nvidia\s+")
 _WHITESPACE = re.compile(r"\s+")
@@ -251,7 +251,7 @@ def build_config(build: Build) -> KernelConfig:
 
 
 def problem_flops(problem: Problem) -> float:
-    """Forward FLOPs of a problem row, counted as :attr:`tuner.problem.Problem.flops`."""
+    """Forward FLOPs of a problem row, counted as :attr:`core.problem.Problem.flops`."""
     spec = ProblemSpec(
         gpu="",
         d=problem.d,

@@ -26,13 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from codegen.config import Dtype, KernelConfig
-from codegen.report import BuildStatus
+from core.build_report import BuildStatus
+from core.config import Dtype, KernelConfig
+from core.records import MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import PG_INGEST_LOCK, session_scope
 from db.store import Store, build_config, normalize_gpu_name
 from fa2tune import __version__
-from tuner.records import MeasureStatus
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class GpuRecord(_Record):
 
 
 class ConfigRecord(_Record):
-    """The fields of a :class:`~codegen.config.KernelConfig`."""
+    """The fields of a :class:`~core.config.KernelConfig`."""
 
     d: int = Field(ge=1)
     dtype: Dtype

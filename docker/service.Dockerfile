@@ -16,7 +16,9 @@ WORKDIR /app
 # Metadata first so the dependency layer is reused when only the sources change.
 COPY pyproject.toml README.md ./
 COPY fa2tune ./fa2tune
+COPY core ./core
 COPY codegen ./codegen
+COPY measure ./measure
 COPY tuner ./tuner
 COPY db ./db
 COPY service ./service

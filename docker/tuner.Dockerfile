@@ -26,7 +26,9 @@ RUN apt-get update \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY fa2tune ./fa2tune
+COPY core ./core
 COPY codegen ./codegen
+COPY measure ./measure
 COPY tuner ./tuner
 COPY db ./db
 COPY service ./service

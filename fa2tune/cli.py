@@ -1,7 +1,7 @@
 """The ``fa2tune`` command: one sub-command per job, each implemented in its stage's package.
 
 This module only assembles the typer application; the work lives in ``codegen.commands``,
-``tuner.commands``, ``db.commands`` and ``service.commands``.
+``measure.commands``, ``tuner.tune_cli``, ``db.commands`` and ``service.commands``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import typer
 from codegen import commands as codegen_commands
 from db import commands as db_commands
 from fa2tune.settings import get_settings, override_settings
+from measure import commands as measure_commands
 from service import commands as service_commands
-from tuner import commands as tuner_commands
 from tuner import tune_cli
 
 app = typer.Typer(
@@ -50,7 +50,7 @@ def main(
 
 app.command("space")(codegen_commands.space)
 app.command("build")(codegen_commands.build)
-app.command("bench")(tuner_commands.bench)
+app.command("bench")(measure_commands.bench)
 app.command("tune")(tune_cli.tune)
 app.command("best")(db_commands.best)
 app.command("dump")(db_commands.dump)

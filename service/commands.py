@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from codegen.config import DTYPES, Dtype
 from codegen.export import ExportError, UnknownGpuError, export_header
+from core.config import DTYPES, Dtype
 from db.shipped import load_shipped_results
 from db.store import Store
 from db.transfer import TransferError

@@ -15,7 +15,7 @@ from urllib.parse import unquote_plus
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from codegen.config import HEAD_DIMS
+from core.config import HEAD_DIMS
 from service.index import IndexHolder, NotTunedError
 from service.params import MAX_GPU_NAME, MAX_N
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import Query
 from pydantic import AfterValidator
 
-from codegen.config import HEAD_DIMS
+from core.config import HEAD_DIMS
 
 MAX_GPU_NAME = 128  # the gpus.name column
 MAX_N = 2**31 - 1  # Fa2Params.nq is an int32

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from codegen.config import KernelConfig
+from core.config import KernelConfig
 from db.store import BestResult, GpuSummary, ResultRow
 
 

@@ -16,7 +16,7 @@ def gpu_skip_reason() -> str | None:
     except ImportError:
         return "torch is not installed"
     try:
-        from tuner.loader import driver
+        from measure.loader import driver
 
         driver()
     except ImportError:

@@ -15,10 +15,10 @@ import pytest
 
 from codegen import build as build_mod
 from codegen.build import BuildBatch, build_batch
-from codegen.config import KernelConfig
 from codegen.render import TEMPLATE_HEADER, render_instantiation, template_dir
-from codegen.report import BuildStatus
 from codegen.space import is_valid
+from core.build_report import BuildStatus
+from core.config import KernelConfig
 from fa2tune.settings import get_settings
 
 NVCC = get_settings().nvcc

@@ -24,9 +24,9 @@ from codegen.build import (
     nvcc_version,
     report_to_dict,
 )
-from codegen.config import KernelConfig
 from codegen.render import render_instantiation
-from codegen.report import BuildStatus
+from core.build_report import BuildStatus
+from core.config import KernelConfig
 
 FAKE_NVCC = r'''#!{python}
 """A stand-in for nvcc that prints ptxas -v style output."""

@@ -22,16 +22,16 @@ from test_replay_synthetic import (
     tiny_space,
 )
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport
 from codegen.space import seed_configs
+from core.build_report import BuildReport
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureResult
 from db.models import Build, Measurement
 from db.session import session_scope
 from db.store import Store
 from tuner import search
 from tuner.campaign import BuildAhead, CampaignSummary, TrialEvent, run_campaign
-from tuner.problem import Problem
-from tuner.records import MeasureResult
 from tuner.replay import ReplayMeasure, ReplayTable
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -386,7 +386,8 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
     import shutil
 
     from codegen.build import build_configs
-    from tuner.worker import BenchWorker
+    from measure.worker import BenchWorker
+    from tests.fake_handlers import FAKE
 
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH")
@@ -398,7 +399,7 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
 
     with (
         open_store(tmp_path) as store,
-        BenchWorker(handler="tuner.worker:fake_handle", job_timeout_s=60) as worker,
+        BenchWorker(handler=FAKE, job_timeout_s=60) as worker,
     ):
         summary = run_campaign(
             problems,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
-from codegen.report import BuildStatus
+from core.build_report import BuildStatus
 
 DATA = Path(__file__).parent / "data" / "ptxas"
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from codegen import render
-from codegen.config import KernelConfig
 from codegen.render import (
     render_instantiation,
     template_dir,
     template_hash,
     write_if_changed,
 )
+from core.config import KernelConfig
 
 
 def test_render_fp16_full() -> None:

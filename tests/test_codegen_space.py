@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.config import HEAD_DIMS, KernelConfig
 from codegen.space import (
     ARCH_SMEM_LIMIT,
     FA2_TILES,
@@ -22,6 +21,7 @@ from codegen.space import (
     is_valid,
     seed_configs,
 )
+from core.config import HEAD_DIMS, KernelConfig
 
 
 def cfg(

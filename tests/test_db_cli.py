@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
+from core.problem import Problem
+from core.records import MeasureStatus
 from db.models import Measurement
 from db.store import Store
-from db.testing import H200, failed_result, make_config, ok_result, seed_measurement
 from db.transfer import dump, load_dump
 from fa2tune.cli import app
-from tuner.problem import Problem
-from tuner.records import MeasureStatus
+from tests.factories import H200, failed_result, make_config, ok_result, seed_measurement
 
 runner = CliRunner()
 WINNER = make_config(br=128, bc=64, warps=8, stages=2)

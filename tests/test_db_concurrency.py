@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from core.problem import Problem as ProblemSpec
 from db.models import Build, Gpu, IngestedFile, Measurement, Problem
 from db.shipped import load_shipped_results
 from db.store import Store
-from db.testing import H200, make_config, make_report, ok_result
 from db.transfer import dump
-from tuner.problem import Problem as ProblemSpec
+from tests.factories import H200, make_config, make_report, ok_result
 
 WRITERS = 2
 MEASUREMENTS_EACH = 80

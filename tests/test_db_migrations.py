@@ -16,7 +16,7 @@ from sqlalchemy import Connection, inspect, text
 from db.models import Base
 from db.session import VERSION_TABLE, alembic_config, init_db, make_engine, session_scope
 from db.store import Store
-from db.testing import seed_measurement
+from tests.factories import seed_measurement
 
 TABLES = {"gpus", "builds", "problems", "measurements", "ingested_files", VERSION_TABLE}
 

@@ -10,12 +10,19 @@ from datetime import UTC
 import pytest
 from sqlalchemy import event, func, select, text
 
-from codegen.report import BuildStatus
+from core.build_report import BuildStatus
+from core.problem import Problem as ProblemSpec
+from core.records import GpuInfo, MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem
 from db.store import Store, normalize_gpu_name
-from db.testing import H200, failed_result, make_config, make_report, ok_result, seed_measurement
-from tuner.problem import Problem as ProblemSpec
-from tuner.records import GpuInfo, MeasureStatus
+from tests.factories import (
+    H200,
+    failed_result,
+    make_config,
+    make_report,
+    ok_result,
+    seed_measurement,
+)
 
 H100 = GpuInfo(
     name="NVIDIA H100 80GB HBM3",
@@ -190,7 +197,7 @@ def test_best_counts_only_ok_and_fastest_wins(store: Store) -> None:
     assert best.measured_at.tzinfo is not None and best.measured_at.utcoffset() == UTC.utcoffset(
         None
     )
-    assert best.tflops == pytest.approx(problem.flops / 0.91e-3 / 1e12)
+    assert best.tflops == pytest.approx(problem.tflops(0.91))
     assert best.to_dict()["config"]["warps"] == 8
 
     causal = store.best("H200", 128, 4096, causal=True)

@@ -13,11 +13,12 @@ import pytest
 from sqlalchemy import func, select
 
 import db.transfer
-from codegen.report import BuildStatus
+from core.build_report import BuildStatus
+from core.problem import Problem as ProblemSpec
+from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.models import Build, Gpu, IngestedFile, Measurement, Problem
 from db.shipped import load_shipped_results, shipped_files
 from db.store import Store
-from db.testing import H200, failed_result, make_config, make_report, ok_result
 from db.transfer import (
     DumpFile,
     TransferError,
@@ -28,8 +29,7 @@ from db.transfer import (
     load_dump,
     parse_dump,
 )
-from tuner.problem import Problem as ProblemSpec
-from tuner.records import GpuInfo, MeasureResult, MeasureStatus
+from tests.factories import H200, failed_result, make_config, make_report, ok_result
 
 L40S = GpuInfo(
     name="NVIDIA L40S",

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from test_service_data import H200_NS, Seeded, make_store, seed
 
-from codegen.config import HEAD_DIMS, KernelConfig
 from codegen.export import (
     TEMPLATE_DIR,
     TEMPLATE_NAME,
@@ -26,6 +25,7 @@ from codegen.export import (
     tuned_results,
 )
 from codegen.space import fa2_default_config
+from core.config import HEAD_DIMS, KernelConfig
 from db.store import Store
 from service.index import BestIndex
 

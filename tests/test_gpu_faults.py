@@ -35,11 +35,12 @@ from typing import Any
 import pytest
 from gpu_support import gpu_marks
 
-from codegen.config import KernelConfig
-from tuner.problem import Problem
-from tuner.records import MeasureResult, MeasureStatus
-from tuner.timing import TimingOptions
-from tuner.worker import BenchJob, BenchWorker, MeasureOptions
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureResult, MeasureStatus
+from measure.jobs import BenchJob, MeasureOptions
+from measure.timing import TimingOptions
+from measure.worker import BenchWorker
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +309,7 @@ def test_sdpa_backends_are_timed_in_the_same_job(
 
 @pytest.fixture(scope="module")
 def context() -> None:
-    from tuner.loader import ensure_context
+    from measure.loader import ensure_context
 
     ensure_context(0)
 
@@ -317,9 +318,9 @@ def context() -> None:
 def test_loader_launches_in_process(context: None, cubins: dict[str, Path], layout: str) -> None:
     import torch
 
-    from tuner.loader import LoadedKernel, grid_for, make_params, synchronize
-    from tuner.reference import make_inputset
-    from tuner.verify import check_output, poison
+    from measure.loader import LoadedKernel, grid_for, make_params, synchronize
+    from measure.reference import make_inputset
+    from measure.verify import check_output, poison
 
     cfg = good_config(causal=True)
     p = problem(causal=True, n=200, nk=260, kv_heads=2)
@@ -342,7 +343,7 @@ def test_loader_launches_in_process(context: None, cubins: dict[str, Path], layo
 def test_make_params_rejects_bad_tensors(context: None) -> None:
     import torch
 
-    from tuner.loader import make_params
+    from measure.loader import make_params
 
     def t(*shape: int) -> Any:
         return torch.zeros(shape, dtype=torch.float16, device="cuda")
@@ -374,7 +375,7 @@ def test_make_params_rejects_bad_tensors(context: None) -> None:
 def test_time_launches_on_a_torch_op(context: None) -> None:
     import torch
 
-    from tuner.timing import time_launches
+    from measure.timing import time_launches
 
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
     stats = time_launches(lambda: a @ a, target_ms=20.0, min_reps=5, max_reps=100)
@@ -386,7 +387,7 @@ def test_time_launches_on_a_torch_op(context: None) -> None:
 
 
 def test_current_gpu_info(context: None) -> None:
-    from tuner.gpuinfo import current_gpu_info
+    from measure.gpuinfo import current_gpu_info
 
     info = current_gpu_info(0)
     assert info.name and info.sm_count > 0 and info.memory_bytes > 0

@@ -4,7 +4,7 @@ Every valid config for D in {64, 128}, fp16, causal and not, is built (ninja, ca
 against a float32 reference on fresh random inputs, output poisoned with NaN first, at
 N in {1, 17, 64, 1000, 4096} and at Nq != Nk. A sample of configs also runs bf16, D in
 {32, 96, 256}, GQA/MQA, both [B,N,H,D] and [B,H,N,D] storage and the LSE output. The error
-bound is :func:`tuner.verify.check_output`'s: at most 2x SDPA-flash's error on the same inputs
+bound is :func:`measure.verify.check_output`'s: at most 2x SDPA-flash's error on the same inputs
 (or a small rounding floor). References are computed once per shape and shared by all
 configs, so the run is dominated by compilation (about a minute for ~1200 configs on 16
 cores).
@@ -21,9 +21,9 @@ from typing import Any, cast
 import pytest
 from gpu_support import gpu_marks
 
-from codegen.config import Dtype, KernelConfig
 from codegen.space import enumerate_space, seed_configs
-from tuner.problem import Problem
+from core.config import Dtype, KernelConfig
+from core.problem import Problem
 
 pytestmark = gpu_marks()
 
@@ -57,9 +57,9 @@ def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: 
     import torch
 
     from codegen.build import build_configs
-    from tuner.loader import Layout, LoadedKernel, ensure_context, grid_for, make_params
-    from tuner.reference import make_inputset
-    from tuner.verify import check_output, poison
+    from measure.loader import Layout, LoadedKernel, ensure_context, grid_for, make_params
+    from measure.reference import make_inputset
+    from measure.verify import check_output, poison
 
     ensure_context(torch.cuda.current_device())
     reports = build_configs(configs, "sm_90")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from codegen.config import KernelConfig
-from codegen.report import BuildStatus
 from codegen.space import enumerate_space
+from core.build_report import BuildStatus
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
 from tuner.campaign import run_campaign
-from tuner.problem import Problem
-from tuner.records import GpuInfo, MeasureResult, MeasureStatus
 from tuner.replay import (
     ReplayEntry,
     ReplayMeasure,
@@ -226,4 +226,4 @@ def test_replay_measure_tflops_match_problem_flops() -> None:
     table = synthetic_table([p])
     name, ms = table.best(p.study_name)  # type: ignore[misc]
     result: MeasureResult = ReplayMeasure(table).measure(KernelConfig.from_name(name), p)
-    assert result.tflops == pytest.approx(p.flops / (ms * 1e-3) / 1e12)
+    assert result.tflops == pytest.approx(p.tflops(ms))

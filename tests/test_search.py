@@ -11,11 +11,11 @@ import pytest
 from optuna.samplers import GridSampler, RandomSampler, TPESampler
 from optuna.trial import TrialState
 
-from codegen.config import KernelConfig
 from codegen.space import enumerate_space, seed_configs
+from core.config import KernelConfig
+from core.problem import Problem
 from db.store import Store
 from tuner import search
-from tuner.problem import Problem
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")

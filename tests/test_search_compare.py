@@ -19,10 +19,10 @@ from test_replay_synthetic import (
     synthetic_table,
 )
 
-from codegen.config import KernelConfig
 from codegen.space import enumerate_space
+from core.config import KernelConfig
+from core.problem import Problem
 from tuner.campaign import _defaults, run_campaign
-from tuner.problem import Problem
 from tuner.replay import ReplayEntry, ReplayMeasure, ReplayMissingError, ReplayTable
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")

@@ -21,13 +21,13 @@ from test_replay_synthetic import (
     tiny_space,
 )
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport
 from codegen.space import seed_configs
+from core.build_report import BuildReport
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureResult, MeasureStatus
 from tuner import search
 from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignSummary, run_campaign
-from tuner.problem import Problem
-from tuner.records import MeasureResult, MeasureStatus
 from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -13,15 +13,15 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from test_service_data import A100, H200_NS, Seeded, make_store, seed
 
+from core.problem import Problem
 from db import transfer
 from db.store import Store
-from db.testing import ok_result, seed_measurement
 from fa2tune.settings import get_settings
 from service import main as service_main
 from service.deps import get_app_settings
 from service.main import create_app
 from service.schemas import BestOut, GpuListOut, HealthOut, ResultPageOut
-from tuner.problem import Problem
+from tests.factories import ok_result, seed_measurement
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

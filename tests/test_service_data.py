@@ -8,12 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.config import Dtype, KernelConfig
-from codegen.report import BuildStatus
+from core.build_report import BuildStatus
+from core.config import Dtype, KernelConfig
+from core.problem import Problem
+from core.records import GpuInfo, MeasureStatus
 from db.store import Store
-from db.testing import H200, failed_result, make_config, make_report, ok_result
-from tuner.problem import Problem
-from tuner.records import GpuInfo, MeasureStatus
+from tests.factories import H200, failed_result, make_config, make_report, ok_result
 
 A100 = GpuInfo(
     name="NVIDIA A100-SXM4-80GB",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tuner.timing import TimingOptions, TimingStats, choose_reps, percentile, summarize
+from measure.timing import TimingOptions, TimingStats, choose_reps, percentile, summarize
 
 
 def test_summarize_matches_the_definitions() -> None:
@@ -76,7 +76,7 @@ def test_timing_options_round_trip_ignores_unknown_keys() -> None:
 
 
 def test_time_with_options_passes_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tuner.timing
+    import measure.timing
 
     calls: list[dict[str, Any]] = []
     stats = summarize([1.0])
@@ -85,9 +85,9 @@ def test_time_with_options_passes_every_option(monkeypatch: pytest.MonkeyPatch) 
         calls.append(kwargs)
         return stats
 
-    monkeypatch.setattr(tuner.timing, "time_launches", fake)
+    monkeypatch.setattr(measure.timing, "time_launches", fake)
     o = TimingOptions(warmup=1, target_ms=10.0, min_reps=3, max_reps=30, budget_ms=99.0)
-    assert tuner.timing.time_with_options(lambda: None, o, device=1) is stats
+    assert measure.timing.time_with_options(lambda: None, o, device=1) is stats
     assert calls == [{**o.to_dict(), "device": 1}]
 
 
@@ -177,7 +177,7 @@ class _FlushBuffer:
 
 @pytest.fixture
 def fake_torch(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    from tuner import timing
+    from measure import timing
 
     clock = _Clock()
     fake = types.ModuleType("torch")
@@ -192,7 +192,7 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch) -> _Clock:
 
 
 def test_time_launches_excludes_the_flush_and_rotates(fake_torch: _Clock) -> None:
-    from tuner.timing import time_launches
+    from measure.timing import time_launches
 
     seen: list[str] = []
 
@@ -211,7 +211,7 @@ def test_time_launches_excludes_the_flush_and_rotates(fake_torch: _Clock) -> Non
 
 
 def test_time_launches_adaptive_count_and_no_flush(fake_torch: _Clock) -> None:
-    from tuner.timing import time_launches
+    from measure.timing import time_launches
 
     def kernel() -> None:
         fake_torch.t += 2.0

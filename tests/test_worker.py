@@ -9,30 +9,23 @@ from typing import Any
 
 import pytest
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport, BuildStatus
-from tuner.problem import Problem
-from tuner.records import MeasureResult, MeasureStatus
-from tuner.timing import TimingOptions
-from tuner.worker import (
-    BenchJob,
-    BenchWorker,
-    Lru,
-    MeasureOptions,
-    WorkerContext,
-    WorkerStartError,
-    make_handler,
-    problem_from_dict,
-    resolve,
-)
+from core.build_report import BuildReport, BuildStatus
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureResult, MeasureStatus
+from measure.child import WorkerContext, make_handler, resolve
+from measure.jobs import BenchJob, MeasureOptions
+from measure.lru import Lru
+from measure.timing import TimingOptions
+from measure.worker import BenchWorker, WorkerStartError
+from tests.fake_handlers import FAKE, FakeOptions
 
-FAKE = "tuner.worker:fake_handle"
 CONFIG = KernelConfig.from_name("fa2_d64_fp16_full_br64_bc64_w2_s1_pad0")
 PROBLEM = Problem(gpu="fake", d=64, n=256, batch=2, heads=4)
 
 
 def job(**options: Any) -> BenchJob:
-    return BenchJob(CONFIG.to_dict(), "/nonexistent.cubin", PROBLEM.to_dict(), dict(options))
+    return BenchJob(CONFIG, "/nonexistent.cubin", PROBLEM, FakeOptions(**options))
 
 
 @pytest.fixture
@@ -46,7 +39,7 @@ def test_ok_job_returns_result_from_the_child(worker: BenchWorker) -> None:
     res = worker.measure(job(median_ms=2.0))
     assert res.status == MeasureStatus.OK
     assert res.median_ms == 2.0
-    assert res.tflops == pytest.approx(PROBLEM.flops / 2e-3 / 1e12)
+    assert res.tflops == pytest.approx(PROBLEM.tflops(2.0))
     assert res.extra["pid"] == worker.pid
     assert res.extra["worker_pid"] == worker.pid
     assert "worker_restarted" not in res.extra
@@ -145,7 +138,12 @@ def test_measure_accepts_a_build_report_and_a_problem(worker: BenchWorker, tmp_p
 
 
 def test_measure_accepts_a_plain_dict(worker: BenchWorker) -> None:
-    assert worker.measure(job(fake="wrong").to_dict()).status == MeasureStatus.WRONG_RESULT
+    # A job's dict form carries the product's options only, not the fake's knobs, so the fake
+    # answers with its default (OK, 1 ms) rather than the "wrong" the typed job asks for.
+    res = worker.measure(job(fake="wrong", median_ms=5.0).to_dict())
+    assert res.status == MeasureStatus.OK
+    assert res.median_ms == 1.0
+    assert worker.measure(job(fake="wrong")).status == MeasureStatus.WRONG_RESULT
 
 
 def test_bad_handler_path_fails_to_start() -> None:
@@ -218,15 +216,15 @@ def test_job_and_options_round_trip() -> None:
     assert MeasureOptions.from_dict(opts.to_dict()) == opts
     j = BenchJob.make(CONFIG, "/x.cubin", PROBLEM, opts)
     assert BenchJob.from_dict(j.to_dict()) == j
-    assert KernelConfig.from_dict(j.config) == CONFIG
-    assert problem_from_dict(j.problem) == PROBLEM
+    assert KernelConfig.from_dict(j.to_dict()["config"]) == CONFIG
+    assert Problem.from_dict(j.to_dict()["problem"]) == PROBLEM
     with pytest.raises(ValueError, match="layout"):
         MeasureOptions(layout="nhbd")  # type: ignore[arg-type]
 
 
 def test_problem_from_dict_keeps_gqa_and_nk() -> None:
     p = Problem(gpu="g", d=128, n=100, nk=300, kv_heads=2, heads=8, causal=True, dtype="bf16")
-    assert problem_from_dict(p.to_dict()) == p
+    assert Problem.from_dict(p.to_dict()) == p
 
 
 def test_lru_evicts_the_least_recently_used() -> None:
@@ -247,12 +245,12 @@ def test_resolve_and_make_handler_in_process() -> None:
     with pytest.raises(ValueError):
         resolve("no_colon")
     handler = make_handler(FAKE, WorkerContext(0, None))
-    out = handler.handle(job(median_ms=4.0).to_dict())
-    assert out["status"] == "OK" and out["median_ms"] == 4.0
+    out = handler.handle(job(median_ms=4.0))
+    assert out.status == MeasureStatus.OK and out.median_ms == 4.0
 
 
 def test_pool_spreads_jobs_and_keeps_their_order() -> None:
-    from tuner.worker import WorkerPool
+    from measure.worker import WorkerPool
 
     jobs = [job(median_ms=float(i + 1), fake="progress", steps=1, seconds=0.2) for i in range(6)]
     jobs[2] = job(fake="exit")

@@ -1,4 +1,4 @@
-"""``fa2tune bench`` and :mod:`tuner.bench` on the CPU: argument errors, fake worker, builds."""
+"""``fa2tune bench`` and :mod:`measure.bench` on the CPU: argument errors, fake worker, builds."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport, BuildStatus
+from core.build_report import BuildReport, BuildStatus
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureResult, MeasureStatus
 from fa2tune.cli import app
-from tuner.bench import BenchReport, SdpaTiming, build_summary, run_bench
-from tuner.problem import Problem
-from tuner.records import MeasureResult, MeasureStatus
+from measure.bench import BenchReport, build_summary, run_bench
+from measure.sdpa import SdpaTiming
+from tests.fake_handlers import FAKE
 
-FAKE = "tuner.worker:fake_handle"
 NAME = "fa2_d64_fp16_full_br64_bc64_w2_s1_pad0"
 runner = CliRunner()
 

@@ -6,11 +6,11 @@ import ctypes
 
 import pytest
 
-from codegen.config import KernelConfig
-from tuner.gpuinfo import arch_for, format_driver_api_version, parse_smi_csv
-from tuner.loader import CudaError, Fa2Params, grid_for
-from tuner.problem import Problem
-from tuner.records import GpuInfo
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import GpuInfo
+from measure.gpuinfo import arch_for, format_driver_api_version, parse_smi_csv
+from measure.loader import CudaError, Fa2Params, grid_for
 
 
 def test_fa2params_layout_matches_the_abi() -> None:

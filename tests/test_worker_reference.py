@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from tuner.problem import Problem
-from tuner.reference import choose_pairs, dead_row_count, softmax_scale
+from core.problem import Problem
+from measure.reference import choose_pairs, dead_row_count, softmax_scale
 
 torch = pytest.importorskip("torch")
 
-from tuner.reference import InputSet, as_bhnd, make_inputset  # noqa: E402
-from tuner.verify import check_output, error_floor, poison, tolerance  # noqa: E402
+from measure.reference import InputSet, as_bhnd, make_inputset  # noqa: E402
+from measure.verify import check_output, error_floor, poison, tolerance  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

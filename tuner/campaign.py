@@ -1,6 +1,6 @@
 """The engine of ``fa2tune tune``: search every problem's study, building ahead of the GPU.
 
-One campaign is a list of :class:`~tuner.problem.Problem`\\ s. Each gets an optuna study
+One campaign is a list of :class:`~core.problem.Problem`\\ s. Each gets an optuna study
 (:mod:`tuner.search`) whose trials are answered by this module:
 
 1. The sampler's parameters are mapped to a config; an invalid combination is pruned at once
@@ -74,22 +74,22 @@ from optuna.exceptions import ExperimentalWarning, TrialPruned
 from optuna.trial import FrozenTrial, Trial, TrialState
 from sqlalchemy import select
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport, BuildStatus
+from core.build_report import BuildReport, BuildStatus
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.models import Build as BuildRow
 from db.models import Measurement as MeasurementRow
 from db.session import session_scope
 from db.store import Store
 from tuner import search
-from tuner.problem import Problem
-from tuner.records import GpuInfo, MeasureResult, MeasureStatus
 from tuner.search import TrialRole
 
 log = logging.getLogger(__name__)
 
 #: Compile a list of configs, one report per config (``codegen.build.build_configs``).
 BuildFn = Callable[[Sequence[KernelConfig]], Sequence[BuildReport]]
-#: Verify and time one usable build on one problem (``tuner.worker.BenchWorker.measure``).
+#: Verify and time one usable build on one problem (``measure.worker.BenchWorker.measure``).
 MeasureFn = Callable[[BuildReport, Problem], MeasureResult]
 #: The valid configs of a problem's group (``codegen.space.enumerate_space``).
 SpaceFn = Callable[[Problem], Sequence[KernelConfig]]
@@ -490,7 +490,7 @@ def _seed_for(seed: int | None, study_name: str, salt: int) -> int | None:
 
 def _with_tflops(result: MeasureResult, problem: Problem) -> MeasureResult:
     if result.tflops is None and result.median_ms and result.status == MeasureStatus.OK:
-        return replace(result, tflops=problem.flops / (result.median_ms * 1e-3) / 1e12)
+        return replace(result, tflops=problem.tflops(result.median_ms))
     return result
 
 
@@ -691,7 +691,7 @@ class _ProblemRun:
     ) -> float:
         ok = status == MeasureStatus.OK and median_ms is not None and math.isfinite(median_ms)
         if ok and tflops is None:
-            tflops = self.problem.flops / (median_ms * 1e-3) / 1e12  # type: ignore[operator]
+            tflops = self.problem.tflops(median_ms)  # type: ignore[arg-type]
         self._mark(trial, role, status)
         if ok:
             trial.set_user_attr(search.ATTR_TFLOPS, tflops)

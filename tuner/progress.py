@@ -25,8 +25,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from core.problem import Problem
 from tuner.campaign import CampaignSummary, ProblemSummary, TrialEvent
-from tuner.problem import Problem
 
 
 def problem_label(problem: Problem) -> str:

@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport, BuildStatus
+from core.build_report import BuildReport, BuildStatus
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
-from tuner.problem import Problem
-from tuner.records import GpuInfo, MeasureResult, MeasureStatus
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class ReplayTable:
                 for study, body in data["problems"].items():
                     studies[study] = _entries(body["configs"])
                     if body.get("problem"):
-                        problems[study] = Problem(**body["problem"])
+                        problems[study] = Problem.from_dict(body["problem"])
                 return cls(studies=studies, problems=problems, gpu=gpu, arch=data.get("arch"))
             studies = {study: _entries(body) for study, body in data.items()}
             parsed = {study: problem_from_study_name(study) for study in studies}
@@ -457,7 +457,7 @@ class ReplayMeasure:
             p10_ms=ms,
             p90_ms=ms,
             reps=1 if ms is not None else 0,
-            tflops=problem.flops / (ms * 1e-3) / 1e12 if ms else None,
+            tflops=problem.tflops(ms) if ms else None,
             extra={"replay": True},
         )
 

@@ -63,9 +63,9 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from sqlalchemy import event, inspect, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from codegen.config import KernelConfig
-from tuner.problem import Problem
-from tuner.records import MeasureStatus
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureStatus
 
 log = logging.getLogger(__name__)
 

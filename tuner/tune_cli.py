@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 import optuna
 import typer
 
-from codegen.config import DTYPES, HEAD_DIMS, Dtype
+from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.problem import Problem
 from tuner import search
 from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignSummary, run_campaign
-from tuner.problem import Problem
 from tuner.progress import RichProgress, render_summary
 
 if TYPE_CHECKING:
     from db.store import Store
-    from tuner.worker import BenchWorker
+    from measure.worker import BenchWorker
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ def _tune_gpu(
     # replay mode) work on machines without torch or nvcc.
     from db.store import Store
     from fa2tune.settings import get_settings
-    from tuner.worker import BenchWorker, WorkerStartError
+    from measure.worker import BenchWorker, WorkerStartError
 
     settings = get_settings()
     _quiet_optuna()
@@ -348,7 +348,7 @@ def _campaign_on_gpu(
         WorkerStartError: when the worker cannot start (no GPU, no torch).
     """
     from codegen.space import ARCH_SMEM_LIMIT
-    from tuner.gpuinfo import arch_for, current_gpu_info
+    from measure.gpuinfo import arch_for, current_gpu_info
 
     storage_url = search.resolve_storage_url(db_url)
     gpu = worker.gpu_info or current_gpu_info(device)
@@ -393,8 +393,8 @@ def _tune_replay(
     search_opts: _SearchOptions,
 ) -> CampaignSummary:
     from codegen.space import seed_configs
+    from core.records import GpuInfo
     from db.store import Store
-    from tuner.records import GpuInfo
     from tuner.replay import ReplayMeasure, load_replay_table
 
     try:

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import PlainTextResponse
 
-from codegen.config import DTYPES, Dtype
 from codegen.export import ExportError, UnknownGpuError, export_header
+from core.config import DTYPES, Dtype
 from service.deps import StoreDep
 from service.params import GpuQuery, parse_head_dims
 from service.schemas import ErrorOut, ValidationErrorOut

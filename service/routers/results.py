@@ -8,12 +8,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
+from core.records import MeasureStatus
 from db.store import MAX_PAGE
 from db.transfer import IngestSummary, TransferError, ingest, parse_dump
 from service.deps import IndexHolderDep, IngestAuth, StoreDep
 from service.params import MAX_GPU_NAME, MAX_N, HeadDimQuery
 from service.schemas import ErrorOut, IngestOut, ResultOut, ResultPageOut, ValidationErrorOut
-from tuner.records import MeasureStatus
 
 log = logging.getLogger(__name__)
 

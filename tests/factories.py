@@ -1,18 +1,19 @@
 """Factories for tests of the db package and of its users (the service, the tuner).
 
 They build plausible records without a GPU or a compiler, so a test can seed a
-:class:`~db.store.Store` with a handful of lines.
+:class:`~db.store.Store` with a handful of lines. Test code only: the product never imports
+this module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from codegen.config import Dtype, KernelConfig
-from codegen.report import BuildReport, BuildStatus
+from core.build_report import BuildReport, BuildStatus
+from core.config import Dtype, KernelConfig
+from core.problem import Problem
+from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
-from tuner.problem import Problem
-from tuner.records import GpuInfo, MeasureResult, MeasureStatus
 
 H200 = GpuInfo(
     name="NVIDIA H200",
@@ -83,7 +84,7 @@ def make_report(
 
 def ok_result(median_ms: float, problem: Problem | None = None) -> MeasureResult:
     """A successful measurement with p10/p90 around ``median_ms``."""
-    tflops = problem.flops / (median_ms * 1e-3) / 1e12 if problem is not None else None
+    tflops = problem.tflops(median_ms) if problem is not None else None
     return MeasureResult(
         status=MeasureStatus.OK,
         median_ms=median_ms,

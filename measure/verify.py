@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
-from tuner.reference import InputSet, as_bhnd, errors_vs_reference
+from measure.reference import InputSet, as_bhnd, errors_vs_reference
 
 if TYPE_CHECKING:
     import torch

@@ -1,130 +1,35 @@
 """Benchmark one config on one problem (``fa2tune bench``), optionally against torch SDPA.
 
 The kernel is built if needed (:func:`codegen.build.build_configs`), then verified and timed in
-a :class:`~tuner.worker.BenchWorker`. With ``sdpa=True`` the same worker job also times torch
-SDPA's flash, efficient and cuDNN backends on the very same inputs (:func:`sdpa_times`), so the
-ratios compare like with like (same data, same L2 flushing, same timing loop).
+a :class:`~measure.worker.BenchWorker`. With ``sdpa=True`` the same worker job also times torch
+SDPA's flash, efficient and cuDNN backends on the very same inputs
+(:func:`measure.sdpa.sdpa_times`). Nothing is stored: the report is printed or returned.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from codegen.config import KernelConfig
-from codegen.report import BuildReport, BuildStatus
-from tuner.loader import Layout
-from tuner.problem import Problem
-from tuner.records import MeasureResult, MeasureStatus
-from tuner.reference import SDPA_BACKENDS
-from tuner.timing import TimingOptions
-from tuner.worker import DEFAULT_HANDLER, BenchJob, BenchWorker, MeasureOptions
+from core.build_report import BuildReport, BuildStatus
+from core.config import KernelConfig
+from core.problem import Problem
+from core.records import MeasureResult, MeasureStatus
+from measure.jobs import BenchJob, MeasureOptions
+from measure.loader import Layout
+from measure.sdpa import SdpaTiming
+from measure.timing import TimingOptions
+from measure.worker import DEFAULT_HANDLER, BenchWorker
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from tuner.reference import InputSet
-
 log = logging.getLogger(__name__)
 
 BuildFn = Callable[[Sequence[KernelConfig], str], list[BuildReport]]
-
-
-@dataclass(frozen=True)
-class SdpaTiming:
-    """One torch SDPA backend on an input set.
-
-    Attributes:
-        backend: ``"flash"``, ``"efficient"`` or ``"cudnn"``.
-        status: ``"OK"``, ``"UNSUPPORTED"`` (torch cannot run the case; ``note`` says why)
-            or ``"FAILED"`` (it ran and failed, e.g. out of memory).
-        median_ms: median time per call.
-        p10_ms: 10th percentile.
-        p90_ms: 90th percentile.
-        reps: timed calls.
-        tflops: ``problem.flops / median``.
-        max_abs_err: its error against the float32 reference on the checked pairs.
-        note: how the case was mapped, or why it was skipped.
-    """
-
-    backend: str
-    status: str
-    median_ms: float | None = None
-    p10_ms: float | None = None
-    p90_ms: float | None = None
-    reps: int = 0
-    tflops: float | None = None
-    max_abs_err: float | None = None
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SdpaTiming:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def sdpa_times(
-    inputs: InputSet,
-    *,
-    backends: Sequence[str] = SDPA_BACKENDS,
-    timing: TimingOptions | None = None,
-    device: int | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> dict[str, SdpaTiming]:
-    """Time torch SDPA restricted to each backend on ``inputs`` (runs where the GPU is).
-
-    A backend that cannot run the case is reported ``UNSUPPORTED`` with torch's reason rather
-    than silently falling back to another backend.
-
-    Args:
-        inputs: the input set (its reference gives each backend's error).
-        backends: which backends, in order.
-        timing: timing settings (the kernel's, so the comparison is like for like).
-        device: CUDA device index.
-        progress: called with ``"sdpa-<backend>"`` before each backend (worker heartbeat).
-    """
-    from tuner.reference import SdpaUnsupported, errors_vs_reference, sdpa_callable
-    from tuner.timing import time_with_options
-
-    t = timing or TimingOptions()
-    qb, kb, vb = inputs.bhnd()
-    flops = inputs.problem.flops
-    out: dict[str, SdpaTiming] = {}
-    for backend in backends:
-        if progress is not None:
-            progress(f"sdpa-{backend}")
-        try:
-            fn, note = sdpa_callable(
-                qb, kb, vb, causal=inputs.problem.causal, scale=inputs.scale, backend=backend
-            )
-        except SdpaUnsupported as exc:
-            out[backend] = SdpaTiming(backend, "UNSUPPORTED", note=str(exc))
-            continue
-        try:
-            errs = errors_vs_reference(fn(), inputs, layout="bhnd")
-            stats = time_with_options(fn, t, device=device)
-        except RuntimeError as exc:
-            out[backend] = SdpaTiming(backend, "FAILED", note=f"{type(exc).__name__}: {exc}"[:300])
-            continue
-        out[backend] = SdpaTiming(
-            backend,
-            "OK",
-            median_ms=stats.median_ms,
-            p10_ms=stats.p10_ms,
-            p90_ms=stats.p90_ms,
-            reps=stats.reps,
-            tflops=flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 else None,
-            max_abs_err=errs.max_abs if math.isfinite(errs.max_abs) else None,
-            note=note,
-        )
-    return out
 
 
 def build_summary(report: BuildReport) -> dict[str, Any]:
@@ -231,7 +136,7 @@ def run_bench(
 
     Raises:
         ValueError: on inconsistent problem arguments.
-        tuner.worker.WorkerStartError: when no worker can be started.
+        measure.worker.WorkerStartError: when no worker can be started.
     """
     if heads % (kv_heads or heads) != 0:
         raise ValueError(f"--heads {heads} is not a multiple of --kv-heads {kv_heads}")

@@ -1,4 +1,4 @@
-"""Provenance of the GPU a measurement is taken on (:class:`~tuner.records.GpuInfo`).
+"""Provenance of the GPU a measurement is taken on (:class:`~core.records.GpuInfo`).
 
 Everything is read, nothing is changed: fa2tune never sets clocks or power limits. Clocks are
 recorded as found (they tell a later reader whether the GPU was boosting or throttled).
@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from tuner.records import GpuInfo
+from core.records import GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def current_gpu_info(device: int | None = None) -> GpuInfo:
     smem_optin = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
     smi_target = str(dev)
     try:
-        from tuner.loader import call, driver
+        from measure.loader import call, driver
 
         cu = driver()
         call("cuInit", 0)

@@ -18,8 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from codegen.config import KernelConfig
-from tuner.problem import Problem
+from core.config import KernelConfig
+from core.problem import Problem
 
 if TYPE_CHECKING:
     import torch

@@ -3,7 +3,7 @@
 One :class:`InputSet` per (problem, layout) is built once and reused for every config of a
 problem: random inputs from a fresh seed, a float32 reference for a bounded subset of
 (batch, head) pairs, and the error torch SDPA (flash backend, else efficient) makes on the
-same inputs — the yardstick of the error budget (see :mod:`tuner.verify`).
+same inputs — the yardstick of the error budget (see :mod:`measure.verify`).
 
 Semantics the reference fixes (and the kernel must match):
 
@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tuner.loader import LAYOUTS, Layout
-from tuner.problem import Problem
+from core.problem import Problem
+from measure.loader import LAYOUTS, Layout
 
 if TYPE_CHECKING:
     import torch
@@ -346,7 +346,7 @@ def errors_vs_reference(
         layout: storage of ``out``.
 
     Only rows that see at least one key are compared; dead rows are checked by
-    :func:`tuner.verify.check_output` separately.
+    :func:`measure.verify.check_output` separately.
     """
     import torch
 

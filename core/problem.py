@@ -1,10 +1,17 @@
-"""A tuning problem: the shape and type of attention a config is tuned for, on one GPU."""
+"""A tuning problem: the shape and type of attention a config is tuned for, on one GPU.
+
+Part of the shared floor (:mod:`core`): every stage reads problems, none owns them. The
+throughput formula lives here once (:meth:`Problem.tflops`), so the worker, the search, the
+replay and the store count TFLOP/s the same way.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
-from codegen.config import Dtype
+from core.config import Dtype
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,15 @@ class Problem:
         f = 4.0 * self.batch * self.heads * self.n * self.n_keys * self.d
         return f / 2 if self.causal else f
 
+    def tflops(self, ms: float) -> float:
+        """Throughput in TFLOP/s of one forward pass taking ``ms`` milliseconds.
+
+        Callers check that ``ms`` is positive (a zero raises ``ZeroDivisionError``).
+        """
+        # The exact expression every stage used before it lived here, so stored figures stay
+        # bit-for-bit the same.
+        return self.flops / (ms * 1e-3) / 1e12
+
     @property
     def study_name(self) -> str:
         """Optuna study name; GPU names are normalised to be filesystem and URL safe."""
@@ -52,3 +68,13 @@ class Problem:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Problem:
+        """Inverse of :meth:`to_dict`; unknown keys are ignored, missing optional ones default.
+
+        Raises:
+            TypeError: when ``gpu``, ``d`` or ``n`` is missing.
+        """
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -3,6 +3,9 @@
 A :class:`KernelConfig` is frozen, has a readable :attr:`~KernelConfig.name` that carries every
 parameter (it is also the extern "C" kernel symbol and the build directory name) and a stable
 :attr:`~KernelConfig.key` (short hash of the name) for caches and the database.
+
+Part of the shared floor (:mod:`core`), with the element types and head dims every stage
+agrees on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Measurement records passed from the GPU worker to the search and the store."""
+"""Measurement records passed from the GPU worker to the search and the store.
+
+Part of the shared floor (:mod:`core`): written by :mod:`measure`, read by :mod:`tuner`,
+:mod:`db` and :mod:`service`.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ class GpuInfo:
 class MeasureResult:
     """What the worker returns for one (config, problem) job.
 
-    Times are milliseconds per kernel launch; ``tflops`` uses :attr:`Problem.flops`.
+    Times are milliseconds per kernel launch; ``tflops`` is :meth:`Problem.tflops` of the median.
     ``max_abs_err``/``rel_err`` compare against a float32 reference; ``ref_err`` is the same
     figure for torch SDPA's flash backend on the same inputs (the error budget's yardstick).
     """

@@ -1,4 +1,4 @@
-"""CLI sub-commands of this stage (placeholders until the stage lands)."""
+"""CLI sub-commands of the measurement stage: ``fa2tune bench``."""
 
 from __future__ import annotations
 
@@ -63,11 +63,11 @@ def bench(
     Exit status: 0 when the config measured OK; 1 when it did not (build failure, wrong result,
     crash, hang) or no GPU worker could start; 2 on bad arguments.
     """
-    from codegen.config import KernelConfig
-    from tuner.bench import render, run_bench
-    from tuner.loader import LAYOUTS
-    from tuner.timing import TimingOptions
-    from tuner.worker import DEFAULT_HANDLER, WorkerStartError
+    from core.config import KernelConfig
+    from measure.bench import render, run_bench
+    from measure.loader import LAYOUTS
+    from measure.timing import TimingOptions
+    from measure.worker import DEFAULT_HANDLER, WorkerStartError
 
     try:
         cfg = KernelConfig.from_name(config)

@@ -1,4 +1,8 @@
-"""What the compiler says about one build: the record every later stage reads."""
+"""What the compiler says about one build: the record every later stage reads.
+
+Part of the shared floor (:mod:`core`): written by :mod:`codegen.build`, read by the
+measurement stage, the search and the store.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from codegen.config import KernelConfig
+from core.config import KernelConfig
 
 
 class BuildStatus(StrEnum):

@@ -1,0 +1,266 @@
+"""The GPU job handler: load a cubin, verify its output, then time it, in the worker child.
+
+:class:`GpuJobHandler` is what :data:`measure.worker.DEFAULT_HANDLER` names; it runs only in
+the child process (:mod:`measure.child`), which owns the CUDA context. Its contract: every job
+gets a :class:`~core.records.MeasureResult`; a failure that leaves the context usable is a
+``RUNTIME_FAILED`` result, one that does not is raised as
+:class:`~measure.child.FatalJobError` so the worker is replaced. It never writes anywhere but
+the GPU and never times an output it has not verified.
+
+torch and cuda-bindings are imported when the handler is built or a job runs, never at module
+import, so the module imports on a machine without them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import traceback
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from core.problem import Problem
+from core.records import MeasureResult, MeasureStatus
+from measure.child import FatalJobError, WorkerContext
+from measure.jobs import BenchJob, MeasureOptions, failure
+from measure.lru import Lru
+
+if TYPE_CHECKING:
+    from measure.loader import LoadedKernel
+    from measure.reference import InputSet
+
+log = logging.getLogger(__name__)
+
+
+class GpuJobHandler:
+    """The real job handler: load, verify, then time, on the worker's GPU.
+
+    Per job: load the kernel (cached per cubin file and symbol), get the problem's
+    :class:`~measure.reference.InputSet` (cached, so the reference is computed once per problem),
+    optionally time SDPA, poison the output, launch once, synchronise, check
+    (``WRONG_RESULT`` with the figures), and only then time (``OK``, TFLOP/s from the median).
+
+    A failure is ``RUNTIME_FAILED``; when the CUDA context did not survive it (sticky error,
+    or the health probe fails) the result is raised as :class:`FatalJobError` so the worker is
+    replaced.
+    """
+
+    def __init__(
+        self, ctx: WorkerContext, *, max_kernels: int = 32, max_inputsets: int = 2
+    ) -> None:
+        import torch
+
+        from measure.gpuinfo import current_gpu_info
+        from measure.loader import ensure_context
+
+        self.ctx = ctx
+        self.device = ctx.device
+        ensure_context(self.device)
+        self.info = current_gpu_info(self.device)
+        self.stream = torch.cuda.current_stream(self.device).cuda_stream
+        self.phase = "idle"
+        self._kernels: Lru[tuple[str, int, int, str, int], LoadedKernel] = Lru(
+            max_kernels, on_evict=lambda k: k.unload()
+        )
+        self._inputs: Lru[tuple[Any, ...], InputSet] = Lru(max_inputsets)
+
+    def ready_info(self) -> dict[str, Any]:
+        return {"gpu": self.info}
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self.ctx.progress(phase)
+
+    def handle(self, job: BenchJob) -> MeasureResult:
+        from measure.loader import CudaError, context_healthy
+
+        self.phase = "start"
+        try:
+            return self._measure(job)
+        except Exception as exc:
+            msg = f"{type(exc).__name__}: {exc}"
+            sticky = isinstance(exc, CudaError) and exc.sticky
+            if sticky or not context_healthy():
+                log.warning("CUDA context lost in phase %r: %s", self.phase, msg)
+                raise FatalJobError(
+                    failure(
+                        MeasureStatus.RUNTIME_FAILED,
+                        f"{msg} [CUDA context lost; worker replaced]",
+                        phase=self.phase,
+                    )
+                ) from exc
+            if _is_oom(exc):
+                # Not the config's fault most of the time: drop cached inputs and carry on.
+                self._inputs.clear()
+                _empty_cache()
+            return failure(
+                MeasureStatus.RUNTIME_FAILED,
+                msg,
+                phase=self.phase,
+                traceback=traceback.format_exc(limit=6),
+            )
+
+    def _kernel(self, cubin: str, symbol: str, smem: int) -> LoadedKernel:
+        from measure.loader import LoadedKernel
+
+        st = os.stat(cubin)
+        # mtime and size catch a cubin rebuilt in place under the same path.
+        key = (os.path.realpath(cubin), st.st_mtime_ns, st.st_size, symbol, smem)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = LoadedKernel.from_file(cubin, symbol, smem)
+            self._kernels.put(key, kernel)
+        return kernel
+
+    def _inputset(self, problem: Problem, opts: MeasureOptions) -> InputSet:
+        from measure.reference import make_inputset
+
+        spec = {k: v for k, v in problem.to_dict().items() if k != "gpu"}
+        key = (tuple(sorted(spec.items())), opts.layout, opts.seed, opts.max_pairs)
+        inputs = self._inputs.get(key)
+        if inputs is None:
+            inputs = make_inputset(
+                problem,
+                opts.layout,
+                device=f"cuda:{self.device}",
+                seed=opts.seed,
+                max_pairs=opts.max_pairs,
+            )
+            self._inputs.put(key, inputs)
+        return inputs
+
+    def _measure(self, job: BenchJob) -> MeasureResult:
+        from measure.loader import grid_for, make_params, synchronize
+        from measure.timing import time_with_options
+        from measure.verify import check_output, poison
+
+        config, problem, opts = job.config, job.problem, job.options
+        mismatch = [
+            f"{name} {a!r} != {b!r}"
+            for name, a, b in (
+                ("d", config.d, problem.d),
+                ("dtype", config.dtype, problem.dtype),
+                ("causal", config.causal, problem.causal),
+            )
+            if a != b
+        ]
+        if mismatch:
+            return failure(
+                MeasureStatus.SKIPPED, "config does not fit the problem: " + ", ".join(mismatch)
+            )
+        optin = self.info.smem_optin_bytes
+        if optin and config.smem_bytes > optin:
+            return failure(
+                MeasureStatus.SMEM_OVERFLOW,
+                f"needs {config.smem_bytes} B of dynamic shared memory; "
+                f"the device allows {optin} B",
+            )
+
+        self._enter("load")
+        kernel = self._kernel(job.cubin, opts.symbol or config.name, config.smem_bytes)
+        if optin and kernel.static_smem + config.smem_bytes > optin:
+            return replace(
+                failure(
+                    MeasureStatus.SMEM_OVERFLOW,
+                    f"static {kernel.static_smem} B + dynamic {config.smem_bytes} B of shared "
+                    f"memory exceed the device's {optin} B",
+                ),
+                driver_registers=kernel.num_regs,
+                driver_local_bytes=kernel.local_bytes,
+            )
+        if config.threads > kernel.max_threads:
+            return replace(
+                failure(
+                    MeasureStatus.RUNTIME_FAILED,
+                    f"{config.threads} threads per block requested; with {kernel.num_regs} "
+                    f"registers the kernel allows {kernel.max_threads}",
+                ),
+                driver_registers=kernel.num_regs,
+                driver_local_bytes=kernel.local_bytes,
+            )
+
+        self._enter("inputs")
+        inputs = self._inputset(problem, opts)
+        extra: dict[str, Any] = {**inputs.describe(), "symbol": kernel.symbol}
+
+        if opts.sdpa:
+            from measure.sdpa import sdpa_times
+
+            self._enter("sdpa")
+            extra["sdpa"] = {
+                name: t.to_dict()
+                for name, t in sdpa_times(
+                    inputs, timing=opts.timing, device=self.device, progress=self._enter
+                ).items()
+            }
+
+        o, lse = inputs.outputs()
+        poison(o, lse)
+        params = make_params(inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout)
+        grid, block = grid_for(config, problem)
+        launch = kernel.bind(params, grid, block, config.smem_bytes, self.stream)
+
+        self._enter("launch")
+        launch()
+        synchronize(self.stream)
+
+        self._enter("verify")
+        check = check_output(o, lse, inputs)
+        base = MeasureResult(
+            status=MeasureStatus.WRONG_RESULT,
+            max_abs_err=_finite_or_none(check.max_abs_err),
+            rel_err=_finite_or_none(check.rel_err),
+            ref_err=inputs.ref_err,
+            driver_registers=kernel.num_regs,
+            driver_local_bytes=kernel.local_bytes,
+            extra=extra,
+        )
+        if not check.ok:
+            return replace(base, error=check.message)
+
+        self._enter("time")
+        t = opts.timing
+        stats = time_with_options(launch, t, device=self.device)
+        synchronize(self.stream)
+        extra.update(mean_ms=stats.mean_ms, stdev_ms=stats.stdev_ms, flush_l2=t.flush_l2)
+
+        if opts.recheck:
+            self._enter("recheck")
+            again = check_output(o, lse, inputs)
+            if not again.ok:
+                return replace(
+                    base,
+                    max_abs_err=_finite_or_none(again.max_abs_err),
+                    rel_err=_finite_or_none(again.rel_err),
+                    error=f"correct after one launch, wrong after {stats.reps + t.warmup} more "
+                    f"(race?): {again.message}",
+                )
+
+        tflops = problem.tflops(stats.median_ms) if stats.median_ms > 0 else None
+        return replace(
+            base,
+            status=MeasureStatus.OK,
+            median_ms=stats.median_ms,
+            p10_ms=stats.p10_ms,
+            p90_ms=stats.p90_ms,
+            reps=stats.reps,
+            tflops=tflops,
+        )
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
+
+
+def _empty_cache() -> None:
+    try:
+        import torch
+
+        torch.cuda.empty_cache()
+    except Exception as exc:
+        log.debug("empty_cache failed: %s", exc)
