@@ -1,0 +1,1 @@
+"""Shared value types every stage imports; this package imports no stage."""
