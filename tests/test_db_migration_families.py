@@ -41,7 +41,7 @@ def db_0001(tmp_path: Path) -> Path:
 def _rows(path: Path, table: str) -> list[dict[str, Any]]:
     with sqlite3.connect(path) as conn:
         conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY 1")]  # noqa: S608
+        return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY 1")]
 
 
 def _old_params(row: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +140,7 @@ def test_upgrade_on_postgresql(db_0001: Path, postgres_url: str) -> None:
                 dst.execute(insert(new.tables[table]), rows)
         for table in ("gpus", "builds", "problems", "measurements"):  # ids were given
             dst.execute(
-                text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "  # noqa: S608
+                text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
                      f"(SELECT max(id) FROM {table}))")
             )  # fmt: skip
     source.dispose()
