@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 Dtype = Literal["fp16", "bf16"]
 DTYPES: tuple[Dtype, ...] = ("fp16", "bf16")
@@ -42,6 +42,9 @@ class KernelConfig:
         pad: halfs of padding per shared-memory row (0, 8 or 16); 0 when ``swizzle``.
         swizzle: XOR-swizzled shared-memory layout instead of padding.
     """
+
+    #: The kernel family this config type belongs to (the name's prefix; see core.family).
+    family: ClassVar[str] = "fa2"
 
     d: int
     dtype: Dtype
@@ -92,8 +95,17 @@ class KernelConfig:
         """Short tile description, e.g. ``128x64/4w``."""
         return f"{self.br}x{self.bc}/{self.warps}w"
 
+    def describe(self) -> str:
+        """One line for people: tile, stages and shared-memory layout."""
+        layout = "swizzle" if self.swizzle else f"pad {self.pad}"
+        return f"{self.tile}, {self.stages} stage(s), {layout}"
+
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def params(self) -> dict[str, Any]:
+        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``."""
+        return {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> KernelConfig:

@@ -34,7 +34,6 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _best_table(result: BestResult) -> Table:
     config = result.config
-    layout = "swizzle" if config.swizzle else f"pad {config.pad}"
     mask = "causal" if result.causal else "full"
     where = (
         f"N={result.n}"
@@ -46,7 +45,8 @@ def _best_table(result: BestResult) -> Table:
     table.add_column("value", overflow="fold")
     rows = [
         ("config", config.name),
-        ("tile", f"{config.tile}, {config.stages} stage(s), {layout}"),
+        ("family", config.family),
+        ("tile", config.describe()),
         (
             "problem",
             f"D={result.d} {result.dtype} {mask}, batch {result.batch} x "

@@ -5,7 +5,10 @@ Identity choices:
 * ``gpus``: one row per (normalised name, compute capability). Driver and CUDA versions change
   under a GPU's feet, so the row keeps the latest seen and every measurement keeps its own.
 * ``builds``: one row per (config key, arch, source hash); the source hash already covers the
-  template, flags and nvcc version, so a rebuild of the same thing is the same row.
+  template, flags and nvcc version, so a rebuild of the same thing is the same row. A build
+  keeps its kernel family and that family's own parameters (``params``, JSON) next to the
+  three every family has (d, dtype, causal); the config key is a hash of the config name,
+  which starts with the family, so keys of different families never collide.
 * ``problems``: one row per GPU and full shape; ``nk`` and ``kv_heads`` are stored resolved
   (never NULL) so the unique constraint works the same on SQLite and PostgreSQL, where NULLs
   are distinct.
@@ -130,15 +133,11 @@ class Build(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     config_key: Mapped[str] = mapped_column(String(16))
     config_name: Mapped[str] = mapped_column(String(128))
+    family: Mapped[str] = mapped_column(String(16))
     d: Mapped[int]
     dtype: Mapped[str] = mapped_column(String(8))
     causal: Mapped[bool]
-    br: Mapped[int]
-    bc: Mapped[int]
-    warps: Mapped[int]
-    stages: Mapped[int]
-    pad: Mapped[int]
-    swizzle: Mapped[bool]
+    params: Mapped[dict[str, Any]]  # the family's own compile-time parameters
     arch: Mapped[str] = mapped_column(String(16))
     status: Mapped[str] = mapped_column(String(24))
     registers: Mapped[int | None]

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, contains_eager
 
 from core.build_report import BuildReport
 from core.config import KernelConfig
+from core.family import AnyConfig, config_from_params
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
@@ -219,15 +220,11 @@ def _build_values(report: BuildReport) -> dict[str, Any]:
     return {
         "config_key": config.key,
         "config_name": config.name,
+        "family": config.family,
         "d": config.d,
         "dtype": config.dtype,
         "causal": config.causal,
-        "br": config.br,
-        "bc": config.bc,
-        "warps": config.warps,
-        "stages": config.stages,
-        "pad": config.pad,
-        "swizzle": config.swizzle,
+        "params": config.params(),
         "arch": report.arch,
         "status": str(report.status),
         "flags": list(report.flags),
@@ -235,19 +232,9 @@ def _build_values(report: BuildReport) -> dict[str, Any]:
     }
 
 
-def build_config(build: Build) -> KernelConfig:
-    """The :class:`KernelConfig` a build row was compiled from."""
-    return KernelConfig(
-        d=build.d,
-        dtype=build.dtype,  # type: ignore[arg-type]
-        causal=build.causal,
-        br=build.br,
-        bc=build.bc,
-        warps=build.warps,
-        stages=build.stages,
-        pad=build.pad,
-        swizzle=build.swizzle,
-    )
+def build_config(build: Build) -> AnyConfig:
+    """The config (of the build's family) a build row was compiled from."""
+    return config_from_params(build.family, build.d, build.dtype, build.causal, build.params)
 
 
 def problem_flops(problem: Problem) -> float:

@@ -22,12 +22,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from core.build_report import BuildStatus
-from core.config import Dtype, KernelConfig
+from core.config import Dtype
+from core.family import AnyConfig, config_from_name, config_from_params
 from core.records import MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import PG_INGEST_LOCK, session_scope
@@ -37,7 +47,7 @@ from fa2tune import __version__
 logger = logging.getLogger(__name__)
 
 FORMAT: Final = "fa2tune-results"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2  # 2: configs carry their kernel family and its params
 _MAX_ERRORS_SHOWN = 10
 _IN_CHUNK = 500  # bound on SQL IN (...) list sizes
 
@@ -74,20 +84,46 @@ class GpuRecord(_Record):
 
 
 class ConfigRecord(_Record):
-    """The fields of a :class:`~core.config.KernelConfig`."""
+    """A config: its family, the three fields every family has, and the family's parameters.
 
+    Format 1 files (before kernel families) wrote the fa2 family's parameters flat next to
+    ``d``/``dtype``/``causal``; they are read as family ``fa2`` with those as ``params``.
+    """
+
+    family: str = Field(default="fa2", min_length=1, max_length=16)
     d: int = Field(ge=1)
     dtype: Dtype
     causal: bool
-    br: int = Field(ge=1)
-    bc: int = Field(ge=1)
-    warps: int = Field(ge=1)
-    stages: int = Field(ge=1)
-    pad: int = Field(default=0, ge=0)
-    swizzle: bool = False
+    params: dict[str, StrictInt | StrictBool | str]
 
-    def to_config(self) -> KernelConfig:
-        return KernelConfig(**self.model_dump())
+    @model_validator(mode="before")
+    @classmethod
+    def _format_1(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "params" not in data:
+            common = {"family", "d", "dtype", "causal"}
+            return {
+                **{k: v for k, v in data.items() if k in common},
+                "params": {k: v for k, v in data.items() if k not in common},
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _valid_for_family(self) -> Self:
+        self.to_config()  # UnknownFamilyError/ValueError name the family and the parameter
+        return self
+
+    def to_config(self) -> AnyConfig:
+        return config_from_params(self.family, self.d, self.dtype, self.causal, self.params)
+
+    @classmethod
+    def of(cls, config: AnyConfig) -> ConfigRecord:
+        return cls(
+            family=config.family,
+            d=config.d,
+            dtype=config.dtype,
+            causal=config.causal,
+            params=config.params(),
+        )
 
 
 class BuildRecord(_Record):
@@ -130,12 +166,12 @@ class BuildRef(_Record):
     @field_validator("config_name")
     @classmethod
     def _parses(cls, value: str) -> str:
-        KernelConfig.from_name(value)  # ValueError with an example of a valid name
+        config_from_name(value)  # ValueError with an example of a valid name
         return value
 
     @property
-    def config(self) -> KernelConfig:
-        return KernelConfig.from_name(self.config_name)
+    def config(self) -> AnyConfig:
+        return config_from_name(self.config_name)
 
     @property
     def key(self) -> BuildKey:
@@ -239,7 +275,7 @@ class DumpFile(_Record):
     """A results file: GPUs, builds, problems and measurements, all by natural keys."""
 
     format: Literal["fa2tune-results"] = FORMAT
-    format_version: Literal[1] = FORMAT_VERSION
+    format_version: Literal[1, 2] = FORMAT_VERSION
     generator: str = ""
     created_at: datetime = Field(default_factory=utcnow)
     gpus: list[GpuRecord] = Field(default_factory=list)
@@ -348,7 +384,7 @@ def _build_record(b: Build) -> BuildRecord:
     config = build_config(b)
     return BuildRecord(
         config_name=b.config_name,
-        config=ConfigRecord(**config.to_dict()),  # type: ignore[arg-type]
+        config=ConfigRecord.of(config),
         arch=b.arch,
         status=BuildStatus(b.status),
         flags=list(b.flags),

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.config import KernelConfig
+from core.family import AnyConfig
 from db.store import BestResult, GpuSummary, ResultRow
 
 
@@ -37,28 +37,35 @@ class ValidationErrorOut(_Out):
 
 
 class ConfigOut(_Out):
-    """A kernel config: every template parameter plus derived launch figures."""
+    """A kernel config: its family, every template parameter and derived launch figures.
+
+    ``params`` holds the family's own parameters; for the ``fa2`` family they are also given
+    flat (``br`` ... ``swizzle``), as before kernel families existed, and are null otherwise.
+    """
 
     name: str = Field(description='readable id, also the kernel\'s extern "C" symbol')
     key: str = Field(description="stable 16-hex-digit key")
+    family: str = Field(description="kernel family (the name's prefix), e.g. fa2")
     d: int
     dtype: Literal["fp16", "bf16"]
     causal: bool
-    br: int = Field(description="query rows per thread block")
-    bc: int = Field(description="key/value rows per tile")
-    warps: int
-    stages: int = Field(description="K/V shared-memory buffers each")
-    pad: int = Field(description="halfs of padding per shared-memory row")
-    swizzle: bool
+    params: dict[str, int | bool | str] = Field(description="the family's own parameters")
+    br: int | None = Field(default=None, description="fa2: query rows per thread block")
+    bc: int | None = Field(default=None, description="fa2: key/value rows per tile")
+    warps: int | None = Field(default=None, description="fa2: warps per block")
+    stages: int | None = Field(default=None, description="fa2: K/V shared-memory buffers each")
+    pad: int | None = Field(default=None, description="fa2: halfs of padding per smem row")
+    swizzle: bool | None = Field(default=None, description="fa2: swizzled smem layout")
     threads: int
     smem_bytes: int = Field(description="dynamic shared memory per block")
 
     @classmethod
-    def of(cls, c: KernelConfig) -> ConfigOut:
+    def of(cls, c: AnyConfig) -> ConfigOut:
+        params = c.params()
+        flat = params if c.family == "fa2" else {}
         return cls(
-            name=c.name, key=c.key, d=c.d, dtype=c.dtype, causal=c.causal, br=c.br, bc=c.bc,
-            warps=c.warps, stages=c.stages, pad=c.pad, swizzle=c.swizzle, threads=c.threads,
-            smem_bytes=c.smem_bytes,
+            name=c.name, key=c.key, family=c.family, d=c.d, dtype=c.dtype, causal=c.causal,
+            params=params, threads=c.threads, smem_bytes=c.smem_bytes, **flat,
         )  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 from importlib import resources
 from pathlib import Path
@@ -11,6 +12,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, text
 
 from db.models import Base
@@ -19,6 +21,8 @@ from db.store import Store
 from tests.factories import seed_measurement
 
 TABLES = {"gpus", "builds", "problems", "measurements", "ingested_files", VERSION_TABLE}
+SHIPPED_0001 = Path(__file__).parent / "data" / "migrations" / "shipped_0001.sqlite.gz"
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def _context(conn: Connection) -> MigrationContext:
@@ -49,7 +53,7 @@ def test_init_db_creates_the_schema_matching_the_models(
         indexes = {ix["name"] for ix in inspect(engine).get_indexes("measurements")}
         assert "ix_measurements_best" in indexes
         with engine.connect() as conn:
-            assert _context(conn).get_current_revision() == "0001"
+            assert _context(conn).get_current_revision() == HEAD
             # The migration and the models describe the same schema.
             diff = compare_metadata(_context(conn), Base.metadata)
         assert diff == []
@@ -63,13 +67,13 @@ def test_init_db_creates_the_schema_matching_the_models(
 def test_downgrade_and_upgrade_with_the_alembic_api(sqlite_url: str) -> None:
     config = alembic_config(sqlite_url)
     command.upgrade(config, "head")
-    assert _version(sqlite_url) == "0001"
+    assert _version(sqlite_url) == HEAD
     command.downgrade(config, "base")
     engine = make_engine(sqlite_url)
     assert set(inspect(engine).get_table_names()) == {VERSION_TABLE}
     engine.dispose()
     command.upgrade(config, "head")
-    assert _version(sqlite_url) == "0001"
+    assert _version(sqlite_url) == HEAD
 
 
 def test_shipped_alembic_ini_works_from_any_directory(
@@ -87,7 +91,7 @@ def test_shipped_alembic_ini_works_from_any_directory(
     finally:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
-    assert _version(url) == "0001"
+    assert _version(url) == HEAD
 
 
 def test_migration_environment_falls_back_to_settings(
@@ -96,7 +100,7 @@ def test_migration_environment_falls_back_to_settings(
     url = f"sqlite:///{tmp_path / 'from-settings.db'}"
     monkeypatch.setattr("fa2tune.settings._overrides", {"db_url": url})
     command.upgrade(alembic_config(), "head")
-    assert _version(url) == "0001"
+    assert _version(url) == HEAD
 
 
 def test_results_schema_leaves_alembic_version_to_optuna(sqlite_url: str) -> None:
@@ -161,18 +165,20 @@ def test_plain_postgresql_url_means_psycopg() -> None:
     engine.dispose()
 
 
-def test_legacy_alembic_version_stamp_is_adopted(sqlite_url: str) -> None:
+def test_legacy_alembic_version_stamp_is_adopted(tmp_path: Path) -> None:
     """Early development databases stamped alembic_version; they must not be re-created."""
-    store = Store.from_url(sqlite_url)
-    seed_measurement(store)
-    with store.engine.begin() as conn:
-        conn.execute(text(f"DROP TABLE {VERSION_TABLE}"))
-        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
-        conn.execute(text("INSERT INTO alembic_version VALUES ('0001')"))
-    init_db(store.engine)
-    tables = set(inspect(store.engine).get_table_names())
+    path = tmp_path / "legacy.db"
+    path.write_bytes(gzip.decompress(SHIPPED_0001.read_bytes()))  # a 0001 database with data
+    url = f"sqlite:///{path}"
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE {VERSION_TABLE} RENAME TO alembic_version"))
+    init_db(engine)
+    tables = set(inspect(engine).get_table_names())
     assert VERSION_TABLE in tables and "alembic_version" not in tables
-    assert _version(sqlite_url) == "0001"
+    engine.dispose()
+    assert _version(url) == HEAD  # adopted as 0001, then upgraded
+    store = Store.from_url(url)
     assert store.best("H200", 128, 4096) is not None  # data kept
     store.close()
 
@@ -186,5 +192,5 @@ def test_optuna_alembic_version_is_left_alone(sqlite_url: str) -> None:
     with engine.connect() as conn:
         optuna = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
     assert optuna == ["v3.2.0.a"]
-    assert _version(sqlite_url) == "0001"
+    assert _version(sqlite_url) == HEAD
     engine.dispose()

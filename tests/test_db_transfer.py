@@ -122,7 +122,11 @@ def test_dump_file_is_plain_json_with_natural_keys(source: Store, tmp_path: Path
     path = tmp_path / "results.json"
     dump(source, path)
     raw = json.loads(path.read_text())  # standard JSON: no bare NaN/Infinity
-    assert raw["format"] == "fa2tune-results" and raw["format_version"] == 1
+    assert raw["format"] == "fa2tune-results" and raw["format_version"] == 2
+    config = raw["builds"][0]["config"]
+    assert config["family"] == "fa2" and set(config["params"]) == {
+        "br", "bc", "warps", "stages", "pad", "swizzle"
+    }  # fmt: skip
     m = raw["measurements"][0]
     assert set(m["problem"]) >= {"gpu", "compute_capability", "d", "n", "nk", "batch", "heads"}
     assert set(m["build"]) == {"config_name", "arch", "source_hash"}
@@ -244,7 +248,7 @@ def _break(path: str, value: Any) -> dict[str, Any]:
 _DELETE = object()
 
 INVALID = {
-    "wrong format version": (_break("format_version", 2), "format_version"),
+    "wrong format version": (_break("format_version", 99), "format_version"),
     "not a results file": ({"hello": "world"}, "hello"),
     "negative median": (_break("measurements.0.median_ms", -1.0), "measurements.0.median_ms"),
     "ok without median": (_break("measurements.0.median_ms", None), "needs median_ms"),
@@ -256,6 +260,9 @@ INVALID = {
         _break("builds.0.config_name", "fa2_d64_fp16_full_br128_bc64_w4_s1_pad8"),
         "does not match",
     ),
+    "unknown family": (_break("builds.0.config.family", "fa9"), "unknown kernel family 'fa9'"),
+    "unknown parameter": (_break("builds.0.config.tile", 3), "no parameter(s) tile"),
+    "missing parameter": (_break("builds.0.config.warps", _DELETE), "missing: warps"),
     "unparsable build ref": (
         _break("measurements.0.build.config_name", "kernel7"),
         "not a kernel config name",

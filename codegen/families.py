@@ -1,0 +1,128 @@
+"""The kernel-family registry: everything a stage needs to know about one kernel template.
+
+A family is one hand-written template with its own compile-time parameters. Its entry here
+names the template files (they are hashed into every build of the family), the config type and
+name prefix (:mod:`core.family`), the architectures it compiles for, its space rules, seeds
+and default config, how an instantiation file is rendered, its launch geometry and any
+host-side preparation before a launch (the Hopper family will need TMA descriptors, built by
+the GPU-measurement stage from the tensors), and its part of the exported header.
+
+Stages ask the registry instead of importing a family's modules: a new family is one more
+entry, not one more branch in every stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from codegen import space as fa2_space
+from codegen.render import render_instantiation
+from core.config import Dtype, KernelConfig
+from core.family import AnyConfig, UnknownFamilyError, config_type
+
+Grid = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family.
+
+    Attributes:
+        name: the family's name, also its config names' prefix (``fa2``).
+        summary: one line for people.
+        templates: files under ``codegen/templates`` its kernels include (hashed per build).
+        archs: the ``-gencode`` targets it compiles for, newest first (``sm_90``, ...).
+        space: every valid config for (d, dtype, causal, shared-memory limit, arch).
+        seeds: known-good configs a search starts from.
+        default: the config used where nothing was tuned.
+        render: the ``.cu`` text of one instantiation.
+        grid: launch grid for (config, nq, q_heads, batch).
+        host_prep: dotted name (``module:function``) of the GPU stage's preparation of extra
+            launch arguments, or None when the kernel takes only its ``Fa2Params``.
+        header_part: template file holding this family's launcher in the exported header.
+    """
+
+    name: str
+    summary: str
+    templates: tuple[str, ...]
+    archs: tuple[str, ...]
+    space: Callable[[int, Dtype, bool, int, str], list[AnyConfig]]
+    seeds: Callable[[int, Dtype, bool], list[AnyConfig]]
+    default: Callable[[int, Dtype, bool], AnyConfig]
+    render: Callable[[AnyConfig], str]
+    grid: Callable[[AnyConfig, int, int, int], Grid]
+    host_prep: str | None = None
+    header_part: str | None = None
+
+    @property
+    def config_type(self) -> type[AnyConfig]:
+        return config_type(self.name)
+
+    def block(self, config: AnyConfig) -> Grid:
+        """Threads per block, as a launch's block dimensions."""
+        return (config.threads, 1, 1)
+
+    def arch_for(self, compute_capability: str) -> str | None:
+        """The target this family builds for a GPU of ``compute_capability`` (``"9.0"``).
+
+        The newest target not newer than the GPU; None when the GPU is older than all.
+        """
+        major, minor = (int(x) for x in compute_capability.split(".")[:2])
+        for arch in self.archs:
+            digits = arch.removeprefix("sm_").rstrip("a")
+            if (int(digits[:-1]), int(digits[-1])) <= (major, minor):
+                return arch
+        return None
+
+
+def _fa2_grid(config: AnyConfig, nq: int, heads: int, batch: int) -> Grid:
+    assert isinstance(config, KernelConfig)
+    return (-(-nq // config.br), heads, batch)  # ceil(nq / br) query tiles
+
+
+def _fa2_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -> list[AnyConfig]:
+    return list(fa2_space.enumerate_space(d, dtype, causal, smem_limit=smem_limit, arch=arch))
+
+
+def _fa2_seeds(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
+    return list(fa2_space.seed_configs(d, dtype, causal))
+
+
+FA2 = Family(
+    name="fa2",
+    summary="portable FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async (sm_80+)",
+    templates=("fa2_fwd.cuh",),
+    archs=tuple(sorted(fa2_space.SUPPORTED_ARCHS, key=lambda a: int(a[3:].rstrip("a")))[::-1]),
+    space=_fa2_space,
+    seeds=_fa2_seeds,
+    default=fa2_space.fa2_default_config,
+    render=render_instantiation,
+    grid=_fa2_grid,
+)
+
+#: Every family, by name; the order is the order a campaign searches them in.
+FAMILIES: dict[str, Family] = {f.name: f for f in (FA2,)}
+
+
+def family(name: str) -> Family:
+    """The registered family called ``name``.
+
+    Raises:
+        UnknownFamilyError: no such family.
+    """
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        known = ", ".join(FAMILIES)
+        raise UnknownFamilyError(f"unknown kernel family {name!r} (known: {known})") from None
+
+
+def family_of(config: AnyConfig) -> Family:
+    """The family a config belongs to."""
+    return family(config.family)
+
+
+def families_for(compute_capability: str) -> Sequence[Family]:
+    """The families that can run on a GPU of ``compute_capability``, in search order."""
+    return [f for f in FAMILIES.values() if f.arch_for(compute_capability) is not None]

@@ -1,0 +1,127 @@
+"""Kernel families: which config type a family name or a config name belongs to.
+
+A family is one hand-written kernel template with its own compile-time parameters (the
+mma.sync template is family ``fa2``). Every stage after code generation treats the family as
+one more field: a config name starts with its family's prefix (``fa2_...``), the store keeps
+the family and the family's own parameters, and dumps, answers and headers carry both. This
+module is the one place that maps a family name or a config name to the config type; the
+templates, space rules, launch geometry and header parts of a family are registered with
+:mod:`codegen.families`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, fields
+from typing import Any, Protocol, TypeAlias
+
+from core.config import Dtype, KernelConfig
+
+
+class FamilyConfig(Protocol):
+    """What every family's config type offers (frozen dataclasses, hashable, picklable)."""
+
+    @property
+    def family(self) -> str: ...  # a ClassVar on the concrete types
+
+    @property
+    def d(self) -> int: ...
+
+    @property
+    def dtype(self) -> Dtype: ...
+
+    @property
+    def causal(self) -> bool: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def threads(self) -> int: ...
+
+    @property
+    def smem_bytes(self) -> int: ...
+
+    def params(self) -> dict[str, Any]: ...
+
+    def describe(self) -> str: ...
+
+
+#: Any family's config (a union as families are added; each satisfies :class:`FamilyConfig`).
+AnyConfig: TypeAlias = KernelConfig
+
+#: Family name -> config type. A family's name is also its config names' prefix.
+CONFIG_TYPES: dict[str, type[KernelConfig]] = {"fa2": KernelConfig}
+
+FAMILIES: tuple[str, ...] = tuple(CONFIG_TYPES)
+
+
+class UnknownFamilyError(ValueError):
+    """A family name, or a config name whose prefix names no family."""
+
+
+def config_type(family: str) -> type[KernelConfig]:
+    """The config type of ``family``.
+
+    Raises:
+        UnknownFamilyError: no such family.
+    """
+    try:
+        return CONFIG_TYPES[family]
+    except KeyError:
+        known = ", ".join(CONFIG_TYPES)
+        raise UnknownFamilyError(f"unknown kernel family {family!r} (known: {known})") from None
+
+
+def family_of_name(name: str) -> str:
+    """The family a config name belongs to, read from its prefix (``fa2_d128_...`` -> fa2).
+
+    Raises:
+        UnknownFamilyError: the prefix names no family.
+    """
+    prefix = name.split("_", 1)[0]
+    if prefix not in CONFIG_TYPES:
+        known = ", ".join(f"{f}_..." for f in CONFIG_TYPES)
+        raise UnknownFamilyError(
+            f"not a kernel config name: {name!r} (its prefix names no kernel family; "
+            f"known: {known})"
+        )
+    return prefix
+
+
+def config_from_name(name: str) -> AnyConfig:
+    """Parse any family's config name.
+
+    Raises:
+        UnknownFamilyError: the prefix names no family.
+        ValueError: the name is not a valid name of that family.
+    """
+    return config_type(family_of_name(name)).from_name(name)
+
+
+def config_from_params(
+    family: str, d: int, dtype: str, causal: bool, params: Mapping[str, Any]
+) -> AnyConfig:
+    """Rebuild a config from the columns the store keeps: the common three plus ``params``.
+
+    Raises:
+        UnknownFamilyError: no such family.
+        ValueError: ``params`` misses a parameter of the family or has one it does not know.
+    """
+    cls = config_type(family)
+    own = {f.name for f in fields(cls)} - {"d", "dtype", "causal"}
+    unknown = sorted(set(params) - own)
+    if unknown:
+        raise ValueError(f"{family} configs have no parameter(s) {', '.join(unknown)}")
+    required = {
+        f.name
+        for f in fields(cls)
+        if f.name in own and f.default is MISSING and f.default_factory is MISSING
+    }
+    missing = sorted(required - set(params))
+    if missing:
+        raise ValueError(f"{family} config parameters missing: {', '.join(missing)}")
+    return cls.from_dict({"d": d, "dtype": dtype, "causal": causal, **params})
