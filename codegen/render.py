@@ -14,11 +14,9 @@ from importlib import resources
 from pathlib import Path
 
 from codegen.config import KernelConfig
+from core.elements import cuda_type
 
 TEMPLATE_HEADER = "fa2_fwd.cuh"
-
-_ELEM_TYPES: dict[str, str] = {"fp16": "__half", "bf16": "__nv_bfloat16"}
-
 
 def cuda_elem_type(dtype: str) -> str:
     """The CUDA element type of a config dtype (``"fp16"`` -> ``"__half"``).
@@ -26,10 +24,7 @@ def cuda_elem_type(dtype: str) -> str:
     Raises:
         ValueError: for an unknown dtype.
     """
-    try:
-        return _ELEM_TYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {list(_ELEM_TYPES)}") from None
+    return cuda_type(dtype)
 
 
 def _cpp_bool(value: bool) -> str:
