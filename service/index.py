@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from codegen.export import tuned_results
 from core.gpu_name import normalize_gpu_name
 from db.store import BestResult, Store
+from service.header import tuned_results
 from service.schemas import BestOut, TunedSetOut
 
 log = logging.getLogger(__name__)

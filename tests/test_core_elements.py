@@ -23,3 +23,12 @@ def test_unknown_dtype_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         cuda_type("float16")
 
+
+def test_header_enum_values_match_the_dispatch_template() -> None:
+    from codegen.export import DISPATCH_TEMPLATE, TEMPLATE_DIR
+
+    text = (TEMPLATE_DIR / DISPATCH_TEMPLATE).read_text()
+    enum = "enum fa2tune_dtype : int { " + ", ".join(
+        f"{element(t).header_enum} = {i}" for i, t in enumerate(DTYPES)
+    )
+    assert enum + " };" in text

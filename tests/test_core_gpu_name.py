@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,33 @@ import pytest
 from core.gpu_name import normalize_gpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
+CPP_RULE = ROOT / "codegen" / "templates" / "fa2_gpu_name.cuh"
 SHIPPED = ROOT / "db" / "data"
+
+# Names as drivers report them, as users write them, and edge cases of the rule.
+NAMES = [
+    "NVIDIA H200",
+    "NVIDIA-H200",
+    "nvidia_h200",
+    "H200",
+    "h200",
+    "  NVIDIA   H200 ",
+    "NVIDIA\tH200\n",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA H100 80GB HBM3",
+    "NVIDIA GeForce RTX 4090",
+    "NVIDIA RTX 6000 Ada Generation",
+    "Quadro RTX 6000 (rev. 2)",
+    "Tesla NVIDIA X",
+    "nvidia nvidia h200",
+    "NVIDIAH200",
+    "NVIDIA",
+    "nvidia-",
+    "",
+    "---",
+    "NVIDIA H200 Überkarte",
+    "x" * 300,
+]
 
 
 @pytest.mark.parametrize(
@@ -54,3 +82,45 @@ def test_store_and_service_use_the_rule() -> None:
 
     assert db.store.normalize_gpu_name is normalize_gpu_name
     assert service.index.gpu_key("NVIDIA-H200") == "h200"
+
+
+PROBE = r"""
+#include "fa2_gpu_name.cuh"
+#include <cstdio>
+#include <cstring>
+// Prints the key of every argument, one per line, in brackets (an empty key is visible).
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char key[512];
+    fa2tune_detail::normalise_name(argv[i], key, sizeof(key));
+    std::printf("[%s]\n", key);
+  }
+  return 0;
+}
+"""
+
+
+def _host_compiler() -> list[str] | None:
+    if gxx := shutil.which("g++"):
+        return [gxx, "-std=c++17", "-x", "c++"]
+    if nvcc := shutil.which("nvcc"):
+        return [nvcc, "-std=c++17", "-x", "cu"]
+    return None
+
+
+@pytest.mark.skipif(_host_compiler() is None, reason="neither g++ nor nvcc is on PATH")
+def test_cpp_rule_agrees_with_python(tmp_path: Path) -> None:
+    compiler = _host_compiler()
+    assert compiler is not None
+    (tmp_path / "probe.cpp").write_text(PROBE)
+    exe = tmp_path / "probe"
+    proc = subprocess.run(
+        [*compiler, "-I", str(CPP_RULE.parent), str(tmp_path / "probe.cpp"), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = subprocess.run([str(exe), *NAMES], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"[{normalize_gpu_name(n)}]" for n in NAMES]
