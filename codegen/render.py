@@ -14,10 +14,15 @@ from importlib import resources
 from pathlib import Path
 
 from core.config import KernelConfig
+from core.elements import cuda_type
 
 TEMPLATE_HEADER = "fa2_fwd.cuh"
 
-_ELEM_TYPES: dict[str, str] = {"fp16": "__half", "bf16": "__nv_bfloat16"}
+# Templates only the exported header reads (codegen/export.py inlines them); no kernel build
+# includes them, so they are left out of :func:`template_hash`: an edit to the header's
+# dispatch code must not rebuild every kernel, and the kernel digest must stay the one the
+# stored builds' source hashes (the shipped results' included) were computed from.
+EXPORT_ONLY_TEMPLATES: frozenset[str] = frozenset({"fa2_dispatch.cuh", "fa2_gpu_name.cuh"})
 
 
 def cuda_elem_type(dtype: str) -> str:
@@ -26,10 +31,7 @@ def cuda_elem_type(dtype: str) -> str:
     Raises:
         ValueError: for an unknown dtype.
     """
-    try:
-        return _ELEM_TYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {list(_ELEM_TYPES)}") from None
+    return cuda_type(dtype)
 
 
 def _cpp_bool(value: bool) -> str:
@@ -108,10 +110,12 @@ def template_dir() -> Path:
 
 
 def template_hash(directory: Path | None = None) -> str:
-    """SHA-256 over every file in the template directory (relative names and contents).
+    """SHA-256 over every template file a kernel build may read (relative names and contents).
 
-    Any edit to the template, or an added/removed helper header, changes the hash and thus
-    every build directory derived from it.
+    That is every file in the template directory except :data:`EXPORT_ONLY_TEMPLATES`. Any
+    edit to the kernel template, or an added/removed helper header, changes the hash and thus
+    every build directory derived from it (:func:`codegen.build.source_hash`). The exported
+    header names the kernel source by this same digest.
 
     Args:
         directory: the template directory; defaults to :func:`template_dir`.
@@ -121,7 +125,13 @@ def template_hash(directory: Path | None = None) -> str:
     """
     root = directory if directory is not None else template_dir()
     h = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p.relative_to(root).as_posix() not in EXPORT_ONLY_TEMPLATES
+    )
     for p in files:
         rel = p.relative_to(root).as_posix().encode()
         data = p.read_bytes()

@@ -7,7 +7,6 @@ all SQL lives here and in :mod:`db.transfer`.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -22,23 +21,13 @@ from sqlalchemy.orm import Session, contains_eager
 from core.build_report import BuildReport
 from core.config import KernelConfig
 from core.family import AnyConfig, config_from_params
+from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import init_db, make_engine, session_scope
 
-_NVIDIA_PREFIX = re.compile(r"^nvidia\s+")
-_WHITESPACE = re.compile(r"\s+")
 MAX_PAGE = 1000
-
-
-def normalize_gpu_name(name: str) -> str:
-    """The matching key of a GPU name: case-folded, whitespace collapsed, no ``NVIDIA`` prefix.
-
-    ``"H200"``, ``"nvidia  h200"`` and ``"NVIDIA H200"`` all give ``"h200"``.
-    """
-    key = _WHITESPACE.sub(" ", name.strip()).casefold()
-    return _NVIDIA_PREFIX.sub("", key)
 
 
 @dataclass(frozen=True)

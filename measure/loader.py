@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.config import KernelConfig
+from core.elements import ELEMENTS
 from core.problem import Problem
 
 if TYPE_CHECKING:
@@ -462,7 +463,8 @@ def make_params(
     for name, t in named.items():
         _check_tensor(name, t, layout)
     dtypes = {t.dtype for t in named.values()}
-    if len(dtypes) != 1 or q.dtype not in (torch.float16, torch.bfloat16):
+    supported = {getattr(torch, e.torch_name) for e in ELEMENTS.values()}
+    if len(dtypes) != 1 or q.dtype not in supported:
         raise ValueError(f"q, k, v, o must share one dtype, float16 or bfloat16; got {dtypes}")
     devices = {t.device for t in named.values()} | ({lse.device} if lse is not None else set())
     if len(devices) != 1 or q.device.type != "cuda":

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from core.elements import ELEMENTS
 from core.problem import Problem
 from measure.loader import LAYOUTS, Layout
 
@@ -91,10 +92,10 @@ def torch_dtype(name: str) -> torch.dtype:
     """``"fp16"``/``"bf16"`` as a torch dtype."""
     import torch
 
-    table = {"fp16": torch.float16, "bf16": torch.bfloat16}
-    if name not in table:
+    if name not in ELEMENTS:
         raise ValueError(f"unsupported dtype {name!r}")
-    return table[name]
+    dtype: torch.dtype = getattr(torch, ELEMENTS[name].torch_name)
+    return dtype
 
 
 def as_bhnd(t: torch.Tensor, layout: Layout) -> torch.Tensor:

@@ -9,12 +9,13 @@ from typing import Annotated
 
 import typer
 
-from codegen.export import ExportError, UnknownGpuError, export_header
+from codegen.export import ExportError
 from core.config import DTYPES, Dtype
 from db.shipped import load_shipped_results
 from db.store import Store
 from db.transfer import TransferError
 from fa2tune.settings import get_settings, override_settings
+from service.header import UnknownGpuError, export_header
 
 log = logging.getLogger(__name__)
 

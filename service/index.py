@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
-from codegen.export import tuned_results
-from db.store import BestResult, Store, normalize_gpu_name
+from core.gpu_name import normalize_gpu_name
+from db.store import BestResult, Store
+from service.header import tuned_results
 from service.schemas import BestOut, TunedSetOut
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class NotTunedError(LookupError):
 
 @lru_cache(maxsize=4096)
 def gpu_key(name: str) -> str:
-    """:func:`db.store.normalize_gpu_name`, memoised: it runs on every request."""
+    """:func:`core.gpu_name.normalize_gpu_name`, memoised: it runs on every request."""
     return normalize_gpu_name(name)
 
 

@@ -17,16 +17,14 @@ from codegen.export import (
     TEMPLATE_NAME,
     ExportError,
     TunedPoint,
-    UnknownGpuError,
-    export_header,
     inline_template,
-    normalise_device_name,
     render_header,
-    tuned_results,
 )
 from codegen.space import fa2_default_config
 from core.config import HEAD_DIMS, KernelConfig
+from core.gpu_name import normalize_gpu_name as normalise_device_name
 from db.store import Store
+from service.header import UnknownGpuError, export_header, tuned_results
 from service.index import BestIndex
 
 ROOT = Path(__file__).resolve().parents[1]

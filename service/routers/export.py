@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import PlainTextResponse
 
-from codegen.export import ExportError, UnknownGpuError, export_header
+from codegen.export import ExportError
 from core.config import DTYPES, Dtype
 from service.deps import StoreDep
+from service.header import UnknownGpuError, export_header
 from service.params import GpuQuery, parse_head_dims
 from service.schemas import ErrorOut, ValidationErrorOut
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from db.store import normalize_gpu_name
+from core.gpu_name import normalize_gpu_name
 from service.deps import IndexDep, StoreDep
 from service.schemas import GpuListOut, GpuOut
 

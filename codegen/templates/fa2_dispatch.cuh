@@ -1,0 +1,172 @@
+// PUBLIC API (everything else is an implementation detail):
+//
+//   enum fa2tune_dtype { FA2TUNE_FP16, FA2TUNE_BF16 };
+//
+//   cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+//                               bool causal, cudaStream_t stream = 0);
+//     Launches softmax(Q K^T * p.softmax_scale) V on `stream` (asynchronously). Fa2Params is
+//     the kernel ABI struct defined below: Q, K, V, O pointers (16-byte aligned), element
+//     strides (multiples of 8; the head dim is contiguous), batch, q_heads, kv_heads
+//     (q_heads % kv_heads == 0), nq, nk, softmax_scale, and an optional float32 LSE output
+//     [batch, q_heads, nq]. Causal is bottom-right aligned (query i sees key j iff
+//     j <= i + nk - nq). Returns cudaErrorInvalidValue for a head dim or dtype this header
+//     was not generated for or for misaligned/invalid parameters; otherwise the launch's
+//     status.
+//
+//   const char* fa2tune_config_name(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+//                                   bool causal);
+//     The config fa2tune_forward would launch (nullptr when it would refuse).
+//
+// Dispatch: on a device whose name (cudaGetDeviceProperties, cached per device) matches the
+// GPU this header was tuned for (named above; compared by fa2tune_detail::normalise_name,
+// so "NVIDIA H200", "nvidia-h200" and "H200" are one GPU), the config tuned at the N nearest
+// to sqrt(nq * nk) on a log scale is used (bucket boundaries at the geometric midpoints of
+// the tuned Ns). On other GPUs, and for head dims, dtypes or masks without tuned results,
+// FlashAttention-2's default config for the head dim is used.
+//
+// ------------------------------------------------------------------------------------------
+// codegen/templates/fa2_dispatch.cuh: the exported header's dispatch and launch code. Not a
+// header to include on its own: codegen/export.py inlines it (and, in place of its
+// #include lines, the kernel template, the GPU-name rule and the rendered table) after the
+// generated comment with the GPU name and the provenance of every tuned config.
+//
+// The contract with the rendered table ("fa2_dispatch_table.inc", written by the exporter
+// from the tuned results; the only generated C++ in the header):
+//   - namespace fa2tune_configs: one `using <config name> = fa2::Traits<...>;` per config
+//     compiled into the header (tuned winners and defaults), followed by the explicit
+//     instantiations of fa2::fwd_kernel and fa2::launch for each;
+//   - in namespace fa2tune_detail:
+//       kTunedGpu      the tuned GPU's name, already normalised (normalise_name);
+//       kTuned         kTunedCount tables, one per tuned (D, dtype, causal), each with its
+//                      choices sorted by the N they were tuned at, ascending, N > 0;
+//                      kTunedCount may be 0 (one sentinel entry then, never read);
+//       kDefaults      kDefaultCount tables, one per supported (D, dtype, causal), each with
+//                      exactly one choice (n = 0): FlashAttention-2's default config.
+//   Every (D, dtype, causal) of kTuned also has a kDefaults entry, so a tuned shape on another
+//   GPU still launches.
+#ifndef FA2TUNE_EXPORTED_HEADER_
+#define FA2TUNE_EXPORTED_HEADER_
+
+#include "fa2_fwd.cuh"
+#include "fa2_gpu_name.cuh"
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+// The values are part of the API (stable across exports): never renumber.
+enum fa2tune_dtype : int { FA2TUNE_FP16 = 0, FA2TUNE_BF16 = 1 };
+
+namespace fa2tune_detail {
+
+using LaunchFn = cudaError_t (*)(const Fa2Params&, cudaStream_t);
+
+struct Choice {
+  long long n;  // the N this config was tuned at (0 for a default)
+  LaunchFn launch;
+  const char* name;
+};
+
+struct Table {
+  int d;
+  int dtype;  // an fa2tune_dtype value
+  bool causal;
+  const Choice* choices;  // sorted by n
+  int count;
+};
+
+}  // namespace fa2tune_detail
+
+#include "fa2_dispatch_table.inc"
+
+namespace fa2tune_detail {
+
+// Whether the current device is the tuned GPU. cudaGetDeviceProperties is slow, so the
+// answer is cached per device ordinal (0 = not looked up yet, 1 = tuned GPU, 2 = other).
+inline bool on_tuned_gpu() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  const bool cacheable = dev >= 0 && dev < kMaxDevices;
+  if (cacheable) {
+    const int hit = cache[dev].load(std::memory_order_relaxed);
+    if (hit != 0) return hit == 1;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return false;
+  char key[sizeof(prop.name) + 1];
+  normalise_name(prop.name, key, sizeof(key));
+  const bool match = std::strcmp(key, kTunedGpu) == 0;
+  if (cacheable) cache[dev].store(match ? 1 : 2, std::memory_order_relaxed);
+  return match;
+}
+
+// The config tuned at the N nearest to n on a log scale: n^2 is compared with the product of
+// neighbouring tuned Ns, i.e. the boundaries are their geometric midpoints (exact in int64).
+// The service's /v1/best picks the same N (tests/test_export.py checks both agree).
+inline const Choice* bucket(const Table& t, long long n2) {
+  int i = 0;
+  while (i + 1 < t.count && n2 >= t.choices[i].n * t.choices[i + 1].n) ++i;
+  return &t.choices[i];
+}
+
+// Tuned tables first (on the tuned GPU only), then the defaults; nullptr for a head dim,
+// dtype or mask this header has no config for.
+inline const Choice* select(const Fa2Params& p, int head_dim, int dtype, bool causal) {
+  if (kTunedCount > 0 && on_tuned_gpu()) {
+    const long long n2 = static_cast<long long>(p.nq) * static_cast<long long>(p.nk);
+    for (int i = 0; i < kTunedCount; ++i) {
+      const Table& t = kTuned[i];
+      if (t.d == head_dim && t.dtype == dtype && t.causal == causal) return bucket(t, n2);
+    }
+  }
+  for (int i = 0; i < kDefaultCount; ++i) {
+    const Table& t = kDefaults[i];
+    if (t.d == head_dim && t.dtype == dtype && t.causal == causal) return t.choices;
+  }
+  return nullptr;
+}
+
+// The ABI's requirements: 16-byte aligned pointers, strides in multiples of 8 elements
+// (the kernel moves 16-byte vectors), whole GQA groups, and grid dimensions CUDA allows.
+inline bool aligned(const void* ptr) {
+  return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0;
+}
+inline bool valid(const Fa2Params& p) {
+  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr) return false;
+  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.o)) return false;
+  const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.q_row_stride,
+                             p.k_batch_stride, p.k_head_stride, p.k_row_stride,
+                             p.v_batch_stride, p.v_head_stride, p.v_row_stride,
+                             p.o_batch_stride, p.o_head_stride, p.o_row_stride};
+  for (int64_t s : strides)
+    if (s % 8 != 0) return false;
+  if (p.batch < 1 || p.q_heads < 1 || p.kv_heads < 1 || p.nq < 1 || p.nk < 0) return false;
+  if (p.q_heads % p.kv_heads != 0) return false;
+  return p.q_heads <= 65535 && p.batch <= 65535;
+}
+
+}  // namespace fa2tune_detail
+
+// ------------------------------------------------------------------------------------------
+// Public entry points (see the top of this part).
+
+inline const char* fa2tune_config_name(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+                                       bool causal) {
+  if (!fa2tune_detail::valid(p)) return nullptr;
+  const fa2tune_detail::Choice* c =
+      fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
+  return c == nullptr ? nullptr : c->name;
+}
+
+inline cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+                                   bool causal, cudaStream_t stream = 0) {
+  if (!fa2tune_detail::valid(p)) return cudaErrorInvalidValue;
+  const fa2tune_detail::Choice* c =
+      fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
+  if (c == nullptr) return cudaErrorInvalidValue;
+  return c->launch(p, stream);
+}
+
+#endif  // FA2TUNE_EXPORTED_HEADER_

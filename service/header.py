@@ -1,0 +1,151 @@
+"""The tuned header from the store: query the winners, hand them to the exporter as plain values.
+
+:mod:`codegen.export` renders a header from :class:`~codegen.export.TunedPoint` values and
+reads no database; this module is the store side that both ``fa2tune export`` and
+``/v1/export/header`` use, and the source of the tuned problems the service's index serves
+(so the header and ``/v1/best`` answer from the same rows).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+
+from codegen.export import TunedPoint, render_header
+from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.gpu_name import normalize_gpu_name
+from core.records import MeasureStatus
+from db.store import MAX_PAGE, BestResult, Store
+
+log = logging.getLogger(__name__)
+
+
+
+class UnknownGpuError(LookupError):
+    """The store holds no results for the requested GPU."""
+
+
+def tuned_results(
+    store: Store,
+    gpu: str | None = None,
+    *,
+    ds: Sequence[int] | None = None,
+    dtypes: Sequence[str] | None = None,
+) -> list[BestResult]:
+    """The winner of every square problem (N == Nk) with an OK measurement.
+
+    The distinct problems are collected by paging through the OK measurements once, then
+    :meth:`db.store.Store.best` ranks each, so the answers are exactly the store's.
+
+    Args:
+        store: the results database.
+        gpu: only this GPU (matched like users write it); None for every GPU.
+        ds: only these head dims; None for all.
+        dtypes: only these dtypes; None for all.
+
+    Returns:
+        One result per (GPU, D, dtype, causal, N), sorted by those.
+    """
+    problems: dict[tuple[str, int, str, bool, int], str] = {}
+    for d in sorted(set(ds)) if ds else [None]:
+        offset = 0
+        while True:
+            page = store.results(
+                gpu, d, status=MeasureStatus.OK.value, offset=offset, limit=MAX_PAGE
+            )
+            for row in page.items:
+                if row.nk != row.n or (dtypes is not None and row.dtype not in dtypes):
+                    continue
+                key = (normalize_gpu_name(row.gpu), row.d, row.dtype, row.causal, row.n)
+                problems.setdefault(key, row.gpu)
+            offset += len(page.items)
+            if not page.items or offset >= page.total:
+                break
+    results: list[BestResult] = []
+    for (_, d_, dtype, causal, n), name in sorted(problems.items()):
+        best = store.best(name, d_, n, dtype, causal)
+        if best is not None:
+            results.append(best)
+    return results
+
+
+def point_from_best(best: BestResult) -> TunedPoint:
+    """A :class:`~codegen.export.TunedPoint` from the store's :class:`~db.store.BestResult`."""
+    return TunedPoint(
+        d=best.d,
+        dtype=best.config.dtype,
+        causal=best.causal,
+        n=best.n,
+        config=best.config,
+        median_ms=best.median_ms,
+        tflops=best.tflops,
+        arch=best.arch,
+        source_hash=best.source_hash,
+        nvcc_version=best.nvcc_version,
+        driver_version=best.driver_version,
+        cuda_version=best.cuda_version,
+        measured_at=best.measured_at,
+    )
+
+
+def export_header(
+    store: Store,
+    gpu: str,
+    ds: Sequence[int] | None = None,
+    *,
+    dtypes: Sequence[Dtype] | None = None,
+    generated_at: datetime | None = None,
+    filename: str = "fa2_tuned.cuh",
+) -> str:
+    """The tuned header for one GPU: template inlined, tuned configs plus defaults, dispatch.
+
+    Args:
+        store: the results database.
+        gpu: the GPU, as users write it (``"H200"``, ``"NVIDIA H200"``).
+        ds: head dims to support (each gets FA2's default config, tuned ones their winners);
+            None for every supported head dim.
+        dtypes: element types to support; None for both.
+        generated_at: timestamp for the header comment (now when None).
+        filename: the header's file name, for the comment.
+
+    Returns:
+        The header text; it compiles with nvcc alone.
+
+    Raises:
+        UnknownGpuError: the store has no OK measurement for ``gpu``.
+        ValueError: unsupported head dim or dtype.
+        codegen.export.ExportError: the templates cannot be inlined.
+    """
+    ds = tuple(HEAD_DIMS if ds is None else ds)
+    dtypes = tuple(DTYPES if dtypes is None else dtypes)
+    for d in ds:
+        if d not in HEAD_DIMS:
+            raise ValueError(f"unsupported head dim {d}; supported: {HEAD_DIMS}")
+    for t in dtypes:
+        if t not in DTYPES:
+            raise ValueError(f"unsupported dtype {t!r}; supported: {', '.join(DTYPES)}")
+    key = normalize_gpu_name(gpu)
+    known = [g for g in store.gpus() if normalize_gpu_name(g.name) == key]
+    if not any(g.ok_measurements for g in known):
+        names = sorted({g.name for g in store.gpus() if g.ok_measurements})
+        raise UnknownGpuError(
+            f"no results for GPU {gpu!r}; GPUs with results: {', '.join(names) or 'none'}"
+        )
+    results = tuned_results(store, gpu, ds=ds, dtypes=dtypes)
+    name = results[0].gpu if results else known[0].name
+    log.info(
+        "exporting %d tuned configs for %s (D=%s, %s)",
+        len(results),
+        name,
+        ",".join(map(str, ds)),
+        ",".join(dtypes),
+    )
+    return render_header(
+        name,
+        [point_from_best(b) for b in results],
+        ds=ds,
+        dtypes=dtypes,
+        generated_at=generated_at,
+        filename=filename,
+    )

@@ -1,0 +1,82 @@
+"""The header exported from the shipped H200 results dispatches to the store's best configs.
+
+The header's dispatch table is parsed back from the text and compared, entry by entry, with
+:meth:`db.store.Store.best` for every shipped problem; and the template hash the header names
+is the build-cache digest the shipped builds' source hashes were computed from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_service_data import make_store
+
+from codegen.build import source_hash
+from codegen.render import render_instantiation, template_hash
+from core.config import KernelConfig
+from db.shipped import load_shipped_results
+from db.store import Store
+from service.header import export_header
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "db" / "data" / "h200_results.json"
+ENUM = {"FA2TUNE_FP16": "fp16", "FA2TUNE_BF16": "bf16"}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    s = make_store(tmp_path_factory.mktemp("shipped"))
+    load_shipped_results(s, [SHIPPED])
+    yield s
+    s.close()
+
+
+def dispatch_table(header: str) -> dict[tuple[int, str, bool, int], str]:
+    """(D, dtype, causal, N) -> config name, read from the header's kTuned tables."""
+    arrays = dict(
+        re.findall(r"inline constexpr Choice (kTuned_\w+)\[\] = \{\n(.*?)\n\};", header, re.S)
+    )
+    rows = re.findall(r"\{(\d+), (FA2TUNE_\w+), (true|false), (kTuned_\w+), (\d+)\},", header)
+    table: dict[tuple[int, str, bool, int], str] = {}
+    for d, enum, causal, ident, count in rows:
+        choices = re.findall(
+            r'\{(\d+), &fa2::launch<fa2tune_configs::(\w+)>, "(\w+)"\}', arrays[ident]
+        )
+        assert len(choices) == int(count)
+        assert [int(n) for n, *_ in choices] == sorted(int(n) for n, *_ in choices)
+        for n, alias, name in choices:
+            assert alias == name
+            table[(int(d), ENUM[enum], causal == "true", int(n))] = name
+    return table
+
+
+def test_dispatch_table_is_the_stores_best(store: Store) -> None:
+    header = export_header(store, "H200")
+    table = dispatch_table(header)
+    problems = json.loads(SHIPPED.read_text())["problems"]
+    shipped = {(p["d"], p["dtype"], p["causal"], p["n"]) for p in problems if p["n"] == p["nk"]}
+    assert set(table) == shipped and len(table) == 48
+    for (d, dtype, causal, n), name in table.items():
+        best = store.best("NVIDIA H200", d, n, dtype, causal)
+        assert best is not None and best.exact
+        assert name == best.config.name, (d, dtype, causal, n)
+    # Every name the GPU goes by selects the same table.
+    for gpu in ("NVIDIA H200", "nvidia-h200", "h200"):
+        assert dispatch_table(export_header(store, gpu)) == table
+
+
+def test_header_names_the_build_cache_template_hash(store: Store) -> None:
+    digest = template_hash()
+    assert f"(template hash {digest})" in export_header(store, "H200", [64], dtypes=["fp16"])
+    # The digest is the one the shipped builds were made with: their source hashes recompute.
+    builds = json.loads(SHIPPED.read_text())["builds"]
+    for b in builds[:: max(1, len(builds) // 50)]:
+        cfg = KernelConfig(**b["config"])
+        text = render_instantiation(cfg)
+        assert (
+            source_hash(digest, text, b["flags"], b["nvcc_version"], b["arch"]) == b["source_hash"]
+        ), cfg.name
