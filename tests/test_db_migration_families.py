@@ -91,6 +91,21 @@ def test_upgrade_keeps_every_row_and_moves_parameters_into_params(db_0001: Path)
         assert not set(FA2_COLUMNS) & set(new)
 
 
+def test_upgrade_rekeys_gpu_names_under_the_shared_rule(db_0001: Path) -> None:
+    with sqlite3.connect(db_0001) as conn:
+        conn.execute(
+            "INSERT INTO gpus (name, name_key, compute_capability, sm_count, driver_version,"
+            " cuda_version, memory_bytes, smem_optin_bytes, created_at, updated_at) VALUES"
+            " ('NVIDIA-A100_SXM4', 'nvidia-a100_sxm4', '8.0', 108, '580', '13.0', 0, 0,"
+            " '2026-11-30 00:00:00', '2026-11-30 00:00:00')"
+        )
+    engine = make_engine(f"sqlite:///{db_0001}")
+    init_db(engine)
+    engine.dispose()
+    keys = {r["name"]: r["name_key"] for r in _rows(db_0001, "gpus")}
+    assert keys == {"NVIDIA H200": "h200", "NVIDIA-A100_SXM4": "a100 sxm4"}
+
+
 def test_upgraded_shipped_results_answer_as_before(db_0001: Path) -> None:
     with Store.from_url(f"sqlite:///{db_0001}") as store:  # migrates on open
         _assert_same_answers(store)

@@ -6,6 +6,12 @@ share the table. Every existing build is family ``fa2``; its parameters are copi
 ``params`` before the columns go, so nothing is lost, and the downgrade copies them back
 (it refuses while builds of another family exist: the old schema cannot hold them).
 
+The same revision recomputes ``gpus.name_key`` under the one GPU-name rule the store, the
+service and the exported header now share (core.gpu_name: punctuation counts as a
+separator, so "NVIDIA-H200" is found as "H200" too; "NVIDIA H200" keeps its key "h200").
+Where two rows would fall on one key (the same GPU stored under two spellings), both keep
+their old keys and a warning names them: merging their problems is a decision for a person.
+
 SQLite: batch mode (copy the table, drop the old one) must not be used here: with foreign
 keys on, dropping ``builds`` deletes every measurement through ON DELETE CASCADE, and the
 pragma cannot be switched off inside the migration's transaction. So columns are added with a
@@ -19,12 +25,17 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
+
+from core.gpu_name import normalize_gpu_name
+
+logger = logging.getLogger("alembic.runtime.migration")
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -62,8 +73,40 @@ def _drop_column(table: str, column: str) -> None:
         op.drop_column(table, column)
 
 
+def _rekey_gpus() -> None:
+    gpus = sa.table(
+        "gpus",
+        sa.column("id", sa.Integer),
+        sa.column("name", sa.String),
+        sa.column("name_key", sa.String),
+        sa.column("compute_capability", sa.String),
+    )
+    bind = op.get_bind()
+    rows = bind.execute(sa.select(gpus)).all()
+    wanted: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        wanted.setdefault((normalize_gpu_name(row.name), row.compute_capability), []).append(row.id)
+    final: dict[int, str] = {}
+    for (key, cc), ids in wanted.items():
+        if len(ids) > 1:
+            logger.warning(
+                "gpus %s would share the name key %r (cc %s); their keys are left as they were",
+                ids, key, cc,
+            )  # fmt: skip
+            continue
+        final[ids[0]] = key
+    # Two passes, so that no row takes a key another row still holds until its own update.
+    old = {row.id: row.name_key for row in rows}
+    changed = {gpu_id: key for gpu_id, key in final.items() if old[gpu_id] != key}
+    for gpu_id in changed:
+        bind.execute(sa.update(gpus).where(gpus.c.id == gpu_id).values(name_key=f"#{gpu_id}"))
+    for gpu_id, key in changed.items():
+        bind.execute(sa.update(gpus).where(gpus.c.id == gpu_id).values(name_key=key))
+
+
 def upgrade() -> None:
     _require_drop_column()
+    _rekey_gpus()
     op.add_column(
         "builds", sa.Column("family", sa.String(16), nullable=False, server_default="fa2")
     )
