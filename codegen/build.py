@@ -28,7 +28,13 @@ from pathlib import Path
 
 from codegen import nvcc_job
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
-from codegen.render import TEMPLATE_HEADER, render_instantiation, template_hash, write_if_changed
+from codegen.render import (
+    TEMPLATE_HEADER,
+    TemplateMissingError,
+    render_instantiation,
+    template_hash,
+    write_if_changed,
+)
 from codegen.render import template_dir as default_template_dir
 from codegen.space import ARCH_SMEM_LIMIT, SUPPORTED_ARCHS
 from core.build_report import BuildReport, BuildStatus
@@ -53,10 +59,6 @@ _PROGRESS_EVERY_S = 10.0
 
 class NvccNotFoundError(RuntimeError):
     """nvcc cannot be run."""
-
-
-class TemplateMissingError(FileNotFoundError):
-    """The kernel template (``fa2_fwd.cuh``) is not in the template directory."""
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from rich.table import Table
 from codegen.build import (
     BuildBatch,
     NvccNotFoundError,
-    TemplateMissingError,
     build_batch,
     report_to_dict,
 )
+from codegen.render import TemplateMissingError
 from codegen.space import (
     ARCH_SMEM_LIMIT,
     DEFAULT_SMEM_LIMIT,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from codegen.families import family_of
 from codegen.render import template_hash
 from codegen.space import fa2_default_config
 from core.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
@@ -153,12 +154,6 @@ def _braced(*fields: object) -> str:
     return "{" + ", ".join(map(str, fields)) + "}"
 
 
-def _traits(c: KernelConfig) -> str:
-    elem, causal, swizzle = element(c.dtype).cuda_type, _cpp_bool(c.causal), _cpp_bool(c.swizzle)
-    args = (c.d, elem, causal, c.br, c.bc, c.warps, c.stages, c.pad, swizzle)
-    return f"fa2::Traits<{', '.join(map(str, args))}>"
-
-
 def _c_string(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -209,7 +204,8 @@ _PREAMBLE = """\
 
 
 def _choice(n: int, cfg: KernelConfig) -> str:
-    return _braced(n, f"&fa2::launch<fa2tune_configs::{cfg.name}>", _c_string(cfg.name))
+    launcher = family_of(cfg).header.launcher
+    return _braced(n, f"&{launcher}<fa2tune_configs::{cfg.name}>", _c_string(cfg.name))
 
 
 def _table_row(d: int, dtype: Dtype, causal: bool, choices: str, count: int) -> str:
@@ -237,15 +233,16 @@ def render_table(
     out = [
         "// The configs compiled into this header: one alias per config ...",
         "namespace fa2tune_configs {",
-        *(f"using {name} = {_traits(c)};" for name, c in sorted(configs.items())),
+        *(
+            f"using {name} = {family_of(c).header.traits(c)};"
+            for name, c in sorted(configs.items())
+        ),
         "}  // namespace fa2tune_configs",
         "",
         "// ... and their explicit instantiations (kernel and host launcher).",
     ]
-    for name in sorted(configs):
-        alias = f"fa2tune_configs::{name}"
-        out.append(f"template __global__ void fa2::fwd_kernel<{alias}>(const Fa2Params);")
-        out.append(f"template cudaError_t fa2::launch<{alias}>(const Fa2Params&, cudaStream_t);")
+    for name, c in sorted(configs.items()):
+        out += family_of(c).header.instantiations(f"fa2tune_configs::{name}")
     out += [
         "",
         "namespace fa2tune_detail {",

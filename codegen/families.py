@@ -19,9 +19,35 @@ from dataclasses import dataclass
 from codegen import space as fa2_space
 from codegen.render import render_instantiation
 from core.config import Dtype, KernelConfig
+from core.elements import element
 from core.family import AnyConfig, UnknownFamilyError, config_type
 
 Grid = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class HeaderPart:
+    """A family's part of the exported header (codegen/export.py renders it into the table).
+
+    Attributes:
+        template: the kernel template the header inlines for this family.
+        traits: the C++ type that names one config (``fa2::Traits<...>``).
+        kernel: the C++ kernel template, instantiated once per config (``fa2::fwd_kernel``).
+        launcher: the C++ host launcher template, ``cudaError_t (const Fa2Params&,
+            cudaStream_t)``, instantiated once per config; the dispatch table points at it.
+    """
+
+    template: str
+    traits: Callable[[AnyConfig], str]
+    kernel: str
+    launcher: str
+
+    def instantiations(self, alias: str) -> list[str]:
+        """Explicit instantiations of the kernel and the launcher for a config alias."""
+        return [
+            f"template __global__ void {self.kernel}<{alias}>(const Fa2Params);",
+            f"template cudaError_t {self.launcher}<{alias}>(const Fa2Params&, cudaStream_t);",
+        ]
 
 
 @dataclass(frozen=True)
@@ -40,7 +66,7 @@ class Family:
         grid: launch grid for (config, nq, q_heads, batch).
         host_prep: dotted name (``module:function``) of the GPU stage's preparation of extra
             launch arguments, or None when the kernel takes only its ``Fa2Params``.
-        header_part: template file holding this family's launcher in the exported header.
+        header: this family's part of the exported header.
     """
 
     name: str
@@ -52,8 +78,8 @@ class Family:
     default: Callable[[int, Dtype, bool], AnyConfig]
     render: Callable[[AnyConfig], str]
     grid: Callable[[AnyConfig, int, int, int], Grid]
+    header: HeaderPart
     host_prep: str | None = None
-    header_part: str | None = None
 
     @property
     def config_type(self) -> type[AnyConfig]:
@@ -81,6 +107,14 @@ def _fa2_grid(config: AnyConfig, nq: int, heads: int, batch: int) -> Grid:
     return (-(-nq // config.br), heads, batch)  # ceil(nq / br) query tiles
 
 
+def _fa2_traits(config: AnyConfig) -> str:
+    assert isinstance(config, KernelConfig)
+    c = config
+    flags = ("true" if c.causal else "false", "true" if c.swizzle else "false")
+    args = (c.d, element(c.dtype).cuda_type, flags[0], c.br, c.bc, c.warps, c.stages, c.pad)
+    return f"fa2::Traits<{', '.join(map(str, args))}, {flags[1]}>"
+
+
 def _fa2_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -> list[AnyConfig]:
     return list(fa2_space.enumerate_space(d, dtype, causal, smem_limit=smem_limit, arch=arch))
 
@@ -99,6 +133,9 @@ FA2 = Family(
     default=fa2_space.fa2_default_config,
     render=render_instantiation,
     grid=_fa2_grid,
+    header=HeaderPart(
+        template="fa2_fwd.cuh", traits=_fa2_traits, kernel="fa2::fwd_kernel", launcher="fa2::launch"
+    ),
 )
 
 #: Every family, by name; the order is the order a campaign searches them in.

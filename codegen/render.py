@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -18,11 +19,9 @@ from core.elements import cuda_type
 
 TEMPLATE_HEADER = "fa2_fwd.cuh"
 
-# Templates only the exported header reads (codegen/export.py inlines them); no kernel build
-# includes them, so they are left out of :func:`template_hash`: an edit to the header's
-# dispatch code must not rebuild every kernel, and the kernel digest must stay the one the
-# stored builds' source hashes (the shipped results' included) were computed from.
-EXPORT_ONLY_TEMPLATES: frozenset[str] = frozenset({"fa2_dispatch.cuh", "fa2_gpu_name.cuh"})
+
+class TemplateMissingError(FileNotFoundError):
+    """A kernel template (or a header it includes) is not in the template directory."""
 
 
 def cuda_elem_type(dtype: str) -> str:
@@ -109,32 +108,55 @@ def template_dir() -> Path:
     return path
 
 
-def template_hash(directory: Path | None = None) -> str:
-    """SHA-256 over every template file a kernel build may read (relative names and contents).
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
-    That is every file in the template directory except :data:`EXPORT_ONLY_TEMPLATES`. Any
-    edit to the kernel template, or an added/removed helper header, changes the hash and thus
-    every build directory derived from it (:func:`codegen.build.source_hash`). The exported
-    header names the kernel source by this same digest.
+
+def template_files(main: str = TEMPLATE_HEADER, directory: Path | None = None) -> list[str]:
+    """``main`` and every template it includes with ``#include "..."``, transitively.
+
+    These are the files a kernel build of ``main``'s family reads from the template
+    directory (system includes in angle brackets are the toolkit's, versioned by nvcc's
+    release line instead). Sorted relative names.
+
+    Raises:
+        TemplateMissingError: ``main`` or an included file is not in the directory.
+    """
+    root = directory if directory is not None else template_dir()
+    found: set[str] = set()
+    todo = [main]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        path = root / name
+        if not path.is_file():
+            raise TemplateMissingError(f"kernel template {name} not found in {root}")
+        found.add(name)
+        todo += _INCLUDE_RE.findall(path.read_text(encoding="utf-8", errors="replace"))
+    return sorted(found)
+
+
+def template_hash(directory: Path | None = None, main: str = TEMPLATE_HEADER) -> str:
+    """SHA-256 over the template files one family's kernels read (relative names, contents).
+
+    The files are :func:`template_files` of the family's main template, so an edit to it or
+    to any header it includes changes the hash and thus every build directory derived from
+    it (:func:`codegen.build.source_hash`), while templates of other families and the
+    exported header's dispatch code (``fa2_dispatch.cuh``, which includes the kernel) do
+    not. The exported header names the kernel source by this same digest.
 
     Args:
         directory: the template directory; defaults to :func:`template_dir`.
+        main: the family's main template (``fa2_fwd.cuh`` for the mma.sync family).
 
     Returns:
         The hex digest (64 characters).
     """
     root = directory if directory is not None else template_dir()
     h = hashlib.sha256()
-    files = sorted(
-        p
-        for p in root.rglob("*")
-        if p.is_file()
-        and "__pycache__" not in p.parts
-        and p.relative_to(root).as_posix() not in EXPORT_ONLY_TEMPLATES
-    )
-    for p in files:
-        rel = p.relative_to(root).as_posix().encode()
-        data = p.read_bytes()
+    for rel_name in template_files(main, root):
+        rel = rel_name.encode()
+        data = (root / rel_name).read_bytes()
         # Length-prefixed fields, so that no two different trees hash alike.
         h.update(len(rel).to_bytes(8, "little") + rel)
         h.update(len(data).to_bytes(8, "little") + data)

@@ -1,0 +1,558 @@
+// fa2tune: FlashAttention forward, Hopper-native family "fa3" (sm_90a: wgmma + TMA + mbarriers,
+// warp specialisation). Computes exactly the function of fa2_fwd.cuh (same Fa2Params).
+//
+// One thread block computes BlockM query rows of one (batch, head). Warpgroup 0 is the
+// producer: one thread issues TMA loads of the Q tile and of a ring of `Stages` K and V tiles,
+// each completing on a "full" mbarrier with a byte count; consumers release a stage through
+// its "empty" mbarrier. Warpgroups 1..BlockM/64 are consumers, each owning 64 query rows:
+//   S = Q K^T   wgmma m64 n=BlockN k16, A (Q) and B (K) from shared memory (K-major);
+//   online softmax on the fp32 accumulator in registers;
+//   O += P V    wgmma m64 n=D k16, P from registers (PvFromRegs, "RS") or from shared memory
+//               ("SS"), V read N-major (transposed) from the same 128B-swizzled tile.
+// Compile-time switches: IntraOverlap issues tile j's Q K^T together with tile j-1's P V before
+// tile j's softmax; PingPong (two consumer warpgroups) orders the GEMM issue of the two
+// warpgroups with named barriers so one warpgroup's softmax runs under the other's GEMMs.
+//
+// Shared memory (after aligning the dynamic base to 1024 bytes): every tile is stored as boxes
+// of 64 columns (128 bytes of 2-byte elements) x rows, TMA's 128-byte swizzle (16-byte chunk c
+// of row r at chunk c ^ (r % 8)); a D=128 tile is two boxes. Tails: TMA zero-fills rows past
+// Nq/Nk and columns past D; scores of keys >= Nk are still set to -inf. Causal is bottom-right
+// aligned (query i sees key j iff j <= i + nk - nq); KV tiles wholly above the diagonal are
+// never loaded; a row that sees no key gets O = 0 and LSE = -inf.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "fa3_ptx.cuh"
+#include "fa3_wgmma.cuh"
+#include "fa_params.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "fa3_fwd.cuh needs sm_90a: compile with -gencode=arch=compute_90a,code=sm_90a"
+#endif
+
+namespace fa3 {
+
+// Limits of one SM of compute capability 9.0.
+constexpr int kMaxSmemPerBlock = 227 * 1024;  // 232448 bytes of dynamic shared memory
+constexpr int kRegsPerSm = 65536;
+
+// ---------------------------------------------------------------------------------------------
+// Every constant of one instantiation, derived from its parameters and checked here.
+template <int D_, typename Elem_, bool Causal_, int BlockM_, int BlockN_, int Stages_,
+          bool PvFromRegs_, bool IntraOverlap_, bool PingPong_, int ConsumerRegs_>
+struct Traits {
+  using Elem = Elem_;
+  static constexpr int D = D_;
+  static constexpr bool Causal = Causal_;
+  static constexpr int BlockM = BlockM_;
+  static constexpr int BlockN = BlockN_;
+  static constexpr int Stages = Stages_;
+  static constexpr bool PvFromRegs = PvFromRegs_;
+  static constexpr bool IntraOverlap = IntraOverlap_;
+  static constexpr bool PingPong = PingPong_;
+  static constexpr int ConsumerRegs = ConsumerRegs_;
+
+  static constexpr int kConsumerWGs = BlockM / 64;
+  static constexpr int kThreads = (kConsumerWGs + 1) * 128;
+  static constexpr int kBoxCols = 64;  // one 128-byte swizzle row of 2-byte elements
+  static constexpr int kDBoxes = (D + kBoxCols - 1) / kBoxCols;
+  static constexpr int kQBoxBytes = BlockM * 128;
+  static constexpr int kKVBoxBytes = BlockN * 128;
+  static constexpr int kQBytes = kDBoxes * kQBoxBytes;    // TMA transaction bytes of Q
+  static constexpr int kKVBytes = kDBoxes * kKVBoxBytes;  // ... of one K or V stage
+  static constexpr int kPBoxes = (BlockN + kBoxCols - 1) / kBoxCols;
+  static constexpr int kPBytesPerWG = PvFromRegs ? 0 : kPBoxes * 64 * 128;
+  // Byte offsets from the 1024-aligned base.
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kQBytes;
+  static constexpr int kVOff = kKOff + Stages * kKVBytes;
+  static constexpr int kPOff = kVOff + Stages * kKVBytes;
+  static constexpr int kBarOff = kPOff + kConsumerWGs * kPBytesPerWG;
+  static constexpr int kBarBytes = 8 * (1 + 4 * Stages);
+  static constexpr int kAlignSlack = 1024;  // the dynamic base is aligned up to 1024 bytes
+  // The host's formula (docs/fa3_kernel.md): 1024 + 128*ceil(D/64)*(BlockM + 2*Stages*BlockN)
+  //   + (SS ? (BlockM/64)*ceil(BlockN/64)*8192 : 0) + 256.
+  static constexpr int kSmemBytes = kAlignSlack + kBarOff + 256;
+
+  // Registers: the launch bound gives every thread kLaunchRegs; setmaxnreg then moves them
+  // from the producer warpgroup to the consumers.
+  static constexpr int kLaunchRegs = (kRegsPerSm / kThreads) > 255 ? 248 : ((kRegsPerSm / kThreads) & ~7);
+  static constexpr bool kSplitRegs = kConsumerWGs > 1;
+  static constexpr int kProducerRegsRaw =
+      ((kThreads * kLaunchRegs - kConsumerWGs * 128 * ConsumerRegs) / 128) & ~7;
+  static constexpr int kProducerRegs = kProducerRegsRaw > 56 ? 56 : kProducerRegsRaw;
+  // fp32 accumulator registers a consumer thread keeps live: S and O, plus the packed P of the
+  // previous tile while the next S is computed (RS with intra-warpgroup overlap).
+  static constexpr int kAccRegs =
+      BlockN / 2 + D / 2 + (IntraOverlap && PvFromRegs ? BlockN / 4 : 0);
+  static constexpr int kRegHeadroom = 32;  // indices, softmax state, descriptors, addresses
+
+  static_assert(std::is_same_v<Elem, __half> || std::is_same_v<Elem, __nv_bfloat16>,
+                "fp16 or bf16");
+  static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim: a multiple of 32 in 32..256");
+  static_assert(BlockM == 64 || BlockM == 128 || BlockM == 192, "BlockM in {64, 128, 192}");
+  static_assert(BlockN % 16 == 0 && BlockN >= 64 && BlockN <= 192,
+                "BlockN a multiple of 16 in 64..192");
+  static_assert(Stages >= 2 && Stages <= 4, "2..4 K/V stages");
+  static_assert(!PingPong || kConsumerWGs == 2, "ping-pong needs exactly 2 consumer warpgroups");
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over 227 KB");
+  static_assert(ConsumerRegs % 8 == 0 && ConsumerRegs >= 24 && ConsumerRegs <= 256,
+                "setmaxnreg takes a multiple of 8 in 24..256");
+  static_assert(!kSplitRegs || ConsumerRegs >= kLaunchRegs,
+                "consumers cannot have fewer registers than the launch gives");
+  static_assert(!kSplitRegs || kProducerRegs >= 24, "register split: producer below 24");
+  static_assert(!kSplitRegs || 128 * (kProducerRegs + kConsumerWGs * ConsumerRegs) <=
+                                   kThreads * kLaunchRegs,
+                "register split exceeds the block's registers");
+  static_assert(kAccRegs + kRegHeadroom <= (kSplitRegs ? ConsumerRegs : 255),
+                "accumulators do not fit the consumer register budget");
+};
+
+template <typename Elem>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Elem, __half>) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) asm volatile("" : "+r"(r[i][k])::"memory");
+}
+
+// Barrier addresses: q_full, then k_full[S], v_full[S], k_empty[S], v_empty[S].
+template <class T>
+struct Bars {
+  uint32_t base;
+  __device__ __forceinline__ uint32_t q_full() const { return base; }
+  __device__ __forceinline__ uint32_t k_full(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ uint32_t v_full(int s) const { return base + 8 * (1 + T::Stages + s); }
+  __device__ __forceinline__ uint32_t k_empty(int s) const {
+    return base + 8 * (1 + 2 * T::Stages + s);
+  }
+  __device__ __forceinline__ uint32_t v_empty(int s) const {
+    return base + 8 * (1 + 3 * T::Stages + s);
+  }
+};
+
+// Tile coordinates of one thread block.
+struct BlockCoord {
+  int m0, head, kv_head, batch, n_tiles;
+};
+
+// ---------------------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, Bars<T> bars,
+                                         const CUtensorMap* tq, const CUtensorMap* tk,
+                                         const CUtensorMap* tv) {
+  constexpr int S = T::Stages;
+  tma_prefetch_desc(tq);
+  tma_prefetch_desc(tk);
+  tma_prefetch_desc(tv);
+  mbar_arrive_expect_tx(bars.q_full(), T::kQBytes);
+#pragma unroll
+  for (int b = 0; b < T::kDBoxes; ++b)
+    tma_load_4d(sbase + T::kQOff + b * T::kQBoxBytes, tq, bars.q_full(), b * T::kBoxCols, bc.m0,
+                bc.head, bc.batch);
+  for (int j = 0; j < bc.n_tiles; ++j) {
+    const int st = j % S;
+    const uint32_t empty_parity = ((j / S) + 1) & 1;  // phase of the release of tile j - S
+    const int row = j * T::BlockN;
+    if (j >= S) mbar_wait(bars.k_empty(st), empty_parity);
+    mbar_arrive_expect_tx(bars.k_full(st), T::kKVBytes);
+#pragma unroll
+    for (int b = 0; b < T::kDBoxes; ++b)
+      tma_load_4d(sbase + T::kKOff + st * T::kKVBytes + b * T::kKVBoxBytes, tk, bars.k_full(st),
+                  b * T::kBoxCols, row, bc.kv_head, bc.batch);
+    if (j >= S) mbar_wait(bars.v_empty(st), empty_parity);
+    mbar_arrive_expect_tx(bars.v_full(st), T::kKVBytes);
+#pragma unroll
+    for (int b = 0; b < T::kDBoxes; ++b)
+      tma_load_4d(sbase + T::kVOff + st * T::kKVBytes + b * T::kKVBoxBytes, tv, bars.v_full(st),
+                  b * T::kBoxCols, row, bc.kv_head, bc.batch);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& bc, uint32_t sbase,
+                                         unsigned char* gbase, Bars<T> bars, int wc) {
+  using Elem = typename T::Elem;
+  constexpr int D = T::D, BN = T::BlockN, S = T::Stages;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  const int tid = threadIdx.x % 128;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int diag = p.nk - p.nq;  // query i sees keys j <= i + diag (causal)
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int wg_row0 = bc.m0 + 64 * wc;
+  const int row_g = wg_row0 + 16 * warp + g;  // global row of this thread's h = 0 elements
+  const int n_tiles = bc.n_tiles;
+
+  // Descriptors: Q (A, K-major), K (B, K-major), V (B, N-major: LBO steps over 64-column
+  // boxes of D, SBO over 8-key atoms), P (A, K-major) in SS mode.
+  const uint64_t q_desc = make_desc_sw128(sbase + T::kQOff + wc * 64 * 128, 16, 1024);
+  const uint64_t k_desc = make_desc_sw128(sbase + T::kKOff, 16, 1024);
+  const uint64_t v_desc = make_desc_sw128(sbase + T::kVOff, T::kKVBoxBytes, 1024);
+  const uint64_t p_desc = make_desc_sw128(sbase + T::kPOff + wc * T::kPBytesPerWG, 16, 1024);
+
+  float o[D / 2];
+  float s[BN / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+  float row_max[2] = {kNegInf, kNegInf};
+  float row_sum[2] = {0.f, 0.f};  // per-thread partial sums; reduced over the quad at the end
+  uint32_t pf[T::PvFromRegs ? BN / 16 : 1][4];
+
+  auto qk = [&](int st) {
+    const uint64_t kd = desc_advance(k_desc, st * T::kKVBytes);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint32_t qoff = (ks / 4) * T::kQBoxBytes + (ks % 4) * 32;
+      const uint32_t koff = (ks / 4) * T::kKVBoxBytes + (ks % 4) * 32;
+      Wgmma<BN>::template ss<Elem, 0>(s, desc_advance(q_desc, qoff), desc_advance(kd, koff),
+                                      ks > 0 ? 1 : 0);
+    }
+  };
+  auto pv = [&](int st) {
+    const uint64_t vd = desc_advance(v_desc, st * T::kKVBytes);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      if constexpr (T::PvFromRegs) {
+        Wgmma<D>::template rs<Elem, 1>(o, pf[kk], desc_advance(vd, kk * 2048), 1);
+      } else {
+        const uint32_t poff = (kk / 4) * 8192 + (kk % 4) * 32;
+        Wgmma<D>::template ss<Elem, 1>(o, desc_advance(p_desc, poff), desc_advance(vd, kk * 2048),
+                                       1);
+      }
+    }
+  };
+  auto fence_all = [&]() {
+    fence_regs(o);
+    fence_regs(s);
+    if constexpr (T::PvFromRegs) fence_regs_u32(pf);
+  };
+
+  // Masks, new row maxima, exponentials in place, running sums; alpha rescales O.
+  auto softmax = [&](int j, float (&alpha)[2]) {
+    const int n0 = j * BN;
+    const bool need_mask = (n0 + BN > p.nk) || (T::Causal && n0 + BN - 1 > wg_row0 + diag);
+    if (need_mask) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int limit = p.nk;  // keys < limit are visible
+        if constexpr (T::Causal) limit = min(limit, row_g + 8 * h + diag + 1);
+        const int rel = limit - n0 - 2 * t;  // element (i, e) is masked iff 8i + e >= rel
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (8 * i + e >= rel) s[4 * i + 2 * h + e] = kNegInf;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[h];
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // -inf guards: a row that has seen no key keeps max -inf; subtract 0 instead so that
+      // exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
+      const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
+      alpha[h] = row_max[h] == kNegInf ? 0.f : fast_exp2(row_max[h] * scale_log2 - m_scaled);
+      row_max[h] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = fast_exp2(fmaf(s[4 * i + 2 * h + e], scale_log2, -m_scaled));
+          s[4 * i + 2 * h + e] = pr;
+          sum += pr;
+        }
+      row_sum[h] = row_sum[h] * alpha[h] + sum;
+    }
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        o[4 * i + 2 * h] *= alpha[h];
+        o[4 * i + 2 * h + 1] *= alpha[h];
+      }
+  };
+  // P (fp16/bf16) for the P V GEMM: the S accumulator of two adjacent n8 blocks is exactly the
+  // m64k16 A fragment, so RS packs in place; SS stores it 128B-swizzled for a descriptor.
+  auto make_p = [&]() {
+    if constexpr (T::PvFromRegs) {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pf[kk][0] = pack2<Elem>(s[8 * kk + 0], s[8 * kk + 1]);
+        pf[kk][1] = pack2<Elem>(s[8 * kk + 2], s[8 * kk + 3]);
+        pf[kk][2] = pack2<Elem>(s[8 * kk + 4], s[8 * kk + 5]);
+        pf[kk][3] = pack2<Elem>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    } else {
+      unsigned char* pw = gbase + T::kPOff + wc * T::kPBytesPerWG;
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * warp + g + 8 * h;  // r % 8 == g
+          const int off = (i / 8) * 8192 + r * 128 + (((i % 8) ^ g) * 16) + 4 * t;
+          *reinterpret_cast<uint32_t*>(pw + off) =
+              pack2<Elem>(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]);
+        }
+      fence_proxy_async();
+      named_bar_sync(3 + wc, 128);
+    }
+  };
+
+  // Ping-pong: GEMM issue is a critical section taken in turn (barrier 1 + wc, arrived at by
+  // the other warpgroup). Warpgroup 1 opens warpgroup 0's first turn and skips its very last
+  // arrive, so every bar.sync meets exactly one bar.arrive.
+  auto pp_begin = [&]() {
+    if constexpr (T::PingPong) named_bar_sync(1 + wc, 256);
+  };
+  auto pp_end = [&](bool last) {
+    if constexpr (T::PingPong) {
+      if (!(last && wc == 1)) named_bar_arrive(1 + (wc ^ 1), 256);
+    }
+  };
+  auto release = [&](uint32_t bar) {
+    if (lane == 0) mbar_arrive(bar);
+  };
+
+  if constexpr (T::PingPong) {
+    if (wc == 1) named_bar_arrive(1, 256);
+  }
+  mbar_wait(bars.q_full(), 0);
+
+  if constexpr (T::IntraOverlap) {
+    mbar_wait(bars.k_full(0), 0);
+    pp_begin();
+    fence_all();
+    wgmma_fence();
+    qk(0);
+    wgmma_commit();
+    pp_end(false);
+    wgmma_wait<0>();
+    fence_regs(s);
+    release(bars.k_empty(0));
+    {
+      float alpha[2];
+      softmax(0, alpha);  // O is still zero: nothing to rescale
+    }
+    make_p();
+    for (int j = 1; j < n_tiles; ++j) {
+      const int st = j % S, sp = (j - 1) % S;
+      mbar_wait(bars.k_full(st), (j / S) & 1);
+      mbar_wait(bars.v_full(sp), ((j - 1) / S) & 1);  // both waits before the issue: no
+      pp_begin();                                       // branch between the two batches
+      fence_all();
+      wgmma_fence();
+      qk(st);
+      wgmma_commit();
+      pv(sp);
+      wgmma_commit();
+      pp_end(false);
+      wgmma_wait<1>();  // S of tile j is ready; P V of tile j - 1 may still run
+      fence_regs(s);
+      release(bars.k_empty(st));
+      float alpha[2];
+      softmax(j, alpha);
+      wgmma_wait<0>();
+      fence_regs(o);
+      if constexpr (T::PvFromRegs) fence_regs_u32(pf);
+      release(bars.v_empty(sp));
+      rescale_o(alpha);
+      make_p();
+    }
+    const int last = n_tiles - 1;
+    mbar_wait(bars.v_full(last % S), (last / S) & 1);
+    pp_begin();
+    fence_all();
+    wgmma_fence();
+    pv(last % S);
+    wgmma_commit();
+    pp_end(true);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(bars.v_empty(last % S));
+  } else {
+    for (int j = 0; j < n_tiles; ++j) {
+      const int st = j % S;
+      const uint32_t ph = (j / S) & 1;
+      mbar_wait(bars.k_full(st), ph);
+      pp_begin();
+      fence_all();
+      wgmma_fence();
+      qk(st);
+      wgmma_commit();
+      pp_end(false);
+      wgmma_wait<0>();
+      fence_regs(s);
+      release(bars.k_empty(st));
+      float alpha[2];
+      softmax(j, alpha);
+      rescale_o(alpha);
+      make_p();
+      mbar_wait(bars.v_full(st), ph);
+      pp_begin();
+      fence_all();
+      wgmma_fence();
+      pv(st);
+      wgmma_commit();
+      pp_end(j == n_tiles - 1);
+      wgmma_wait<0>();
+      fence_regs(o);
+      if constexpr (T::PvFromRegs) fence_regs_u32(pf);
+      release(bars.v_empty(st));
+    }
+  }
+
+  // Epilogue: normalise; stage O (fp16/bf16) in this warpgroup's rows of the Q buffer, which
+  // only this warpgroup's GEMMs read and all of them are complete; then 16-byte row stores.
+  float inv[2], lsum[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = row_sum[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    lsum[h] = l;
+    inv[h] = l > 0.f ? 1.f / l : 0.f;
+  }
+  {
+    unsigned char* qw = gbase + T::kQOff;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 64 * wc + 16 * warp + g + 8 * h;  // row in the Q tile; r % 8 == g
+        const int off = (i / 8) * T::kQBoxBytes + r * 128 + (((i % 8) ^ g) * 16) + 4 * t;
+        *reinterpret_cast<uint32_t*>(qw + off) =
+            pack2<Elem>(o[4 * i + 2 * h] * inv[h], o[4 * i + 2 * h + 1] * inv[h]);
+      }
+  }
+  if (p.lse != nullptr && t == 0) {
+    float* lse = p.lse + (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) * p.nq;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_g + 8 * h;
+      if (row < p.nq)
+        lse[row] = lsum[h] > 0.f ? row_max[h] * p.softmax_scale + logf(lsum[h]) : kNegInf;
+    }
+  }
+  named_bar_sync(3 + wc, 128);
+  Elem* gO = static_cast<Elem*>(p.o) + bc.batch * p.o_batch_stride + bc.head * p.o_head_stride;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const unsigned char* qr = gbase + T::kQOff;
+#pragma unroll 4
+  for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int row = wg_row0 + r;
+    if (row < p.nq) {
+      const int rr = 64 * wc + r;
+      const uint4 val = *reinterpret_cast<const uint4*>(
+          qr + (c / 8) * T::kQBoxBytes + rr * 128 + (((c % 8) ^ (rr % 8)) * 16));
+      *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_row_stride + c * 8) = val;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* tq,
+                                         const CUtensorMap* tk, const CUtensorMap* tv) {
+  using Elem = typename T::Elem;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t sbase = (raw + 1023u) & ~1023u;
+  unsigned char* gbase = smem_raw + (sbase - raw);
+  const Bars<T> bars{sbase + T::kBarOff};
+
+  BlockCoord bc;
+  // Causal blocks near the bottom do the most work: launch them first.
+  const int m_block = T::Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+  bc.m0 = m_block * T::BlockM;
+  bc.head = blockIdx.y;
+  bc.batch = blockIdx.z;
+  bc.kv_head = bc.head / (p.q_heads / p.kv_heads);
+  int key_end = p.nk;
+  if constexpr (T::Causal) key_end = min(p.nk, bc.m0 + T::BlockM + p.nk - p.nq);
+  bc.n_tiles = key_end > 0 ? (key_end + T::BlockN - 1) / T::BlockN : 0;
+
+  const int tid = threadIdx.x;
+  if (bc.n_tiles == 0) {  // every row of this block sees no key: O = 0, LSE = -inf
+    const int q_rows = min(T::BlockM, p.nq - bc.m0);
+    Elem* gO = static_cast<Elem*>(p.o) + bc.batch * p.o_batch_stride +
+               bc.head * p.o_head_stride + static_cast<int64_t>(bc.m0) * p.o_row_stride;
+    constexpr int kChunks = T::D / 8;
+    for (int idx = tid; idx < q_rows * kChunks; idx += T::kThreads) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      *reinterpret_cast<uint4*>(gO + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
+    }
+    if (p.lse != nullptr) {
+      float* lse = p.lse + (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) * p.nq + bc.m0;
+      for (int r = tid; r < q_rows; r += T::kThreads) lse[r] = kNegInf;
+    }
+    return;
+  }
+
+  if (tid == 0) {
+    mbar_init(bars.q_full(), 1);
+#pragma unroll
+    for (int s = 0; s < T::Stages; ++s) {
+      mbar_init(bars.k_full(s), 1);
+      mbar_init(bars.v_full(s), 1);
+      mbar_init(bars.k_empty(s), 4 * T::kConsumerWGs);  // one arrive per consumer warp
+      mbar_init(bars.v_empty(s), 4 * T::kConsumerWGs);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const int wg = tid / 128;
+  if (wg == 0) {
+    if constexpr (T::kSplitRegs) reg_dealloc<T::kProducerRegs>();
+    if (tid == 0) producer<T>(bc, sbase, bars, tq, tk, tv);
+  } else {
+    if constexpr (T::kSplitRegs) reg_alloc<T::ConsumerRegs>();
+    consumer<T>(p, bc, sbase, gbase, bars, wg - 1);
+  }
+}
+
+}  // namespace fa3
+
+// One extern "C" kernel per config, named by the config, for loading from a cubin.
+// Launch: grid (ceil(nq / BlockM), q_heads, batch), block (BlockM / 64 + 1) * 128 threads,
+// dynamic shared memory NAME_traits::kSmemBytes (see docs/fa3_kernel.md).
+#define FA3_DEFINE_KERNEL(NAME, D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS,      \
+                          INTRA_OVERLAP, PING_PONG, CONSUMER_REGS)                            \
+  using NAME##_traits = fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS,  \
+                                    INTRA_OVERLAP, PING_PONG, CONSUMER_REGS>;                 \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                   \
+      NAME(const Fa2Params p, const __grid_constant__ CUtensorMap tma_q,                      \
+           const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) { \
+    fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v);                                  \
+  }

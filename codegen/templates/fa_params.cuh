@@ -1,0 +1,46 @@
+// fa2tune: the kernel ABI shared by every kernel family (fa2 mma.sync, fa3 wgmma).
+//
+// Fa2Params is passed by value as the first kernel argument. Strides are in elements; the head
+// dimension is contiguous. Layout and semantics: docs/architecture.md (fa2) and
+// docs/fa3_kernel.md (fa3, which adds three CUtensorMap arguments after it).
+//
+// This is the same struct as the one in fa2_fwd.cuh (byte for byte; the static_asserts below
+// pin it). Until the two are folded, a translation unit includes one family's header only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#ifndef FA2TUNE_FA2PARAMS_DEFINED
+#define FA2TUNE_FA2PARAMS_DEFINED
+struct Fa2Params {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // [batch, q_heads, nq], natural log; may be null
+  int64_t q_batch_stride, q_head_stride, q_row_stride;
+  int64_t k_batch_stride, k_head_stride, k_row_stride;
+  int64_t v_batch_stride, v_head_stride, v_row_stride;
+  int64_t o_batch_stride, o_head_stride, o_row_stride;
+  int32_t batch, q_heads, kv_heads, nq, nk;
+  float softmax_scale;
+};
+#endif
+
+static_assert(sizeof(Fa2Params) == 160, "Fa2Params layout is part of the ABI");
+static_assert(alignof(Fa2Params) == 8, "Fa2Params alignment is part of the ABI");
+static_assert(offsetof(Fa2Params, q) == 0 && offsetof(Fa2Params, k) == 8 &&
+                  offsetof(Fa2Params, v) == 16 && offsetof(Fa2Params, o) == 24 &&
+                  offsetof(Fa2Params, lse) == 32,
+              "pointer offsets");
+static_assert(offsetof(Fa2Params, q_batch_stride) == 40 &&
+                  offsetof(Fa2Params, k_batch_stride) == 64 &&
+                  offsetof(Fa2Params, v_batch_stride) == 88 &&
+                  offsetof(Fa2Params, o_batch_stride) == 112 &&
+                  offsetof(Fa2Params, o_row_stride) == 128,
+              "stride offsets");
+static_assert(offsetof(Fa2Params, batch) == 136 && offsetof(Fa2Params, q_heads) == 140 &&
+                  offsetof(Fa2Params, kv_heads) == 144 && offsetof(Fa2Params, nq) == 148 &&
+                  offsetof(Fa2Params, nk) == 152 && offsetof(Fa2Params, softmax_scale) == 156,
+              "scalar offsets");

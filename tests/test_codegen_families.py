@@ -1,0 +1,88 @@
+"""The kernel-family registry and the family registry of config types (CPU only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.families import FA2, FAMILIES, families_for, family, family_of
+from codegen.space import fa2_default_config
+from core.config import KernelConfig
+from core.family import (
+    UnknownFamilyError,
+    config_from_name,
+    config_from_params,
+    family_of_name,
+)
+
+CFG = KernelConfig(d=128, dtype="bf16", causal=True, br=128, bc=64, warps=4, stages=2, pad=8)
+
+
+def test_the_mma_sync_template_is_family_fa2() -> None:
+    assert list(FAMILIES) == ["fa2"] and family("fa2") is FA2
+    assert family_of(CFG) is FA2 and FA2.config_type is KernelConfig
+    assert CFG.name.startswith("fa2_") and family_of_name(CFG.name) == "fa2"
+    assert FA2.templates == ("fa2_fwd.cuh",)
+
+
+def test_config_round_trips_through_name_and_stored_params() -> None:
+    assert config_from_name(CFG.name) == CFG
+    assert CFG.params() == {
+        "br": 128,
+        "bc": 64,
+        "warps": 4,
+        "stages": 2,
+        "pad": 8,
+        "swizzle": False,
+    }
+    assert config_from_params("fa2", 128, "bf16", True, CFG.params()) == CFG
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: family("fa9"), "unknown kernel family 'fa9'"),
+        (lambda: config_from_name("fa9_d128"), "its prefix names no kernel family"),
+        (lambda: config_from_params("fa2", 64, "fp16", False, {"br": 64}), "missing: bc"),
+        (
+            lambda: config_from_params("fa2", 64, "fp16", False, {**CFG.params(), "tile": 1}),
+            "no parameter",
+        ),
+    ],
+)
+def test_unknown_families_and_parameters_are_named(call: object, message: str) -> None:
+    with pytest.raises((UnknownFamilyError, ValueError), match=message):
+        call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("cc", "arch"), [("9.0", "sm_90"), ("8.9", "sm_89"), ("8.7", "sm_86"), ("12.0", "sm_90")]
+)
+def test_fa2_builds_for_the_newest_arch_the_gpu_runs(cc: str, arch: str) -> None:
+    assert FA2.arch_for(cc) == arch
+    assert families_for(cc) == [FA2]
+
+
+def test_gpus_older_than_every_target_get_no_family() -> None:
+    assert FA2.arch_for("7.5") is None and families_for("7.5") == []
+
+
+def test_fa2_launch_geometry() -> None:
+    assert FA2.grid(CFG, 1000, 16, 2) == (8, 16, 2)  # ceil(1000 / 128) query tiles
+    assert FA2.grid(CFG, 1, 3, 5) == (1, 3, 5)
+    assert FA2.block(CFG) == (128, 1, 1)
+
+
+def test_fa2_space_seeds_default_and_render_come_from_the_registry() -> None:
+    space = FA2.space(64, "fp16", False, 227 * 1024, "sm_90")
+    assert space and all(c.family == "fa2" and c.d == 64 for c in space)
+    assert set(FA2.seeds(64, "fp16", False)) <= set(space)
+    assert FA2.default(64, "fp16", False) == fa2_default_config(64, "fp16", False)
+    assert f"FA2_DEFINE_KERNEL({CFG.name}, 128, __nv_bfloat16, true," in FA2.render(CFG)
+
+
+def test_fa2_header_part() -> None:
+    header = FA2.header
+    assert header.traits(CFG) == "fa2::Traits<128, __nv_bfloat16, true, 128, 64, 4, 2, 8, false>"
+    kernel, launcher = header.instantiations("A")
+    assert kernel == "template __global__ void fa2::fwd_kernel<A>(const Fa2Params);"
+    assert launcher == "template cudaError_t fa2::launch<A>(const Fa2Params&, cudaStream_t);"
