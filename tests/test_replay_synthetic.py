@@ -19,7 +19,7 @@ from codegen.config import KernelConfig
 from codegen.report import BuildStatus
 from codegen.space import enumerate_space
 from db.store import Store
-from tuner.campaign import run_campaign
+from tuner.campaign import CampaignOptions
 from tuner.problem import Problem
 from tuner.records import GpuInfo, MeasureResult, MeasureStatus
 from tuner.replay import (
@@ -28,6 +28,7 @@ from tuner.replay import (
     ReplayTable,
     export_replay_table,
     load_replay_table,
+    run_replay_campaign,
     save_replay_table,
 )
 from tuner.search import layout_of
@@ -192,18 +193,14 @@ def test_replay_measure_answers_from_the_table() -> None:
 def test_export_replay_table_from_a_store(tmp_path: Path) -> None:
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)
-    replay = ReplayMeasure(table)
     with open_store(tmp_path) as store:
-        run_campaign(
-            problems,
+        run_replay_campaign(
+            table,
+            CampaignOptions(sampler="grid"),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=GPU,
-            space_fn=replay.space,
+            problems=problems,
             seeds_fn=lambda p: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="grid",
         )
         # A second, slower OK measurement of the best must not replace the faster one.
         exported = export_replay_table(store, "test gpu")

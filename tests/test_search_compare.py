@@ -21,9 +21,15 @@ from test_replay_synthetic import (
 
 from codegen.config import KernelConfig
 from codegen.space import enumerate_space
-from tuner.campaign import _defaults, run_campaign
+from tuner.campaign import CampaignOptions, _defaults
 from tuner.problem import Problem
-from tuner.replay import ReplayEntry, ReplayMeasure, ReplayMissingError, ReplayTable
+from tuner.replay import (
+    ReplayEntry,
+    ReplayMeasure,
+    ReplayMissingError,
+    ReplayTable,
+    run_replay_campaign,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 
@@ -186,35 +192,28 @@ def test_a_config_missing_from_the_table_is_a_clear_error(tmp_path: Path) -> Non
     # Searched over the whole space, the search proposes it (first, as a seed) and the error
     # comes out of the campaign as it is, not as a StopIteration.
     with open_store(tmp_path) as store, pytest.raises(ReplayMissingError, match=missing.name):
-        run_campaign(
-            [p],
+        run_replay_campaign(
+            replay,
+            CampaignOptions(sampler="random", trials=5),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=SMALL_GPU,
+            problems=[p],
             space_fn=lambda _: full_space(),
             seeds_fn=lambda _: [missing],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="random",
-            trials=5,
         )
 
 
 def test_export_from_db_then_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cmp = _load()
     problems = problems_for([1024])
-    replay = ReplayMeasure(exhaustive_table(problems))
     with open_store(tmp_path) as store:
-        run_campaign(
-            problems,
+        run_replay_campaign(
+            exhaustive_table(problems),
+            CampaignOptions(sampler="grid"),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=SMALL_GPU,
-            space_fn=replay.space,
+            problems=problems,
             seeds_fn=lambda p: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="grid",
         )
     out_path = tmp_path / "exported.json"
     db = f"sqlite:///{tmp_path / 'results.db'}"
@@ -232,17 +231,13 @@ def test_campaign_fallback_enqueue_never_raises_stopiteration(tmp_path: Path) ->
     (p,) = problems_for([512])
     replay = ReplayMeasure(exhaustive_table([p]), strict=True)
     with open_store(tmp_path) as store:
-        summary = run_campaign(
-            [p],
+        summary = run_replay_campaign(
+            replay,
+            CampaignOptions(sampler="random", trials=15, wasted_limit=1),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=SMALL_GPU,
+            problems=[p],
             space_fn=lambda _: full_space(),
             seeds_fn=lambda _: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="random",
-            trials=15,
-            wasted_limit=1,
         )
     assert summary.problems[0].trials == 15

@@ -25,10 +25,11 @@ from codegen.config import KernelConfig
 from codegen.report import BuildReport
 from codegen.space import seed_configs
 from tuner import search
-from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignSummary, run_campaign
+from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignOptions
 from tuner.problem import Problem
 from tuner.records import MeasureResult, MeasureStatus
-from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable
+from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable, run_replay_campaign
+from tuner.summary import CampaignSummary
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -46,21 +47,18 @@ def _run(
     max_spill_bytes: int | None = DEFAULT_MAX_SPILL_BYTES,
     seeds: bool = False,
 ) -> CampaignSummary:
-    replay = replay or ReplayMeasure(table)
+    options = CampaignOptions(
+        sampler=sampler, trials=trials, seed=seed, max_spill_bytes=max_spill_bytes
+    )
     with open_store(tmp_path) as store:
-        return run_campaign(
-            problems,
+        return run_replay_campaign(
+            replay or table,
+            options,
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=GPU,
-            space_fn=replay.space,
+            problems=problems,
             seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal)) if seeds else lambda p: [],
-            build_fn=replay.build,
-            measure_fn=measure_fn or replay,  # type: ignore[arg-type]
-            sampler=sampler,
-            trials=trials,
-            seed=seed,
-            max_spill_bytes=max_spill_bytes,
+            measure_fn=measure_fn,  # type: ignore[arg-type]
         )
 
 
