@@ -265,7 +265,7 @@ def make_handler(spec: str, ctx: WorkerContext) -> JobHandler:
     """Instantiate the handler named by ``spec`` (a class gets ``ctx``; a function is wrapped)."""
     obj = resolve(spec)
     if isinstance(obj, type):
-        handler = obj(ctx)
+        handler: JobHandler = obj(ctx)
         if not callable(getattr(handler, "handle", None)):
             raise TypeError(f"{spec}: instances have no handle(job) method")
         return handler
