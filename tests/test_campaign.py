@@ -91,6 +91,7 @@ def _assert_each_config_measured_once(rows: list[tuple[int, str, str]]) -> None:
     assert per_pair and max(per_pair.values()) == 1, per_pair.most_common(3)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_studies(tmp_path: Path) -> None:
     problems = problems_for([512, 2048])
     table = synthetic_table(problems)
@@ -129,6 +130,7 @@ class _InterruptAfter:
         return self.replay(report, problem)
 
 
+@pytest.mark.slow
 def test_interrupted_campaign_resumes_without_remeasuring(tmp_path: Path) -> None:
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)
@@ -167,6 +169,7 @@ def _killable_campaign(tmp: str, trials: int) -> None:
     )
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9(tmp_path: Path) -> None:
     trials = 8
     ctx = mp.get_context("spawn")
@@ -200,6 +203,7 @@ def test_resume_after_kill_9(tmp_path: Path) -> None:
     assert sum(_gpu_counts(rows).values()) == trials
 
 
+@pytest.mark.slow
 def test_time_budget_is_shared_by_the_problems(tmp_path: Path) -> None:
     problems = problems_for([512, 1024, 2048])
     table = synthetic_table(problems)
@@ -213,6 +217,7 @@ def test_time_budget_is_shared_by_the_problems(tmp_path: Path) -> None:
     assert all(p.evaluated < p.space_size for p in summary.problems)
 
 
+@pytest.mark.slow
 def test_summary_and_time_split(tmp_path: Path) -> None:
     problems = problems_for([1024])
     table = synthetic_table(problems, tiny_space())
@@ -253,6 +258,7 @@ class _Recorder:
         self.calls.append("campaign_finished")
 
 
+@pytest.mark.slow
 def test_progress_events(tmp_path: Path) -> None:
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)
@@ -338,6 +344,7 @@ def test_build_ahead_reports_build_errors_to_the_caller() -> None:
     ahead.close()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 def test_campaign_on_postgres(postgres_url: str) -> None:
@@ -372,6 +379,7 @@ def test_campaign_on_postgres(postgres_url: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 def test_real_builds_and_worker_process(tmp_path: Path) -> None:
@@ -451,6 +459,7 @@ class _Finishes(_Recorder):
         self.trials.append((index, summary.trials))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_unused_budget_goes_back_to_problems_cut_short(tmp_path: Path) -> None:
     """With --trials and --time-budget, a problem whose even share ran out before its trials
     continues with the time the problems after it did not need."""

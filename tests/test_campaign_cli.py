@@ -144,6 +144,7 @@ def test_cli_replay_errors_exit_2(app: typer.Typer, tmp_path: Path, table_path: 
     assert "no problem of the table" in " ".join(no_match.output.split())
 
 
+@pytest.mark.slow
 def test_cli_replay_runs_the_campaign(app: typer.Typer, tmp_path: Path, table_path: Path) -> None:
     out = tmp_path / "summary.json"
     result = CliRunner().invoke(
@@ -160,6 +161,7 @@ def test_cli_replay_runs_the_campaign(app: typer.Typer, tmp_path: Path, table_pa
     assert all(p["best_config"] for p in summary["problems"])
 
 
+@pytest.mark.slow
 def test_cli_replay_with_a_bare_table(app: typer.Typer, tmp_path: Path) -> None:
     (problem,) = problems_for([512])
     table = synthetic_table([problem], tiny_space())
@@ -193,6 +195,7 @@ def test_cli_without_a_gpu_worker_exits_1(
     ("flags", "untimed_spills"),
     [([], "heavy"), (["--max-spill-bytes", "0"], "all"), (["--allow-spills"], "none")],
 )
+@pytest.mark.slow
 def test_cli_spill_limit_reaches_the_campaign(
     app: typer.Typer, tmp_path: Path, flags: list[str], untimed_spills: str
 ) -> None:

@@ -17,7 +17,10 @@ from db.session import session_scope
 from db.store import Store
 from tuner import search
 
-pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning"),
+    pytest.mark.slow,  # replayed campaigns in several processes: seconds each
+]
 
 TRIALS = 10
 NS = (512, 2048)

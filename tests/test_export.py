@@ -220,6 +220,7 @@ def nvcc(*args: str, cwd: Path) -> None:
     assert "warning" not in proc.stderr.lower(), proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 @needs_nvcc
 @needs_template
@@ -255,6 +256,7 @@ int main(int argc, char** argv) {
 """
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 @needs_nvcc
 @needs_template

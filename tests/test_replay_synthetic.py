@@ -190,6 +190,7 @@ def test_replay_measure_answers_from_the_table() -> None:
         replay.space(Problem(gpu=GPU.name, d=128, n=1))
 
 
+@pytest.mark.slow
 def test_export_replay_table_from_a_store(tmp_path: Path) -> None:
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)

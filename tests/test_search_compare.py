@@ -94,6 +94,7 @@ def test_table_missing_lists_configs_without_an_outcome() -> None:
     assert table.missing("no such study", space[:2]) == space[:2]
 
 
+@pytest.mark.slow
 def test_compare_samplers_prints_trials_to_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -111,6 +112,7 @@ def test_compare_samplers_prints_trials_to_target(
     assert "Skipped" not in out
 
 
+@pytest.mark.slow
 def test_run_one_counts_gpu_trials(tmp_path: Path) -> None:
     cmp = _load()
     problems = problems_for([512])
@@ -130,6 +132,7 @@ def test_run_one_counts_gpu_trials(tmp_path: Path) -> None:
     assert result.best_gap == 0.0
 
 
+@pytest.mark.slow
 def test_non_exhaustive_problems_are_skipped_not_crashed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -180,6 +183,7 @@ def test_run_one_refuses_a_non_exhaustive_problem(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_a_config_missing_from_the_table_is_a_clear_error(tmp_path: Path) -> None:
     (p,) = problems_for([512])
     table = exhaustive_table([p])
@@ -203,6 +207,7 @@ def test_a_config_missing_from_the_table_is_a_clear_error(tmp_path: Path) -> Non
         )
 
 
+@pytest.mark.slow
 def test_export_from_db_then_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cmp = _load()
     problems = problems_for([1024])
@@ -225,6 +230,7 @@ def test_export_from_db_then_compare(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "tpe" in out and "Skipped" not in out
 
 
+@pytest.mark.slow
 def test_campaign_fallback_enqueue_never_raises_stopiteration(tmp_path: Path) -> None:
     # wasted_limit=1: every proposal that evaluates nothing new (an invalid combination, a
     # config already measured) queues an unevaluated config, the path that raised.
