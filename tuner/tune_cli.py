@@ -5,12 +5,13 @@ Example (the default campaign: D 64 and 128, six lengths, fp16, full and causal,
 
     fa2tune tune
     fa2tune tune --d 128 --n 4096,8192 --causal yes --trials 60 --sampler tpe --seed 1
-    fa2tune tune --time-budget 10m
+    fa2tune tune --time-budget 10m --dtype both       # fp16 and bf16: 48 problems
     fa2tune --db postgresql://... tune --device 1     # a second GPU sharing the studies
     fa2tune tune --replay table.json --sampler random  # no GPU: answers from a recorded table
 
-Lists are comma-separated; durations are ``90``, ``90s``, ``10m``, ``1h30m``. Bad input exits
-with status 2. Re-running the same command resumes its studies.
+Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); durations
+are ``90``, ``90s``, ``10m``, ``1h30m``. Bad input exits with status 2. Re-running the same
+command resumes its studies.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ EXIT_INTERRUPTED: Final = 130
 
 _TRUE = {"yes", "y", "true", "1", "causal", "on"}
 _FALSE = {"no", "n", "false", "0", "full", "off"}
+#: In --dtype and --causal: every value (as the help says: "fp16, bf16 or both").
+_BOTH: Final = "both"
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s)?")
 T = TypeVar("T")
 
@@ -91,35 +94,51 @@ def parse_int_list(
     return _unique(values)
 
 
-def parse_choice_list(text: str, option: str, allowed: Sequence[str]) -> list[str]:
+def parse_choice_list(
+    text: str, option: str, allowed: Sequence[str], *, both: bool = False
+) -> list[str]:
     """Parse ``"fp16,bf16"`` against the allowed values (case-insensitive).
+
+    Args:
+        text: the option's value.
+        option: the option's name, for messages.
+        allowed: the values it may hold.
+        both: also accept ``both``, standing for every allowed value in their order.
 
     Raises:
         typer.BadParameter: for a value not allowed.
     """
-    values = []
+    values: list[str] = []
     for item in _split(text, option):
-        if item.lower() not in allowed:
-            raise _bad(option, f"{item!r} is not one of {', '.join(allowed)}")
-        values.append(item.lower())
+        word = item.lower()
+        if both and word == _BOTH:
+            values.extend(allowed)
+        elif word in allowed:
+            values.append(word)
+        else:
+            choices = f"{', '.join(allowed)} or {_BOTH}" if both else ", ".join(allowed)
+            raise _bad(option, f"{item!r} is not one of {choices}")
     return _unique(values)
 
 
 def parse_bool_list(text: str, option: str) -> list[bool]:
-    """Parse ``"no,yes"`` (also true/false, 1/0, full/causal) into booleans.
+    """Parse ``"no,yes"`` (also true/false, 1/0, full/causal; ``both`` is no and yes) into
+    booleans.
 
     Raises:
         typer.BadParameter: for anything else.
     """
-    values = []
+    values: list[bool] = []
     for item in _split(text, option):
         word = item.lower()
-        if word in _TRUE:
+        if word == _BOTH:
+            values.extend((False, True))
+        elif word in _TRUE:
             values.append(True)
         elif word in _FALSE:
             values.append(False)
         else:
-            raise _bad(option, f"{item!r} is not yes or no")
+            raise _bad(option, f"{item!r} is not yes or no (or {_BOTH})")
     return _unique(values)
 
 
@@ -257,7 +276,7 @@ def tune(
     else:
         ds = parse_int_list(d or DEFAULT_D, "--d", allowed=HEAD_DIMS)
         ns = parse_int_list(n or DEFAULT_N, "--n")
-        dtypes = parse_choice_list(dtype or DEFAULT_DTYPE, "--dtype", DTYPES)
+        dtypes = parse_choice_list(dtype or DEFAULT_DTYPE, "--dtype", DTYPES, both=True)
         causals = parse_bool_list(causal or DEFAULT_CAUSAL, "--causal")
         if arch is not None:
             from codegen.space import SUPPORTED_ARCHS
@@ -391,7 +410,7 @@ def _tune_replay(
     known = list(table.problems.values())
     keep_d = _select(d, "--d", lambda t, o: parse_int_list(t, o, HEAD_DIMS))
     keep_n = _select(n, "--n", parse_int_list)
-    keep_dt = _select(dtype, "--dtype", lambda t, o: parse_choice_list(t, o, DTYPES))
+    keep_dt = _select(dtype, "--dtype", lambda t, o: parse_choice_list(t, o, DTYPES, both=True))
     keep_c = _select(causal, "--causal", parse_bool_list)
     problems = in_campaign_order(
         p for p in known if keep_d(p.d) and keep_n(p.n) and keep_dt(p.dtype) and keep_c(p.causal)
