@@ -73,7 +73,7 @@ class SearchSkip(Exception):
 
 
 @dataclass
-class Scan:
+class _Scan:
     """What the study's trials say, as seen from one trial (or from the callback)."""
 
     outcome: dict[str, FrozenTrial]  # config -> first finished trial with a measured status
@@ -83,7 +83,7 @@ class Scan:
     @classmethod
     def of(
         cls, trials: Sequence[FrozenTrial], *, times_spills: Callable[[int], bool] | None = None
-    ) -> Scan:
+    ) -> _Scan:
         """Scan ``trials``.
 
         An untimed SPILLS outcome does not count when ``times_spills`` (the campaign's spill
@@ -112,7 +112,7 @@ class Scan:
         return cls(outcome=outcome, running=running, gpu_run=gpu_run)
 
 
-def with_tflops(result: MeasureResult, problem: Problem) -> MeasureResult:
+def _with_tflops(result: MeasureResult, problem: Problem) -> MeasureResult:
     if result.tflops is None and result.median_ms and result.status == MeasureStatus.OK:
         return replace(result, tflops=problem.flops / (result.median_ms * 1e-3) / 1e12)
     return result
@@ -250,7 +250,7 @@ class ProblemRun:
             start = time.perf_counter()
             result = ctx.measure_fn(report, self.problem)
             self.measure_s += time.perf_counter() - start
-        result = with_tflops(result, self.problem)
+        result = _with_tflops(result, self.problem)
         provenance: dict[str, object] = {
             "study": self.study.study_name,
             "trial": trial.number,
@@ -297,7 +297,7 @@ class ProblemRun:
         trial.set_user_attr(search.ATTR_STATUS, status)
         self.roles[role] += 1
 
-    def _scan(self, number: int) -> Scan:
+    def _scan(self, number: int) -> _Scan:
         """The study as seen by trial ``number``, once every earlier trial has published.
 
         A lower-numbered trial that is RUNNING but has no config yet is still sampling: wait
@@ -317,15 +317,15 @@ class ProblemRun:
                 and search.ATTR_STATUS not in t.user_attrs
             }
             if not sampling:
-                return Scan.of(trials, times_spills=self.ctx.times_build)
+                return _Scan.of(trials, times_spills=self.ctx.times_build)
             if time.monotonic() >= give_up:
                 # Waited for these once: never again (the heartbeat will fail them).
                 self.silent |= sampling
-                return Scan.of(trials, times_spills=self.ctx.times_build)
+                return _Scan.of(trials, times_spills=self.ctx.times_build)
             time.sleep(_POLL_S)
 
-    def _scan_now(self, study: optuna.Study) -> Scan:
-        return Scan.of(study.get_trials(deepcopy=False), times_spills=self.ctx.times_build)
+    def _scan_now(self, study: optuna.Study) -> _Scan:
+        return _Scan.of(study.get_trials(deepcopy=False), times_spills=self.ctx.times_build)
 
     def _within_budget(self, trial: Trial, config: KernelConfig) -> bool:
         """True when measuring ``config`` keeps the problem within ``trials``.
@@ -367,7 +367,7 @@ class ProblemRun:
 
     def after_trial(self, study: optuna.Study, frozen: FrozenTrial) -> None:
         all_trials = study.get_trials(deepcopy=False)
-        scan = Scan.of(all_trials, times_spills=self.ctx.times_build)
+        scan = _Scan.of(all_trials, times_spills=self.ctx.times_build)
         role = frozen.user_attrs.get(search.ATTR_ROLE)
         best = self._best(all_trials)
         self.ctx.observer.trial_finished(
@@ -394,13 +394,13 @@ class ProblemRun:
         if self.wasted >= self.ctx.wasted_limit:
             self._enqueue_fresh(study, scan)
 
-    def done(self, scan: Scan | None = None) -> bool:
+    def done(self, scan: _Scan | None = None) -> bool:
         """True when the problem needs no more trials from this process (now)."""
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return True
         return self.complete(scan)
 
-    def complete(self, scan: Scan | None = None) -> bool:
+    def complete(self, scan: _Scan | None = None) -> bool:
         """True when the trial budget is used or nothing is left to evaluate, whatever the
         clock says (a problem its time share cut short is not complete)."""
         if scan is None:
@@ -435,7 +435,7 @@ class ProblemRun:
         campaign resumed with a higher ``--max-spill-bytes``), so the sampler need not draw
         them again. Returns how many were queued."""
         trials = self.study.get_trials(deepcopy=False)
-        scan = Scan.of(trials, times_spills=self.ctx.times_build)
+        scan = _Scan.of(trials, times_spills=self.ctx.times_build)
         waiting = {frozenset(t.params.items()) for t in trials if t.state == TrialState.WAITING}
         skipped = {
             name
@@ -456,7 +456,7 @@ class ProblemRun:
                      queued)  # fmt: skip
         return queued
 
-    def _enqueue_fresh(self, study: optuna.Study, scan: Scan) -> None:
+    def _enqueue_fresh(self, study: optuna.Study, scan: _Scan) -> None:
         # The sampler keeps proposing what is known (converged TPE, or random draws landing on
         # invalid or measured points): queue an unevaluated config so the search progresses.
         left = sorted(self.names - scan.outcome.keys() - scan.running.keys())
@@ -487,7 +487,7 @@ class ProblemRun:
 
     def summary(self) -> ProblemSummary:
         all_trials = self.study.get_trials(deepcopy=False)
-        scan = Scan.of(all_trials, times_spills=self.ctx.times_build)
+        scan = _Scan.of(all_trials, times_spills=self.ctx.times_build)
         best = self._best(all_trials)
         statuses = Counter(search.trial_status(t) or "?" for t in scan.outcome.values())
         tflops = best.user_attrs.get(search.ATTR_TFLOPS) if best is not None else None
