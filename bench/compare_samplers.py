@@ -141,11 +141,9 @@ def run_one(
 
     import optuna
 
-    from codegen.space import seed_configs
-    from db.store import Store
     from tuner import search
-    from tuner.campaign import run_campaign
-    from tuner.replay import ReplayMeasure, load_replay_table
+    from tuner.campaign import CampaignOptions
+    from tuner.replay import ReplayMeasure, load_replay_table, run_replay_campaign
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = load_replay_table(table_path)
@@ -162,24 +160,17 @@ def run_one(
     replay = ReplayMeasure(table, strict=True)
     scratch = _scratch_dir()
     try:
-        store = Store.from_url(f"sqlite:///{scratch}/results.db")
+        # Our own scratch files (not the entry point's): the trials are read back below.
         storage_url = f"sqlite:///{scratch}/studies.db"
         try:
-            run_campaign(
-                [problem],
-                store=store,
+            run_replay_campaign(
+                replay,
+                CampaignOptions(sampler=sampler, trials=max_trials, seed=seed),
+                store=f"sqlite:///{scratch}/results.db",
                 storage_url=storage_url,
-                gpu=gpu,
-                arch=table.arch or "sm_90",
+                problems=[problem],
                 space_fn=lambda p: space,
-                seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal))
-                if use_seeds
-                else (lambda p: []),
-                build_fn=replay.build,
-                measure_fn=replay,
-                sampler=sampler,
-                trials=max_trials,
-                seed=seed,
+                seeds_fn=None if use_seeds else (lambda p: []),  # None: FA2's seed configs
             )
         except Exception as exc:
             # Name the run, and never let a StopIteration escape into the pool's result
@@ -188,8 +179,6 @@ def run_one(
                 f"{study}, sampler {sampler}, seed {seed}: the search failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        finally:
-            store.close()
         trials = optuna.load_study(study_name=study, storage=storage_url).get_trials(deepcopy=False)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated, cast
+from typing import Annotated
 
 import typer
 from rich import box
@@ -73,7 +73,7 @@ def _check_dtype(dtype: str) -> Dtype:
             f"{dtype!r} is not a supported dtype; use one of {', '.join(VALID_DTYPES)}",
             param_hint="--dtype",
         )
-    return cast(Dtype, dtype)
+    return dtype  # narrowed to Dtype by the membership check above
 
 
 def _check_arch(arch: str) -> str:

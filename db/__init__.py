@@ -5,9 +5,10 @@ Everything other stages need is re-exported here; see :mod:`db.store` for the qu
 
 from __future__ import annotations
 
+from core.gpu_name import normalize_gpu_name
 from db.session import init_db, make_engine, session_scope
 from db.shipped import load_shipped_results
-from db.store import BestResult, GpuSummary, ResultPage, ResultRow, Store, normalize_gpu_name
+from db.store import BestResult, GpuSummary, ResultPage, ResultRow, Store
 from db.transfer import DumpFile, IngestSummary, TransferError, dump, ingest, parse_dump
 
 __all__ = [

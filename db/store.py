@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, Engine, Select, exists, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -286,6 +286,13 @@ def _best_result(
     )
 
 
+class StoredOutcome(NamedTuple):
+    """What the store says one config did on one problem (:meth:`Store.outcome`)."""
+
+    status: str
+    median_ms: float | None
+
+
 class Store:
     """Typed access to the results database.
 
@@ -482,6 +489,43 @@ class Store:
                 .distinct()
             )
             return set(keys)
+
+    def outcome(self, problem_id: int, config_key: str) -> StoredOutcome:
+        """The stored outcome of one config on one problem: the fastest OK, else the latest.
+
+        A resumed campaign hands this to the sampler instead of measuring again
+        (:meth:`measured_pairs` gives the keys only).
+
+        Returns:
+            The status and median time; ``("SKIPPED", None)`` when nothing is stored.
+        """
+        query = (
+            select(Measurement.status, Measurement.median_ms)
+            .join(Build, Build.id == Measurement.build_id)
+            .where(Measurement.problem_id == problem_id, Build.config_key == config_key)
+        )
+        with session_scope(self._engine) as s:
+            ok = s.execute(
+                query.where(
+                    Measurement.status == MeasureStatus.OK.value,
+                    Measurement.median_ms.is_not(None),
+                )
+                .order_by(Measurement.median_ms)
+                .limit(1)
+            ).first()
+            if ok is not None:
+                return StoredOutcome(str(ok[0]), ok[1])
+            last = s.execute(query.order_by(Measurement.id.desc()).limit(1)).first()
+        if last is None:
+            return StoredOutcome(str(MeasureStatus.SKIPPED), None)
+        return StoredOutcome(str(last[0]), last[1])
+
+    def spill_bytes(self, config_key: str) -> int:
+        """The largest spill (stores or loads, bytes per thread) of a config's stored builds;
+        0 when none is stored."""
+        query = select(Build.spill_stores, Build.spill_loads).where(Build.config_key == config_key)
+        with session_scope(self._engine) as s:
+            return max((max(row) for row in s.execute(query)), default=0)
 
     def _problems_query(
         self,

@@ -38,10 +38,11 @@ from sqlalchemy.orm import Session
 from core.build_report import BuildStatus
 from core.config import Dtype
 from core.family import AnyConfig, config_from_name, config_from_params
+from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import PG_INGEST_LOCK, session_scope
-from db.store import Store, build_config, normalize_gpu_name
+from db.store import Store, build_config
 from fa2tune import __version__
 
 logger = logging.getLogger(__name__)

@@ -31,8 +31,10 @@ from db.models import Build, Measurement
 from db.session import session_scope
 from db.store import Store
 from tuner import search
-from tuner.campaign import BuildAhead, CampaignSummary, TrialEvent, run_campaign
-from tuner.replay import ReplayMeasure, ReplayTable
+from tuner.build_ahead import BuildAhead
+from tuner.campaign import CampaignOptions, run_campaign
+from tuner.replay import ReplayMeasure, ReplayTable, run_replay_campaign
+from tuner.summary import CampaignSummary, TrialEvent
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -50,22 +52,21 @@ def _campaign(
     progress: object = None,
     **kwargs: object,
 ) -> CampaignSummary:
-    replay = replay or ReplayMeasure(table)
+    options = CampaignOptions(
+        sampler=sampler,
+        trials=trials,
+        time_budget_s=time_budget_s,
+        **kwargs,  # type: ignore[arg-type]
+    )
     with open_store(tmp_path) as store:
-        return run_campaign(
-            problems,
+        return run_replay_campaign(
+            replay or table,
+            options,
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=GPU,
-            space_fn=replay.space,
-            seeds_fn=lambda p: seed_configs(p.d, p.dtype, p.causal),
-            build_fn=replay.build,
-            measure_fn=measure_fn or replay,  # type: ignore[arg-type]
-            sampler=sampler,
-            trials=trials,
-            time_budget_s=time_budget_s,
+            problems=problems,
+            measure_fn=measure_fn,  # type: ignore[arg-type]
             progress=progress,  # type: ignore[arg-type]
-            **kwargs,  # type: ignore[arg-type]
         )
 
 
@@ -90,6 +91,7 @@ def _assert_each_config_measured_once(rows: list[tuple[int, str, str]]) -> None:
     assert per_pair and max(per_pair.values()) == 1, per_pair.most_common(3)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_studies(tmp_path: Path) -> None:
     problems = problems_for([512, 2048])
     table = synthetic_table(problems)
@@ -128,6 +130,7 @@ class _InterruptAfter:
         return self.replay(report, problem)
 
 
+@pytest.mark.slow
 def test_interrupted_campaign_resumes_without_remeasuring(tmp_path: Path) -> None:
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)
@@ -156,22 +159,17 @@ def _killable_campaign(tmp: str, trials: int) -> None:
     path = Path(tmp)
     problems = pf([512])
     replay = ReplayMeasure(st(problems), latency_s=0.2)
-    with Store.from_url(f"sqlite:///{path / 'results.db'}") as store:
-        run_campaign(
-            problems,
-            store=store,
-            storage_url=f"sqlite:///{path / 'studies.db'}",
-            gpu=GPU,
-            space_fn=replay.space,
-            seeds_fn=lambda p: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            trials=trials,
-            heartbeat_interval=1,
-            grace_period=2,
-        )
+    run_replay_campaign(
+        replay,
+        CampaignOptions(trials=trials, heartbeat_interval=1, grace_period=2),
+        store=f"sqlite:///{path / 'results.db'}",
+        storage_url=f"sqlite:///{path / 'studies.db'}",
+        problems=problems,
+        seeds_fn=lambda p: [],
+    )
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9(tmp_path: Path) -> None:
     trials = 8
     ctx = mp.get_context("spawn")
@@ -205,6 +203,7 @@ def test_resume_after_kill_9(tmp_path: Path) -> None:
     assert sum(_gpu_counts(rows).values()) == trials
 
 
+@pytest.mark.slow
 def test_time_budget_is_shared_by_the_problems(tmp_path: Path) -> None:
     problems = problems_for([512, 1024, 2048])
     table = synthetic_table(problems)
@@ -218,6 +217,7 @@ def test_time_budget_is_shared_by_the_problems(tmp_path: Path) -> None:
     assert all(p.evaluated < p.space_size for p in summary.problems)
 
 
+@pytest.mark.slow
 def test_summary_and_time_split(tmp_path: Path) -> None:
     problems = problems_for([1024])
     table = synthetic_table(problems, tiny_space())
@@ -258,6 +258,7 @@ class _Recorder:
         self.calls.append("campaign_finished")
 
 
+@pytest.mark.slow
 def test_progress_events(tmp_path: Path) -> None:
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)
@@ -343,6 +344,7 @@ def test_build_ahead_reports_build_errors_to_the_caller() -> None:
     ahead.close()
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 def test_campaign_on_postgres(postgres_url: str) -> None:
@@ -355,19 +357,18 @@ def test_campaign_on_postgres(postgres_url: str) -> None:
     schema = make_url(postgres_url).query["options"].split("=", 1)[1]  # type: ignore[union-attr]
     try:
         with Store.from_url(postgres_url) as store:
-            kwargs = dict(
-                store=store,
-                storage_url=search.resolve_storage_url(postgres_url),
-                gpu=GPU,
-                space_fn=replay.space,
-                seeds_fn=lambda p: [],
-                build_fn=replay.build,
-                measure_fn=replay,
-                trials=3,
-            )
-            first = run_campaign(problems, **kwargs)  # type: ignore[arg-type]
-            kwargs["trials"] = 5
-            second = run_campaign(problems, **kwargs)  # type: ignore[arg-type]
+
+            def campaign(trials: int) -> CampaignSummary:
+                return run_replay_campaign(
+                    replay,
+                    CampaignOptions(trials=trials),
+                    store=store,
+                    storage_url=search.resolve_storage_url(postgres_url),
+                    problems=problems,
+                    seeds_fn=lambda p: [],
+                )
+
+            first, second = campaign(3), campaign(5)
             assert (first.problems[0].trials, second.problems[0].trials) == (3, 5)
             rows = store.results(GPU.name, limit=1000).items
             assert len({r.config_name for r in rows}) == len(rows)
@@ -378,6 +379,7 @@ def test_campaign_on_postgres(postgres_url: str) -> None:
         engine.dispose()
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 def test_real_builds_and_worker_process(tmp_path: Path) -> None:
@@ -403,6 +405,7 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
     ):
         summary = run_campaign(
             problems,
+            CampaignOptions(sampler="grid", build_batch=2),
             store=store,
             storage_url=optuna_url(tmp_path),
             gpu=GPU,
@@ -410,8 +413,6 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
             seeds_fn=lambda p: space[:1],
             build_fn=build_fn,
             measure_fn=worker.measure,
-            sampler="grid",
-            build_batch=2,
         )
         rows = store.results(GPU.name, limit=1000).items
     assert [p.evaluated for p in summary.problems] == [3, 3]
@@ -459,6 +460,7 @@ class _Finishes(_Recorder):
         self.trials.append((index, summary.trials))  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_unused_budget_goes_back_to_problems_cut_short(tmp_path: Path) -> None:
     """With --trials and --time-budget, a problem whose even share ran out before its trials
     continues with the time the problems after it did not need."""

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import typer
-from test_replay_synthetic import problems_for, save_replay_table, synthetic_table, tiny_space
+from test_replay_synthetic import (
+    GPU,
+    problems_for,
+    save_replay_table,
+    synthetic_entry,
+    synthetic_table,
+    tiny_space,
+)
 from typer.testing import CliRunner
 
+from core.config import DTYPES
 from tuner import tune_cli
-from tuner.replay import ReplayEntry
+from tuner.campaign import CampaignOptions
+from tuner.replay import ReplayEntry, ReplayTable
+from tuner.summary import CampaignSummary, TimeSplit
 from tuner.tune_cli import (
     DEFAULT_TRIALS,
     make_problems,
@@ -52,6 +63,10 @@ def test_parse_lists() -> None:
     assert parse_choice_list("FP16,bf16", "--dtype", ("fp16", "bf16")) == ["fp16", "bf16"]
     assert parse_bool_list("no,yes", "--causal") == [False, True]
     assert parse_bool_list("causal,full,true", "--causal") == [True, False]
+    assert parse_bool_list("both", "--causal") == [False, True]
+    assert parse_bool_list("yes,both", "--causal") == [True, False]
+    assert parse_choice_list("both", "--dtype", DTYPES, both=True) == ["fp16", "bf16"]
+    assert parse_choice_list("BF16,both", "--dtype", DTYPES, both=True) == ["bf16", "fp16"]
 
 
 @pytest.mark.parametrize(
@@ -76,6 +91,7 @@ def test_parse_duration_rejects(text: str) -> None:
         (lambda: parse_int_list("0", "--n"), "below 1"),
         (lambda: parse_int_list("65", "--d", allowed=(64, 128)), "not one of"),
         (lambda: parse_choice_list("fp32", "--dtype", ("fp16", "bf16")), "not one of"),
+        (lambda: parse_choice_list("both", "--dtype", ("fp16", "bf16")), "not one of fp16, bf16"),
         (lambda: parse_bool_list("maybe", "--causal"), "yes or no"),
     ],
 )
@@ -116,7 +132,9 @@ def test_default_budget() -> None:
         (["--n", "0"], "below 1"),
         (["--n", "1k"], "not an integer"),
         (["--dtype", "fp32"], "not one of"),
+        (["--dtype", "both,fp32"], "'fp32' is not one of fp16, bf16 or both"),
         (["--causal", "sometimes"], "yes or no"),
+        (["--causal", "no,bothh"], "'bothh' is not yes or no (or both)"),
         (["--time-budget", "10x"], "not a duration"),
         (["--time-budget", "0"], "positive"),
         (["--sampler", "bayes"], "not one of tpe"),
@@ -144,6 +162,7 @@ def test_cli_replay_errors_exit_2(app: typer.Typer, tmp_path: Path, table_path: 
     assert "no problem of the table" in " ".join(no_match.output.split())
 
 
+@pytest.mark.slow
 def test_cli_replay_runs_the_campaign(app: typer.Typer, tmp_path: Path, table_path: Path) -> None:
     out = tmp_path / "summary.json"
     result = CliRunner().invoke(
@@ -160,6 +179,7 @@ def test_cli_replay_runs_the_campaign(app: typer.Typer, tmp_path: Path, table_pa
     assert all(p["best_config"] for p in summary["problems"])
 
 
+@pytest.mark.slow
 def test_cli_replay_with_a_bare_table(app: typer.Typer, tmp_path: Path) -> None:
     (problem,) = problems_for([512])
     table = synthetic_table([problem], tiny_space())
@@ -193,6 +213,7 @@ def test_cli_without_a_gpu_worker_exits_1(
     ("flags", "untimed_spills"),
     [([], "heavy"), (["--max-spill-bytes", "0"], "all"), (["--allow-spills"], "none")],
 )
+@pytest.mark.slow
 def test_cli_spill_limit_reaches_the_campaign(
     app: typer.Typer, tmp_path: Path, flags: list[str], untimed_spills: str
 ) -> None:
@@ -215,3 +236,80 @@ def test_cli_spill_limit_reaches_the_campaign(
     expected = {"heavy": heavy, "all": heavy + 1, "none": 0}[untimed_spills]
     assert p["statuses"].get("SPILLS", 0) == expected
     assert (p["best_config"] == small) == (untimed_spills != "all")
+
+
+def test_cli_both_dtypes_and_masks_reach_the_gpu_campaign(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--dtype both --causal both`` on the GPU path: every dtype and mask is tuned (the GPU
+    campaign itself is stubbed: no GPU here)."""
+    seen: dict[str, object] = {}
+
+    def fake_tune_gpu(
+        ds: list[int],
+        ns: list[int],
+        dtypes: list[str],
+        causals: list[bool],
+        batch: int,
+        heads: int,
+        options: CampaignOptions,
+        *rest: object,
+    ) -> CampaignSummary:
+        seen.update(
+            dtypes=dtypes,
+            causals=causals,
+            problems=len(tune_cli.make_problems(GPU.name, ds, ns, dtypes, causals, batch, heads)),
+        )
+        return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
+
+    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    args = ["tune", "--d", "64", "--n", "512", "--dtype", "both", "--causal", "both"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["dtypes"] == ["fp16", "bf16"]
+    assert seen["causals"] == [False, True]
+    assert seen["problems"] == 4
+    mixed = CliRunner().invoke(app, ["tune", "--dtype", "bf16,both", "--causal", "yes,both"])
+    assert mixed.exit_code == 0, mixed.output
+    assert (seen["dtypes"], seen["causals"]) == (["bf16", "fp16"], [True, False])
+
+
+def _two_dtype_table() -> ReplayTable:
+    """fp16 and bf16, full and causal, at N=512: each problem over its own dtype's configs."""
+    problems = [
+        replace(p, dtype=dtype)
+        for dtype in ("fp16", "bf16")
+        for causal in (False, True)
+        for p in problems_for([512], causal=causal)
+    ]
+    studies = {
+        p.study_name: {
+            (c := replace(config, dtype=p.dtype)).name: synthetic_entry(c, p.n)
+            for config in tiny_space(p.d, p.causal)
+        }
+        for p in problems
+    }
+    problem_of = {p.study_name: p for p in problems}
+    return ReplayTable(studies=studies, problems=problem_of, gpu=GPU, arch="sm_90")
+
+
+@pytest.mark.slow
+def test_cli_replay_with_both_dtypes_and_masks(app: typer.Typer, tmp_path: Path) -> None:
+    path, out = tmp_path / "table.json", tmp_path / "summary.json"
+    save_replay_table(_two_dtype_table(), path)
+    args = ["tune", "--replay", str(path), "--dtype", "both", "--causal", "both",
+            "--trials", "2", "--sampler", "random", "--summary-json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    tuned = [
+        (p["problem"]["dtype"], p["problem"]["causal"])
+        for p in json.loads(out.read_text())["problems"]
+    ]
+    assert tuned == [("bf16", False), ("bf16", True), ("fp16", False), ("fp16", True)]
+    only_bf16 = CliRunner().invoke(
+        app, ["tune", "--replay", str(path), "--dtype", "bf16", "--causal", "both",
+              "--trials", "1", "--summary-json", str(out)],
+    )  # fmt: skip
+    assert only_bf16.exit_code == 0, only_bf16.output
+    summary = json.loads(out.read_text())
+    assert [p["problem"]["dtype"] for p in summary["problems"]] == ["bf16", "bf16"]

@@ -17,7 +17,10 @@ from db.session import session_scope
 from db.store import Store
 from tuner import search
 
-pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning"),
+    pytest.mark.slow,  # replayed campaigns in several processes: seconds each
+]
 
 TRIALS = 10
 NS = (512, 2048)
@@ -28,9 +31,8 @@ def _worker(tmp: str, device: int, barrier: object) -> None:
     from test_replay_synthetic import problems_for as pf
     from test_replay_synthetic import synthetic_table as st
 
-    from codegen.space import seed_configs
-    from tuner.campaign import run_campaign
-    from tuner.replay import ReplayMeasure
+    from tuner.campaign import CampaignOptions
+    from tuner.replay import ReplayMeasure, run_replay_campaign
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     path = Path(tmp)
@@ -39,21 +41,14 @@ def _worker(tmp: str, device: int, barrier: object) -> None:
     replay = ReplayMeasure(st(problems), latency_s=0.1)
     with Store.from_url(f"sqlite:///{path / 'results.db'}") as store:
         barrier.wait()  # type: ignore[attr-defined]
-        run_campaign(
-            problems,
-            store=store,
-            storage_url=f"sqlite:///{path / 'studies.db'}",
-            gpu=GPU,
-            space_fn=replay.space,
-            seeds_fn=lambda p: seed_configs(p.d, p.dtype, p.causal),
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="tpe",
-            trials=TRIALS,
+        run_replay_campaign(
+            replay,
             # The same seed and salt on purpose (as in the compose stack, where each
             # container's GPU is device 0): samplers in lockstep must still not collide.
-            seed=0,
-            worker_index=0,
+            CampaignOptions(sampler="tpe", trials=TRIALS, seed=0, worker_index=0),
+            store=store,
+            storage_url=f"sqlite:///{path / 'studies.db'}",
+            problems=problems,
         )
 
 
@@ -121,8 +116,8 @@ def test_a_config_in_flight_elsewhere_is_not_measured_again(tmp_path: Path) -> N
     import threading
     import time
 
-    from tuner.campaign import run_campaign
-    from tuner.replay import ReplayMeasure
+    from tuner.campaign import CampaignOptions
+    from tuner.replay import ReplayMeasure, run_replay_campaign
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     (problem,) = problems_for([1024])
@@ -151,17 +146,13 @@ def test_a_config_in_flight_elsewhere_is_not_measured_again(tmp_path: Path) -> N
     finisher = threading.Thread(target=finish_other)
     finisher.start()
     with Store.from_url(f"sqlite:///{tmp_path / 'results.db'}") as store:
-        summary = run_campaign(
-            [problem],
+        summary = run_replay_campaign(
+            replay,
+            CampaignOptions(sampler="random", trials=3),
             store=store,
             storage_url=url,
-            gpu=GPU,
-            space_fn=replay.space,
+            problems=[problem],
             seeds_fn=lambda p: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="random",
-            trials=3,
         )
     finisher.join()
     assert (problem.study_name, x.name) not in replay.measure_counts

@@ -9,8 +9,10 @@ import pytest
 
 from codegen import render
 from codegen.render import (
+    TemplateMissingError,
     render_instantiation,
     template_dir,
+    template_files,
     template_hash,
     write_if_changed,
 )
@@ -59,18 +61,24 @@ def test_template_dir_is_the_package_directory() -> None:
     assert template_dir() == Path(render.__file__).parent / "templates"
 
 
-def test_template_hash_covers_names_and_contents(tmp_path: Path) -> None:
-    (tmp_path / "fa2_fwd.cuh").write_text("// v1\n")
+def test_template_hash_covers_the_family_template_and_its_includes(tmp_path: Path) -> None:
+    (tmp_path / "fa2_fwd.cuh").write_text('#include <cuda_fp16.h>\n// v1\n')
     h1 = template_hash(tmp_path)
     assert len(h1) == 64 and h1 == template_hash(tmp_path)
-    (tmp_path / "fa2_fwd.cuh").write_text("// v2\n")
+    (tmp_path / "fa2_fwd.cuh").write_text('#include <cuda_fp16.h>\n// v2\n')
     h2 = template_hash(tmp_path)
     assert h2 != h1
-    (tmp_path / "helper.cuh").write_text("")
+    (tmp_path / "other_family.cuh").write_text("// another family's template\n")
+    assert template_hash(tmp_path) == h2  # not read by fa2 builds
+    (tmp_path / "fa2_fwd.cuh").write_text('#include "helper.cuh"\n// v2\n')
+    with pytest.raises(TemplateMissingError, match=r"helper\.cuh"):
+        template_hash(tmp_path)
+    (tmp_path / "helper.cuh").write_text('  #  include "fa2_fwd.cuh"\n')  # a cycle is fine
     h3 = template_hash(tmp_path)
-    assert h3 != h2
-    (tmp_path / "helper.cuh").rename(tmp_path / "other.cuh")
+    assert template_files(directory=tmp_path) == ["fa2_fwd.cuh", "helper.cuh"]
+    (tmp_path / "helper.cuh").write_text("// changed helper\n")
     assert template_hash(tmp_path) != h3
+    assert template_hash(tmp_path, main="other_family.cuh") != template_hash(tmp_path)
 
 
 def test_template_hash_defaults_to_the_package_templates() -> None:

@@ -218,6 +218,7 @@ def nvcc(*args: str, cwd: Path) -> None:
     assert "warning" not in proc.stderr.lower(), proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 @needs_nvcc
 @needs_template
@@ -253,6 +254,7 @@ int main(int argc, char** argv) {
 """
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 @needs_nvcc
 @needs_template

@@ -21,13 +21,14 @@ from core.config import KernelConfig
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
-from tuner.campaign import run_campaign
+from tuner.campaign import CampaignOptions
 from tuner.replay import (
     ReplayEntry,
     ReplayMeasure,
     ReplayTable,
     export_replay_table,
     load_replay_table,
+    run_replay_campaign,
     save_replay_table,
 )
 from tuner.search import layout_of
@@ -189,21 +190,18 @@ def test_replay_measure_answers_from_the_table() -> None:
         replay.space(Problem(gpu=GPU.name, d=128, n=1))
 
 
+@pytest.mark.slow
 def test_export_replay_table_from_a_store(tmp_path: Path) -> None:
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)
-    replay = ReplayMeasure(table)
     with open_store(tmp_path) as store:
-        run_campaign(
-            problems,
+        run_replay_campaign(
+            table,
+            CampaignOptions(sampler="grid"),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=GPU,
-            space_fn=replay.space,
+            problems=problems,
             seeds_fn=lambda p: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="grid",
         )
         # A second, slower OK measurement of the best must not replace the faster one.
         exported = export_replay_table(store, "test gpu")

@@ -22,8 +22,14 @@ from test_replay_synthetic import (
 from codegen.space import enumerate_space
 from core.config import KernelConfig
 from core.problem import Problem
-from tuner.campaign import _defaults, run_campaign
-from tuner.replay import ReplayEntry, ReplayMeasure, ReplayMissingError, ReplayTable
+from tuner.campaign import CampaignOptions, _defaults
+from tuner.replay import (
+    ReplayEntry,
+    ReplayMeasure,
+    ReplayMissingError,
+    ReplayTable,
+    run_replay_campaign,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 
@@ -88,6 +94,7 @@ def test_table_missing_lists_configs_without_an_outcome() -> None:
     assert table.missing("no such study", space[:2]) == space[:2]
 
 
+@pytest.mark.slow
 def test_compare_samplers_prints_trials_to_target(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,6 +112,7 @@ def test_compare_samplers_prints_trials_to_target(
     assert "Skipped" not in out
 
 
+@pytest.mark.slow
 def test_run_one_counts_gpu_trials(tmp_path: Path) -> None:
     cmp = _load()
     problems = problems_for([512])
@@ -124,6 +132,7 @@ def test_run_one_counts_gpu_trials(tmp_path: Path) -> None:
     assert result.best_gap == 0.0
 
 
+@pytest.mark.slow
 def test_non_exhaustive_problems_are_skipped_not_crashed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -174,6 +183,7 @@ def test_run_one_refuses_a_non_exhaustive_problem(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_a_config_missing_from_the_table_is_a_clear_error(tmp_path: Path) -> None:
     (p,) = problems_for([512])
     table = exhaustive_table([p])
@@ -186,35 +196,29 @@ def test_a_config_missing_from_the_table_is_a_clear_error(tmp_path: Path) -> Non
     # Searched over the whole space, the search proposes it (first, as a seed) and the error
     # comes out of the campaign as it is, not as a StopIteration.
     with open_store(tmp_path) as store, pytest.raises(ReplayMissingError, match=missing.name):
-        run_campaign(
-            [p],
+        run_replay_campaign(
+            replay,
+            CampaignOptions(sampler="random", trials=5),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=SMALL_GPU,
+            problems=[p],
             space_fn=lambda _: full_space(),
             seeds_fn=lambda _: [missing],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="random",
-            trials=5,
         )
 
 
+@pytest.mark.slow
 def test_export_from_db_then_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cmp = _load()
     problems = problems_for([1024])
-    replay = ReplayMeasure(exhaustive_table(problems))
     with open_store(tmp_path) as store:
-        run_campaign(
-            problems,
+        run_replay_campaign(
+            exhaustive_table(problems),
+            CampaignOptions(sampler="grid"),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=SMALL_GPU,
-            space_fn=replay.space,
+            problems=problems,
             seeds_fn=lambda p: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="grid",
         )
     out_path = tmp_path / "exported.json"
     db = f"sqlite:///{tmp_path / 'results.db'}"
@@ -226,23 +230,20 @@ def test_export_from_db_then_compare(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "tpe" in out and "Skipped" not in out
 
 
+@pytest.mark.slow
 def test_campaign_fallback_enqueue_never_raises_stopiteration(tmp_path: Path) -> None:
     # wasted_limit=1: every proposal that evaluates nothing new (an invalid combination, a
     # config already measured) queues an unevaluated config, the path that raised.
     (p,) = problems_for([512])
     replay = ReplayMeasure(exhaustive_table([p]), strict=True)
     with open_store(tmp_path) as store:
-        summary = run_campaign(
-            [p],
+        summary = run_replay_campaign(
+            replay,
+            CampaignOptions(sampler="random", trials=15, wasted_limit=1),
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=SMALL_GPU,
+            problems=[p],
             space_fn=lambda _: full_space(),
             seeds_fn=lambda _: [],
-            build_fn=replay.build,
-            measure_fn=replay,
-            sampler="random",
-            trials=15,
-            wasted_limit=1,
         )
     assert summary.problems[0].trials == 15

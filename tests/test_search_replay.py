@@ -27,8 +27,9 @@ from core.config import KernelConfig
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from tuner import search
-from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignSummary, run_campaign
-from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable
+from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignOptions
+from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable, run_replay_campaign
+from tuner.summary import CampaignSummary
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -46,21 +47,18 @@ def _run(
     max_spill_bytes: int | None = DEFAULT_MAX_SPILL_BYTES,
     seeds: bool = False,
 ) -> CampaignSummary:
-    replay = replay or ReplayMeasure(table)
+    options = CampaignOptions(
+        sampler=sampler, trials=trials, seed=seed, max_spill_bytes=max_spill_bytes
+    )
     with open_store(tmp_path) as store:
-        return run_campaign(
-            problems,
+        return run_replay_campaign(
+            replay or table,
+            options,
             store=store,
             storage_url=optuna_url(tmp_path),
-            gpu=GPU,
-            space_fn=replay.space,
+            problems=problems,
             seeds_fn=(lambda p: seed_configs(p.d, p.dtype, p.causal)) if seeds else lambda p: [],
-            build_fn=replay.build,
-            measure_fn=measure_fn or replay,  # type: ignore[arg-type]
-            sampler=sampler,
-            trials=trials,
-            seed=seed,
-            max_spill_bytes=max_spill_bytes,
+            measure_fn=measure_fn,  # type: ignore[arg-type]
         )
 
 
@@ -68,6 +66,7 @@ def _gpu_eligible(table: ReplayTable, study: str) -> int:
     return sum(e.status not in search.BUILD_STATUSES for e in table.studies[study].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_tpe_finds_the_best_within_budget(tmp_path: Path, seed: int) -> None:
     problems = problems_for([2048])
@@ -81,6 +80,7 @@ def test_tpe_finds_the_best_within_budget(tmp_path: Path, seed: int) -> None:
     assert (p.best_config, p.best_ms) == table.best(study)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_gets_close_within_budget(tmp_path: Path, seed: int) -> None:
     problems = problems_for([2048])
@@ -94,6 +94,7 @@ def test_random_gets_close_within_budget(tmp_path: Path, seed: int) -> None:
     assert p.best_ms <= best[1] * 1.05
 
 
+@pytest.mark.slow
 def test_random_finds_the_best_with_a_budget_of_every_gpu_config(tmp_path: Path) -> None:
     problems = problems_for([2048])
     table = synthetic_table(problems, tiny_space())
@@ -105,6 +106,7 @@ def test_random_finds_the_best_with_a_budget_of_every_gpu_config(tmp_path: Path)
     assert (p.best_config, p.best_ms) == table.best(study)
 
 
+@pytest.mark.slow
 def test_grid_evaluates_every_config_once(tmp_path: Path) -> None:
     problems = problems_for([1024])
     table = synthetic_table(problems, tiny_space())
@@ -120,6 +122,7 @@ def test_grid_evaluates_every_config_once(tmp_path: Path) -> None:
     assert p.statuses == dict(Counter(e.status for e in table.studies[study].values()))
 
 
+@pytest.mark.slow
 def test_invalid_combinations_never_reach_build_or_measure(tmp_path: Path) -> None:
     # A sparse space: drop every third config, so many combinations of the choices are not
     # configs of the space (as with the real space's smem and register rules).
@@ -159,6 +162,7 @@ class _Liar:
         return result
 
 
+@pytest.mark.slow
 def test_non_ok_statuses_never_become_best(tmp_path: Path) -> None:
     problems = problems_for([1024])
     table = synthetic_table(problems, tiny_space())
@@ -181,6 +185,7 @@ def test_non_ok_statuses_never_become_best(tmp_path: Path) -> None:
     assert best is not None and best.config.name == p.best_config
 
 
+@pytest.mark.slow
 def test_heavy_spills_are_recorded_not_timed_unless_allowed(tmp_path: Path) -> None:
     problems = problems_for([1024])
     table = synthetic_table(problems, tiny_space())
@@ -213,6 +218,7 @@ def _with_small_spill(table: ReplayTable, study: str) -> tuple[ReplayTable, str]
     return ReplayTable(studies={study: entries}, problems=table.problems, gpu=GPU), name
 
 
+@pytest.mark.slow
 def test_small_spills_are_timed_within_the_limit(tmp_path: Path) -> None:
     problems = problems_for([1024])
     study = problems[0].study_name
@@ -236,6 +242,7 @@ def test_small_spills_are_timed_within_the_limit(tmp_path: Path) -> None:
     assert all("--max-spill-bytes" in (r.error or "") for r in rows)
 
 
+@pytest.mark.slow
 def test_resume_with_a_higher_spill_limit_times_what_it_skipped(tmp_path: Path) -> None:
     """A campaign resumed with a larger limit times the SPILLS it skipped before (from its
     trials and from the store), and only those within the new limit."""
@@ -252,6 +259,7 @@ def test_resume_with_a_higher_spill_limit_times_what_it_skipped(tmp_path: Path) 
     assert q.best_config == spiller
 
 
+@pytest.mark.slow
 def test_build_failures_are_recorded_as_measurements(tmp_path: Path) -> None:
     problems = problems_for([512])
     table = synthetic_table(problems, tiny_space())
@@ -265,6 +273,7 @@ def test_build_failures_are_recorded_as_measurements(tmp_path: Path) -> None:
     assert all(r.trial_number is not None for r in rows)
 
 
+@pytest.mark.slow
 def test_measurements_carry_search_provenance(tmp_path: Path) -> None:
     problems = problems_for([512])
     table = synthetic_table(problems)

@@ -1,6 +1,6 @@
 """Live campaign display (rich) and the end-of-campaign summary table.
 
-:class:`RichProgress` is a :class:`tuner.campaign.CampaignObserver`: two progress bars, the
+:class:`RichProgress` is a :class:`tuner.summary.CampaignObserver`: two progress bars, the
 whole campaign and the problem being tuned (trial i/n, best so far, ETA), plus one line per
 finished problem printed above them. :func:`render_summary` prints the final table.
 """
@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from core.problem import Problem
-from tuner.campaign import CampaignSummary, ProblemSummary, TrialEvent
+from tuner.summary import CampaignSummary, ProblemSummary, TrialEvent
 
 
 def problem_label(problem: Problem) -> str:

@@ -22,7 +22,8 @@ campaign on the real GPU) and saved as JSON::
 {"status": ..., "median_ms": ...}}}``. :class:`ReplayMeasure` then stands in for the build
 (``build_fn``), the GPU worker (``measure_fn``) and the space (``space_fn``) of
 :func:`tuner.campaign.run_campaign`, so samplers can be compared and the campaign tested
-without a GPU or nvcc.
+without a GPU or nvcc. :func:`run_replay_campaign` is that wiring, the one entry point of
+``fa2tune tune --replay``, ``bench/compare_samplers.py`` and the tests.
 
 A table answers for a problem's whole search space only when it *covers* it: every valid
 config has a recorded outcome (:meth:`ReplayTable.missing` lists those that do not). A table
@@ -37,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -50,6 +52,10 @@ from core.config import KernelConfig
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
+from tuner import search
+from tuner.campaign import CampaignOptions, SeedFn, SpaceFn, run_campaign
+from tuner.problem_run import MeasureFn
+from tuner.summary import CampaignObserver, CampaignSummary
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +282,7 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
     Raises:
         ValueError: when the store has no measurement for that GPU.
     """
-    from db.store import normalize_gpu_name
+    from core.gpu_name import normalize_gpu_name
 
     key = normalize_gpu_name(gpu)
     info = next((g for g in store.gpus() if normalize_gpu_name(g.name) == key), None)
@@ -339,8 +345,8 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
 class ReplayMeasure:
     """Answers builds and measurements from a :class:`ReplayTable`.
 
-    Use :meth:`build` as ``build_fn``, the instance itself as ``measure_fn`` and
-    :meth:`space` as ``space_fn`` of :func:`tuner.campaign.run_campaign`.
+    :func:`run_replay_campaign` uses :meth:`build` as ``build_fn``, the instance itself as
+    ``measure_fn`` and :meth:`space` as ``space_fn`` of :func:`tuner.campaign.run_campaign`.
 
     Args:
         table: the recorded outcomes.
@@ -469,3 +475,97 @@ def _build_status(entry: ReplayEntry) -> BuildStatus:
     if entry.build_status is not None:
         return BuildStatus(entry.build_status)
     return _BUILD_LEVEL.get(entry.status, BuildStatus.OK)
+
+
+def in_campaign_order(problems: Iterable[Problem]) -> list[Problem]:
+    """``problems`` grouped as ``fa2tune tune`` groups them: by dtype, mask and D, then N (so
+    each group's builds serve it in one go)."""
+    return sorted(problems, key=lambda p: (p.dtype, p.causal, p.d, p.n, p.batch, p.heads))
+
+
+def run_replay_campaign(
+    table: ReplayTable | ReplayMeasure,
+    options: CampaignOptions,
+    *,
+    store: Store | str | None = None,
+    storage_url: str | None = None,
+    problems: Sequence[Problem] | None = None,
+    space_fn: SpaceFn | None = None,
+    seeds_fn: SeedFn | None = None,
+    measure_fn: MeasureFn | None = None,
+    progress: CampaignObserver | None = None,
+) -> CampaignSummary:
+    """Run :func:`tuner.campaign.run_campaign` answered from a replay table: no GPU, no nvcc.
+
+    The replay stands in for the builds, the GPU and (unless ``space_fn`` is given) the
+    search space; new studies start from FlashAttention-2's seed configs, as in ``fa2tune
+    tune``; the GPU is the table's, or a placeholder named after the first problem's GPU (a
+    bare table has none).
+
+    Args:
+        table: the recorded outcomes, or a :class:`ReplayMeasure` over them (to set its
+            latency or strictness, or to read afterwards what it built and measured).
+        options: how to search.
+        store: where builds and measurements are recorded: a :class:`Store` (left open), a
+            database URL (opened and closed here), or None for a scratch SQLite file deleted
+            afterwards (replayed outcomes are not measurements: they go to a real database
+            only when asked to).
+        storage_url: the optuna storage; default the store's database (see
+            :func:`search.resolve_storage_url`), or a scratch SQLite file with a scratch store.
+        problems: what to tune, in order; default the table's problems in campaign order
+            (:func:`in_campaign_order`).
+        space_fn: the configs of a problem; default those the table records for it.
+        seeds_fn: the configs each new study starts with; default
+            :func:`codegen.space.seed_configs`.
+        measure_fn: verifies and times one build; default the replay (pass a wrapper around
+            it to add latency or failures).
+        progress: receives progress events; None logs only.
+
+    Returns:
+        The campaign's summary.
+
+    Raises:
+        ValueError: when there is no problem to tune, and as :func:`run_campaign` does.
+        ReplayMissingError: from a strict :class:`ReplayMeasure` asked for a config the table
+            does not cover.
+    """
+    from codegen.space import seed_configs
+
+    replay = table if isinstance(table, ReplayMeasure) else ReplayMeasure(table)
+    todo = (
+        list(problems)
+        if problems is not None
+        else in_campaign_order(replay.table.problems.values())
+    )
+    if not todo:
+        raise ValueError("no problem to replay: the table names none and none were given")
+    gpu = replay.table.gpu or GpuInfo(
+        name=todo[0].gpu, compute_capability="0.0", sm_count=0, driver_version="replay",
+        cuda_version="replay",
+    )  # fmt: skip
+
+    def campaign(results: Store, studies: str) -> CampaignSummary:
+        return run_campaign(
+            todo,
+            options,
+            store=results,
+            storage_url=studies,
+            gpu=gpu,
+            measure_fn=measure_fn or replay,
+            space_fn=space_fn or replay.space,
+            seeds_fn=seeds_fn or (lambda p: seed_configs(p.d, p.dtype, p.causal)),
+            build_fn=replay.build,
+            progress=progress,
+        )
+
+    if isinstance(store, Store):
+        url = store.engine.url.render_as_string(hide_password=False)
+        return campaign(store, storage_url or search.resolve_storage_url(url))
+    if isinstance(store, str):
+        with Store.from_url(store) as opened:
+            return campaign(opened, storage_url or search.resolve_storage_url(store))
+    with (
+        tempfile.TemporaryDirectory(prefix="fa2tune-replay-") as scratch,
+        Store.from_url(f"sqlite:///{scratch}/results.db") as scratch_store,
+    ):
+        return campaign(scratch_store, storage_url or f"sqlite:///{scratch}/studies.db")

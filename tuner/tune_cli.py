@@ -5,12 +5,13 @@ Example (the default campaign: D 64 and 128, six lengths, fp16, full and causal,
 
     fa2tune tune
     fa2tune tune --d 128 --n 4096,8192 --causal yes --trials 60 --sampler tpe --seed 1
-    fa2tune tune --time-budget 10m
+    fa2tune tune --time-budget 10m --dtype both       # fp16 and bf16: 48 problems
     fa2tune --db postgresql://... tune --device 1     # a second GPU sharing the studies
     fa2tune tune --replay table.json --sampler random  # no GPU: answers from a recorded table
 
-Lists are comma-separated; durations are ``90``, ``90s``, ``10m``, ``1h30m``. Bad input exits
-with status 2. Re-running the same command resumes its studies.
+Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); durations
+are ``90``, ``90s``, ``10m``, ``1h30m``. Bad input exits with status 2. Re-running the same
+command resumes its studies.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 
@@ -30,8 +30,9 @@ import typer
 from core.config import DTYPES, HEAD_DIMS, Dtype
 from core.problem import Problem
 from tuner import search
-from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignSummary, run_campaign
+from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignOptions, run_campaign
 from tuner.progress import RichProgress, render_summary
+from tuner.summary import CampaignSummary
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -50,6 +51,8 @@ EXIT_INTERRUPTED: Final = 130
 
 _TRUE = {"yes", "y", "true", "1", "causal", "on"}
 _FALSE = {"no", "n", "false", "0", "full", "off"}
+#: In --dtype and --causal: every value (as the help says: "fp16, bf16 or both").
+_BOTH: Final = "both"
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(h|m|s)?")
 T = TypeVar("T")
 
@@ -91,35 +94,51 @@ def parse_int_list(
     return _unique(values)
 
 
-def parse_choice_list(text: str, option: str, allowed: Sequence[str]) -> list[str]:
+def parse_choice_list(
+    text: str, option: str, allowed: Sequence[str], *, both: bool = False
+) -> list[str]:
     """Parse ``"fp16,bf16"`` against the allowed values (case-insensitive).
+
+    Args:
+        text: the option's value.
+        option: the option's name, for messages.
+        allowed: the values it may hold.
+        both: also accept ``both``, standing for every allowed value in their order.
 
     Raises:
         typer.BadParameter: for a value not allowed.
     """
-    values = []
+    values: list[str] = []
     for item in _split(text, option):
-        if item.lower() not in allowed:
-            raise _bad(option, f"{item!r} is not one of {', '.join(allowed)}")
-        values.append(item.lower())
+        word = item.lower()
+        if both and word == _BOTH:
+            values.extend(allowed)
+        elif word in allowed:
+            values.append(word)
+        else:
+            choices = f"{', '.join(allowed)} or {_BOTH}" if both else ", ".join(allowed)
+            raise _bad(option, f"{item!r} is not one of {choices}")
     return _unique(values)
 
 
 def parse_bool_list(text: str, option: str) -> list[bool]:
-    """Parse ``"no,yes"`` (also true/false, 1/0, full/causal) into booleans.
+    """Parse ``"no,yes"`` (also true/false, 1/0, full/causal; ``both`` is no and yes) into
+    booleans.
 
     Raises:
         typer.BadParameter: for anything else.
     """
-    values = []
+    values: list[bool] = []
     for item in _split(text, option):
         word = item.lower()
-        if word in _TRUE:
+        if word == _BOTH:
+            values.extend((False, True))
+        elif word in _TRUE:
             values.append(True)
         elif word in _FALSE:
             values.append(False)
         else:
-            raise _bad(option, f"{item!r} is not yes or no")
+            raise _bad(option, f"{item!r} is not yes or no (or {_BOTH})")
     return _unique(values)
 
 
@@ -245,7 +264,7 @@ def tune(
         raise _bad("--sampler", f"{sampler!r} is not one of {', '.join(search.sampler_names())}")
     budget_s = parse_duration(time_budget) if time_budget is not None else None
     trials, budget_s = resolve_budget(sampler, trials, budget_s)
-    search_opts = _SearchOptions(
+    options = CampaignOptions(
         sampler=sampler,
         trials=trials,
         time_budget_s=budget_s,
@@ -253,11 +272,11 @@ def tune(
         seed=seed,
     )
     if replay is not None:
-        summary = _tune_replay(replay, d, n, dtype, causal, search_opts)
+        summary = _tune_replay(replay, d, n, dtype, causal, options)
     else:
         ds = parse_int_list(d or DEFAULT_D, "--d", allowed=HEAD_DIMS)
         ns = parse_int_list(n or DEFAULT_N, "--n")
-        dtypes = parse_choice_list(dtype or DEFAULT_DTYPE, "--dtype", DTYPES)
+        dtypes = parse_choice_list(dtype or DEFAULT_DTYPE, "--dtype", DTYPES, both=True)
         causals = parse_bool_list(causal or DEFAULT_CAUSAL, "--causal")
         if arch is not None:
             from codegen.space import SUPPORTED_ARCHS
@@ -265,24 +284,13 @@ def tune(
             if arch not in SUPPORTED_ARCHS:
                 raise _bad("--arch", f"{arch!r} is not one of {', '.join(SUPPORTED_ARCHS)}")
         summary = _tune_gpu(
-            ds, ns, dtypes, causals, batch, heads, search_opts, arch, device, job_timeout
+            ds, ns, dtypes, causals, batch, heads, options, arch, device, job_timeout
         )
     render_summary(summary)
     if summary_json is not None:
         summary_json.write_text(json.dumps(summary.to_dict(), indent=1) + "\n", encoding="utf-8")
     if summary.interrupted:
         raise typer.Exit(code=EXIT_INTERRUPTED)
-
-
-@dataclass(frozen=True)
-class _SearchOptions:
-    """How every problem is searched: :func:`run_campaign`'s keyword arguments of that name."""
-
-    sampler: str
-    trials: int | None
-    time_budget_s: float | None
-    max_spill_bytes: int | None
-    seed: int
 
 
 def _quiet_optuna() -> None:
@@ -298,7 +306,7 @@ def _tune_gpu(
     causals: list[bool],
     batch: int,
     heads: int,
-    search_opts: _SearchOptions,
+    options: CampaignOptions,
     arch: str | None,
     device: int,
     job_timeout: float,
@@ -318,7 +326,7 @@ def _tune_gpu(
         ):
             return _campaign_on_gpu(
                 store, worker, settings.db_url, settings.build_jobs, ds, ns, dtypes, causals,
-                batch, heads, search_opts, arch, device,
+                batch, heads, options, arch, device,
             )  # fmt: skip
     except WorkerStartError as exc:
         # The campaign so far is saved; the same command resumes it once a worker starts.
@@ -337,7 +345,7 @@ def _campaign_on_gpu(
     causals: list[bool],
     batch: int,
     heads: int,
-    search_opts: _SearchOptions,
+    options: CampaignOptions,
     arch: str | None,
     device: int,
 ) -> CampaignSummary:
@@ -358,20 +366,19 @@ def _campaign_on_gpu(
     problems = make_problems(gpu.name, ds, ns, dtypes, causals, batch, heads)
     log.info(
         "tuning %d problems on %s (%s, device %d), sampler %s",
-        len(problems), gpu.name, target, device, search_opts.sampler,
+        len(problems), gpu.name, target, device, options.sampler,
     )  # fmt: skip
+    # The space, seeds and nvcc builds are run_campaign's defaults for this architecture.
+    on_device = replace(options, arch=target, worker_index=device, build_batch=build_jobs)
     with RichProgress() as progress:
         return run_campaign(
             problems,
+            on_device,
             store=store,
             storage_url=storage_url,
             gpu=gpu,
             measure_fn=worker.measure,
-            arch=target,  # the space, seeds and nvcc builds are run_campaign's defaults
-            worker_index=device,
-            build_batch=build_jobs,
             progress=progress,
-            **asdict(search_opts),
         )
 
 
@@ -390,12 +397,9 @@ def _tune_replay(
     n: str | None,
     dtype: str | None,
     causal: str | None,
-    search_opts: _SearchOptions,
+    options: CampaignOptions,
 ) -> CampaignSummary:
-    from codegen.space import seed_configs
-    from core.records import GpuInfo
-    from db.store import Store
-    from tuner.replay import ReplayMeasure, load_replay_table
+    from tuner.replay import in_campaign_order, load_replay_table, run_replay_campaign
 
     try:
         table = load_replay_table(path)
@@ -406,39 +410,18 @@ def _tune_replay(
     known = list(table.problems.values())
     keep_d = _select(d, "--d", lambda t, o: parse_int_list(t, o, HEAD_DIMS))
     keep_n = _select(n, "--n", parse_int_list)
-    keep_dt = _select(dtype, "--dtype", lambda t, o: parse_choice_list(t, o, DTYPES))
+    keep_dt = _select(dtype, "--dtype", lambda t, o: parse_choice_list(t, o, DTYPES, both=True))
     keep_c = _select(causal, "--causal", parse_bool_list)
-    problems = sorted(
-        (p for p in known if keep_d(p.d) and keep_n(p.n) and keep_dt(p.dtype) and keep_c(p.causal)),
-        key=lambda p: (p.dtype, p.causal, p.d, p.n, p.batch, p.heads),
+    problems = in_campaign_order(
+        p for p in known if keep_d(p.d) and keep_n(p.n) and keep_dt(p.dtype) and keep_c(p.causal)
     )
     if not problems:
         studies = ", ".join(sorted(table.studies)) or "none"
         raise _bad("--replay", f"no problem of the table matches the options (table: {studies})")
     dtypes: set[Dtype] = {p.dtype for p in problems}
-    gpu = table.gpu or GpuInfo(
-        name=problems[0].gpu, compute_capability="0.0", sm_count=0, driver_version="replay",
-        cuda_version="replay",
-    )  # fmt: skip
     log.info("replaying %d problems (%s) from %s", len(problems), ", ".join(dtypes), path)
     _quiet_optuna()
-    replay = ReplayMeasure(table)
-    with tempfile.TemporaryDirectory(prefix="fa2tune-replay-") as scratch:
-        # Replayed results are not measurements: they never go to the real database.
-        store = Store.from_url(f"sqlite:///{scratch}/results.db")
-        try:
-            with RichProgress() as progress:
-                return run_campaign(
-                    problems,
-                    store=store,
-                    storage_url=f"sqlite:///{scratch}/studies.db",
-                    gpu=gpu,
-                    space_fn=replay.space,
-                    seeds_fn=lambda p: seed_configs(p.d, p.dtype, p.causal),
-                    build_fn=replay.build,
-                    measure_fn=replay,
-                    progress=progress,
-                    **asdict(search_opts),
-                )
-        finally:
-            store.close()
+    with RichProgress() as progress:
+        # No store given: a scratch one, as replayed results are not measurements and never go
+        # to the real database.
+        return run_replay_campaign(table, options, problems=problems, progress=progress)
