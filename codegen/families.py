@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from codegen import fa3_space
 from codegen import space as fa2_space
 from codegen.render import render_instantiation
 from core.config import Dtype, KernelConfig
 from core.elements import element
+from core.fa3_config import Fa3Config
 from core.family import AnyConfig, UnknownFamilyError, config_type
 
 Grid = tuple[int, int, int]
@@ -92,12 +94,19 @@ class Family:
     def arch_for(self, compute_capability: str) -> str | None:
         """The target this family builds for a GPU of ``compute_capability`` (``"9.0"``).
 
-        The newest target not newer than the GPU; None when the GPU is older than all.
+        The newest target the GPU runs. Builds are cubins of machine code only (no PTX for
+        the driver to compile), so a plain target (``sm_86``) runs on GPUs of the same major
+        version and an equal or newer minor one, and an architecture-specific target
+        (``sm_90a``) on exactly its compute capability. None when no target fits.
         """
         major, minor = (int(x) for x in compute_capability.split(".")[:2])
         for arch in self.archs:
             digits = arch.removeprefix("sm_").rstrip("a")
-            if (int(digits[:-1]), int(digits[-1])) <= (major, minor):
+            t_major, t_minor = int(digits[:-1]), int(digits[-1])
+            if arch.endswith("a"):
+                if (t_major, t_minor) == (major, minor):
+                    return arch
+            elif t_major == major and t_minor <= minor:
                 return arch
         return None
 
@@ -113,6 +122,11 @@ def _fa2_traits(config: AnyConfig) -> str:
     flags = ("true" if c.causal else "false", "true" if c.swizzle else "false")
     args = (c.d, element(c.dtype).cuda_type, flags[0], c.br, c.bc, c.warps, c.stages, c.pad)
     return f"fa2::Traits<{', '.join(map(str, args))}, {flags[1]}>"
+
+
+def _fa2_render(config: AnyConfig) -> str:
+    assert isinstance(config, KernelConfig)
+    return render_instantiation(config)
 
 
 def _fa2_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -> list[AnyConfig]:
@@ -131,15 +145,74 @@ FA2 = Family(
     space=_fa2_space,
     seeds=_fa2_seeds,
     default=fa2_space.fa2_default_config,
-    render=render_instantiation,
+    render=_fa2_render,
     grid=_fa2_grid,
     header=HeaderPart(
         template="fa2_fwd.cuh", traits=_fa2_traits, kernel="fa2::fwd_kernel", launcher="fa2::launch"
     ),
 )
 
+
+def _fa3_config(config: AnyConfig) -> Fa3Config:
+    assert isinstance(config, Fa3Config)
+    return config
+
+
+def _fa3_grid(config: AnyConfig, nq: int, heads: int, batch: int) -> Grid:
+    return (-(-nq // _fa3_config(config).block_m), heads, batch)
+
+
+def _fa3_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -> list[AnyConfig]:
+    if d not in fa3_space.HEAD_DIMS:
+        return []  # head dims the family has no instantiation for: the other family serves
+    return [c for c in fa3_space.enumerate_space(d, dtype, causal) if c.smem_bytes <= smem_limit]
+
+
+def _fa3_seeds(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
+    return list(fa3_space.seed_configs(d, dtype, causal)) if d in fa3_space.HEAD_DIMS else []
+
+
+def _fa3_render(config: AnyConfig) -> str:
+    c = _fa3_config(config)
+
+    def flag(value: bool) -> str:
+        return "true" if value else "false"
+
+    args = (
+        c.name, c.d, element(c.dtype).cuda_type, flag(c.causal), c.block_m, c.block_n,
+        c.stages, flag(c.pv_regs), flag(c.overlap), flag(c.pingpong), c.consumer_regs,
+    )  # fmt: skip
+    return f'#include "fa3_fwd.cuh"\nFA3_DEFINE_KERNEL({", ".join(map(str, args))})\n'
+
+
+def _fa3_traits(config: AnyConfig) -> str:
+    c = _fa3_config(config)
+    flags = [("true" if x else "false") for x in (c.causal, c.pv_regs, c.overlap, c.pingpong)]
+    args = (
+        c.d, element(c.dtype).cuda_type, flags[0], c.block_m, c.block_n, c.stages,
+        flags[1], flags[2], flags[3], c.consumer_regs,
+    )  # fmt: skip
+    return f"fa3::Traits<{', '.join(map(str, args))}>"
+
+
+FA3 = Family(
+    name="fa3",
+    summary="Hopper-native FA forward: wgmma, TMA, warp-specialized producer/consumers (sm_90a)",
+    templates=("fa3_fwd.cuh",),
+    archs=(fa3_space.ARCH,),
+    space=_fa3_space,
+    seeds=_fa3_seeds,
+    default=fa3_space.default_config,
+    render=_fa3_render,
+    grid=_fa3_grid,
+    header=HeaderPart(
+        template="fa3_fwd.cuh", traits=_fa3_traits, kernel="fa3::fwd_kernel", launcher="fa3::launch"
+    ),
+    host_prep="measure.tma:fa3_tensor_maps",
+)
+
 #: Every family, by name; the order is the order a campaign searches them in.
-FAMILIES: dict[str, Family] = {f.name: f for f in (FA2,)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (FA2, FA3)}
 
 
 def family(name: str) -> Family:

@@ -16,6 +16,7 @@ from dataclasses import MISSING, fields
 from typing import Any, Protocol, TypeAlias
 
 from core.config import Dtype, KernelConfig
+from core.fa3_config import Fa3Config
 
 
 class FamilyConfig(Protocol):
@@ -51,10 +52,10 @@ class FamilyConfig(Protocol):
 
 
 #: Any family's config (a union as families are added; each satisfies :class:`FamilyConfig`).
-AnyConfig: TypeAlias = KernelConfig
+AnyConfig: TypeAlias = KernelConfig | Fa3Config
 
 #: Family name -> config type. A family's name is also its config names' prefix.
-CONFIG_TYPES: dict[str, type[KernelConfig]] = {"fa2": KernelConfig}
+CONFIG_TYPES: dict[str, type[AnyConfig]] = {"fa2": KernelConfig, "fa3": Fa3Config}
 
 FAMILIES: tuple[str, ...] = tuple(CONFIG_TYPES)
 
@@ -63,7 +64,7 @@ class UnknownFamilyError(ValueError):
     """A family name, or a config name whose prefix names no family."""
 
 
-def config_type(family: str) -> type[KernelConfig]:
+def config_type(family: str) -> type[AnyConfig]:
     """The config type of ``family``.
 
     Raises:

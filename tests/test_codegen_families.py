@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.families import FA2, FAMILIES, families_for, family, family_of
+from codegen.families import FA2, FA3, FAMILIES, families_for, family, family_of
 from codegen.space import fa2_default_config
 from core.config import KernelConfig
 from core.family import (
@@ -18,7 +18,7 @@ CFG = KernelConfig(d=128, dtype="bf16", causal=True, br=128, bc=64, warps=4, sta
 
 
 def test_the_mma_sync_template_is_family_fa2() -> None:
-    assert list(FAMILIES) == ["fa2"] and family("fa2") is FA2
+    assert list(FAMILIES) == ["fa2", "fa3"] and family("fa2") is FA2
     assert family_of(CFG) is FA2 and FA2.config_type is KernelConfig
     assert CFG.name.startswith("fa2_") and family_of_name(CFG.name) == "fa2"
     assert FA2.templates == ("fa2_fwd.cuh",)
@@ -55,15 +55,22 @@ def test_unknown_families_and_parameters_are_named(call: object, message: str) -
 
 
 @pytest.mark.parametrize(
-    ("cc", "arch"), [("9.0", "sm_90"), ("8.9", "sm_89"), ("8.7", "sm_86"), ("12.0", "sm_90")]
+    ("cc", "fa2_arch", "fa3_arch"),
+    [
+        ("9.0", "sm_90", "sm_90a"),
+        ("8.9", "sm_89", None),
+        ("8.7", "sm_86", None),
+        ("8.0", "sm_80", None),
+        ("10.0", None, None),  # cubins only: an sm_90 cubin does not run on another major
+        ("7.5", None, None),
+    ],
 )
-def test_fa2_builds_for_the_newest_arch_the_gpu_runs(cc: str, arch: str) -> None:
-    assert FA2.arch_for(cc) == arch
-    assert families_for(cc) == [FA2]
-
-
-def test_gpus_older_than_every_target_get_no_family() -> None:
-    assert FA2.arch_for("7.5") is None and families_for("7.5") == []
+def test_each_family_builds_for_the_newest_target_the_gpu_runs(
+    cc: str, fa2_arch: str | None, fa3_arch: str | None
+) -> None:
+    assert (FA2.arch_for(cc), FA3.arch_for(cc)) == (fa2_arch, fa3_arch)
+    expected = [f for f, a in ((FA2, fa2_arch), (FA3, fa3_arch)) if a is not None]
+    assert families_for(cc) == expected
 
 
 def test_fa2_launch_geometry() -> None:
