@@ -131,7 +131,7 @@ class GpuJobHandler:
         return inputs
 
     def _measure(self, job: BenchJob) -> MeasureResult:
-        from measure.loader import grid_for, make_params, synchronize
+        from measure.loader import synchronize
         from measure.timing import time_with_options
         from measure.verify import check_output, poison
 
@@ -197,9 +197,11 @@ class GpuJobHandler:
 
         o, lse = inputs.outputs()
         poison(o, lse)
-        params = make_params(inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout)
-        grid, block = grid_for(config, problem)
-        launch = kernel.bind(params, grid, block, config.smem_bytes, self.stream)
+        # The Fa2Params, the family's extra arguments (fa3: TMA descriptors of these
+        # tensors), its grid and block: one bound launch for the check and the timing loop.
+        launch = kernel.bind_config(
+            config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout, self.stream
+        )
 
         self._enter("launch")
         launch()

@@ -1,25 +1,31 @@
 """Loading cubins and launching kernels through the CUDA driver API (``cuda.bindings``).
 
-The kernels follow the ABI of ``docs/architecture.md``: one by-value :class:`Fa2Params`
-argument, grid ``(ceil(nq / br), q_heads, batch)``, block ``32 * warps`` and ``smem_bytes`` of
-dynamic shared memory. Modules are loaded into torch's primary context so that torch tensors
-and our kernels share one address space and one stream.
+Every kernel family's kernels take one by-value :class:`Fa2Params` first (the ABI of
+``docs/architecture.md``), then whatever the family's ``host_prep`` returns (the Hopper family:
+three ``CUtensorMap`` descriptors, :mod:`measure.tma`; docs/fa3_kernel.md). Grid and block come
+from the family registry (:mod:`codegen.families`: ``fa2`` launches ``(ceil(nq / br), q_heads,
+batch)`` blocks of ``32 * warps`` threads) and the dynamic shared memory is the config's
+``smem_bytes``, to which the kernel's limit is raised when it is loaded. Modules are loaded
+into torch's primary context so that torch tensors and our kernels share one address space and
+one stream.
 
-Neither torch nor ``cuda.bindings`` is imported at module import time; CPU machines can import
-this module (for :class:`Fa2Params`, :func:`grid_for`, :class:`CudaError`).
+Neither torch nor ``cuda.bindings`` is imported at module import time (nor a family's
+``host_prep`` module before its first launch); CPU machines can import this module (for
+:class:`Fa2Params`, :func:`grid_for`, :class:`CudaError`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
-import math
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from core.config import KernelConfig
 from core.elements import ELEMENTS
+from core.family import AnyConfig
 from core.problem import Problem
 
 if TYPE_CHECKING:
@@ -29,6 +35,12 @@ log = logging.getLogger(__name__)
 
 Layout = Literal["bnhd", "bhnd"]
 LAYOUTS: tuple[Layout, ...] = ("bnhd", "bhnd")
+Dim3: TypeAlias = tuple[int, int, int]
+
+#: A family's ``host_prep`` (named by ``codegen.families.Family.host_prep``):
+#: ``(config, q, k, v, layout)`` -> the kernel's arguments after its ``Fa2Params``, in order,
+#: each a ctypes value whose bytes are the argument (e.g. :class:`measure.tma.TensorMap`).
+HostPrep: TypeAlias = Callable[..., Sequence[Any]]
 
 #: Errors after which the CUDA context is unusable: the process must go.
 STICKY_ERRORS = frozenset(
@@ -219,11 +231,23 @@ def synchronize(stream_handle: int) -> None:
 class BoundLaunch:
     """One prepared ``cuLaunchKernel`` call; calling it launches asynchronously.
 
-    Holds the :class:`Fa2Params` and the one-entry ``void*`` array pointing at it, so both stay
-    alive as long as the launcher does.
+    Holds the :class:`Fa2Params`, the family's extra arguments (ctypes values, e.g. TMA
+    descriptors) and the ``void*`` array pointing at them in kernel-parameter order (the
+    params first), so all of them stay alive as long as the launcher does. Without extra
+    arguments the array has the one entry of the ``fa2`` ABI.
     """
 
-    __slots__ = ("_args", "_args_addr", "_cu", "_fn", "_geometry", "_stream", "params", "symbol")
+    __slots__ = (
+        "_args",
+        "_args_addr",
+        "_cu",
+        "_fn",
+        "_geometry",
+        "_stream",
+        "extra",
+        "params",
+        "symbol",
+    )
 
     def __init__(
         self,
@@ -235,12 +259,15 @@ class BoundLaunch:
         block: tuple[int, int, int],
         smem: int,
         stream_handle: int,
+        extra: Sequence[Any] = (),
     ) -> None:
         self._cu = cu
         self._fn = fn
         self.symbol = symbol
         self.params = params
-        self._args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        self.extra = tuple(extra)
+        addresses = [ctypes.addressof(params), *(ctypes.addressof(x) for x in self.extra)]
+        self._args = (ctypes.c_void_p * len(addresses))(*addresses)
         self._args_addr = ctypes.addressof(self._args)
         self._stream = cu.CUstream(stream_handle)
         self._geometry = (*(int(x) for x in grid), *(int(x) for x in block), int(smem))
@@ -329,9 +356,10 @@ class LoadedKernel:
 
     @classmethod
     def for_config(
-        cls, config: KernelConfig, cubin: str | Path, symbol: str | None = None
+        cls, config: AnyConfig, cubin: str | Path, symbol: str | None = None
     ) -> LoadedKernel:
-        """Load ``config``'s kernel (symbol ``config.name`` unless ``symbol`` is given)."""
+        """Load ``config``'s kernel (symbol ``config.name`` unless ``symbol`` is given), its
+        dynamic shared memory limit raised to ``config.smem_bytes``."""
         return cls.from_file(cubin, symbol or config.name, config.smem_bytes)
 
     def launch(
@@ -341,6 +369,7 @@ class LoadedKernel:
         block: tuple[int, int, int],
         smem: int,
         stream_handle: int,
+        extra: Sequence[Any] = (),
     ) -> None:
         """Launch once (asynchronously) on the stream with handle ``stream_handle``.
 
@@ -348,7 +377,7 @@ class LoadedKernel:
             CudaError: when the launch is refused (bad geometry, too much shared memory, or a
                 sticky error from earlier work).
         """
-        self.bind(params, grid, block, smem, stream_handle)()
+        self.bind(params, grid, block, smem, stream_handle, extra)()
 
     def bind(
         self,
@@ -357,17 +386,46 @@ class LoadedKernel:
         block: tuple[int, int, int],
         smem: int,
         stream_handle: int,
+        extra: Sequence[Any] = (),
     ) -> BoundLaunch:
         """A zero-argument launcher with everything prepared, for timing loops.
 
-        The driver copies the argument at each launch, so later edits to ``params`` apply to
-        later launches.
+        ``extra`` are the kernel's arguments after ``params`` (ctypes values, see
+        :func:`extra_args`). The driver copies the arguments at each launch, so later edits to
+        ``params`` apply to later launches.
         """
         if self._module is None:
             raise RuntimeError(f"kernel {self.symbol} was unloaded")
         return BoundLaunch(
-            self._cu, self._function, self.symbol, params, grid, block, smem, stream_handle
+            self._cu, self._function, self.symbol, params, grid, block, smem, stream_handle, extra
         )
+
+    def bind_config(
+        self,
+        config: AnyConfig,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        o: torch.Tensor,
+        lse: torch.Tensor | None,
+        scale: float,
+        layout: Layout,
+        stream_handle: int,
+    ) -> BoundLaunch:
+        """Everything one launch of ``config``'s kernel on these tensors needs, bound.
+
+        :func:`make_params`, the family's extra arguments (:func:`extra_args`), its grid and
+        block (:func:`launch_geometry`) and ``config.smem_bytes`` of dynamic shared memory.
+
+        Raises:
+            ValueError: on tensors the ABI does not take (see :func:`make_params` and the
+                family's ``host_prep``).
+            CudaError: when the family's preparation fails in the driver.
+        """
+        params = make_params(q, k, v, o, lse, scale, layout)
+        extra = extra_args(config, q, k, v, layout)
+        grid, block = launch_geometry(config, params.nq, params.q_heads, params.batch)
+        return self.bind(params, grid, block, config.smem_bytes, stream_handle, extra)
 
     def unload(self) -> None:
         """Unload the module (idempotent); errors are logged, not raised."""
@@ -382,15 +440,58 @@ class LoadedKernel:
             log.debug("cuModuleUnload(%s): %s", self.symbol, exc)
 
 
-def grid_for(
-    config: KernelConfig, problem: Problem
-) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """Launch geometry of ``config`` on ``problem``: ``(grid, block)``.
+def launch_geometry(config: AnyConfig, nq: int, q_heads: int, batch: int) -> tuple[Dim3, Dim3]:
+    """``(grid, block)`` of ``config``'s kernel on ``nq`` query rows: its family's geometry.
 
-    Grid ``(ceil(nq / br), q_heads, batch)``, block ``(32 * warps, 1, 1)``.
+    ``fa2``: grid ``(ceil(nq / br), q_heads, batch)``, block ``(32 * warps, 1, 1)``;
+    ``fa3``: grid ``(ceil(nq / block_m), q_heads, batch)``, block ``((block_m/64 + 1) * 128,
+    1, 1)``.
     """
-    grid = (math.ceil(problem.n / config.br), problem.heads, problem.batch)
-    return grid, (config.threads, 1, 1)
+    from codegen.families import family_of
+
+    fam = family_of(config)
+    return fam.grid(config, nq, q_heads, batch), fam.block(config)
+
+
+def grid_for(config: AnyConfig, problem: Problem) -> tuple[Dim3, Dim3]:
+    """Launch geometry of ``config`` on ``problem``: ``(grid, block)`` (:func:`launch_geometry`)."""
+    return launch_geometry(config, problem.n, problem.heads, problem.batch)
+
+
+@cache
+def host_prep(family: str) -> HostPrep | None:
+    """The ``host_prep`` function of ``family``, imported on first use; None when it has none.
+
+    The registry names it as ``"module:function"``; it is resolved once per family and
+    process.
+
+    Raises:
+        UnknownFamilyError: no such family.
+        ImportError, AttributeError: the registry names a function that does not exist.
+    """
+    from codegen.families import family as family_named
+
+    dotted = family_named(family).host_prep
+    if dotted is None:
+        return None
+    module, _, attr = dotted.partition(":")
+    fn = getattr(importlib.import_module(module), attr)
+    if not callable(fn):
+        raise TypeError(f"host_prep {dotted!r} of family {family} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def extra_args(
+    config: AnyConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout
+) -> tuple[Any, ...]:
+    """The kernel arguments after ``Fa2Params`` for one launch of ``config`` on these tensors.
+
+    Empty for a family without ``host_prep`` (``fa2``); otherwise what the family's
+    ``host_prep(config, q, k, v, layout)`` returns (``fa3``: the TMA descriptors of Q, K and
+    V, :func:`measure.tma.fa3_tensor_maps`).
+    """
+    prep = host_prep(config.family)
+    return () if prep is None else tuple(prep(config, q, k, v, layout))
 
 
 def _dims(t: torch.Tensor, layout: Layout) -> tuple[int, int, int, int]:
