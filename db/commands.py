@@ -15,8 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from core.config import DTYPES
+from db.results import BestResult
 from db.shipped import load_shipped_results
-from db.store import BestResult, Store
+from db.store import Store
 from db.transfer import TransferError, export, ingest_file, to_json
 from db.transfer import dump as dump_results
 from fa2tune.settings import get_settings

@@ -41,8 +41,9 @@ from core.family import AnyConfig, config_from_name, config_from_params
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
+from db.queries import build_config
 from db.session import PG_INGEST_LOCK, session_scope
-from db.store import Store, build_config
+from db.store import Store
 from fa2tune import __version__
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from codegen.export import TunedPoint, render_header
 from core.config import DTYPES, HEAD_DIMS, Dtype
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
-from db.store import MAX_PAGE, BestResult, Store
+from db.results import MAX_PAGE, BestResult
+from db.store import Store
 
 log = logging.getLogger(__name__)
 

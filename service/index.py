@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from core.gpu_name import normalize_gpu_name
-from db.store import BestResult, Store
+from db.results import BestResult
+from db.store import Store
 from service.header import tuned_results
 from service.schemas import BestOut, TunedSetOut
 

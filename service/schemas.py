@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.family import AnyConfig
-from db.store import BestResult, GpuSummary, ResultRow
+from db.results import BestResult, GpuSummary, ResultRow
 
 
 class _Out(BaseModel):

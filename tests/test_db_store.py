@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import event, func, select, text
 
 from core.build_report import BuildStatus
+from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem
-from db.store import Store, normalize_gpu_name
+from db.store import Store
 from tests.factories import (
     H200,
     failed_result,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
 from core.records import MeasureStatus
-from db.store import MAX_PAGE
+from db.results import MAX_PAGE
 from db.transfer import IngestSummary, TransferError, ingest, parse_dump
 from service.deps import IndexHolderDep, IngestAuth, StoreDep
 from service.params import MAX_GPU_NAME, MAX_N, HeadDimQuery

@@ -1,0 +1,392 @@
+"""The store's read side: the SQL behind every question asked of the results database.
+
+Holds the module-level queries :class:`db.store.Store` exposes as methods (``best``,
+``best_or_nearest``, ``results``, ``gpus``, ``measured_pairs``, ``outcome``, ``spill_bytes``;
+their contracts are documented on the ``Store``), the helpers they share, and the two row
+helpers other readers use: :func:`build_config` (a build row's config, also used by
+:mod:`db.transfer`) and :func:`problem_flops`.
+
+Contract: every query takes the engine of a database whose schema is at head, runs in one
+read-only :func:`db.session.session_scope`, writes nothing, and returns values from
+:mod:`db.results` (detached from the session) or plain Python values. GPU names are matched
+through :func:`core.gpu_name.normalize_gpu_name`, as :mod:`db.writes` stores them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Engine, Select, exists, func, select
+from sqlalchemy.orm import Session, contains_eager
+
+from core.family import AnyConfig, config_from_params
+from core.gpu_name import normalize_gpu_name
+from core.problem import Problem as ProblemSpec
+from core.records import MeasureStatus
+from db.models import Build, Gpu, Measurement, Problem
+from db.results import MAX_PAGE, BestResult, GpuSummary, ResultPage, ResultRow, StoredOutcome
+from db.session import session_scope
+
+__all__ = [
+    "best",
+    "best_or_nearest",
+    "build_config",
+    "gpus",
+    "measured_pairs",
+    "outcome",
+    "problem_flops",
+    "results",
+    "spill_bytes",
+]
+
+
+def build_config(build: Build) -> AnyConfig:
+    """The config (of the build's family) a build row was compiled from."""
+    return config_from_params(build.family, build.d, build.dtype, build.causal, build.params)
+
+
+def problem_flops(problem: Problem) -> float:
+    """Forward FLOPs of a problem row, counted as :attr:`core.problem.Problem.flops`."""
+    spec = ProblemSpec(
+        gpu="",
+        d=problem.d,
+        n=problem.n,
+        batch=problem.batch,
+        heads=problem.heads,
+        dtype=problem.dtype,  # type: ignore[arg-type]
+        causal=problem.causal,
+        kv_heads=problem.kv_heads,
+        nk=problem.nk,
+    )
+    return spec.flops
+
+
+def _best_result(
+    gpu: Gpu, problem: Problem, build: Build, m: Measurement, *, exact: bool
+) -> BestResult:
+    assert m.median_ms is not None  # only OK rows with a median are ranked
+    return BestResult(
+        config=build_config(build),
+        config_key=build.config_key,
+        gpu=gpu.name,
+        compute_capability=gpu.compute_capability,
+        d=problem.d,
+        n=problem.n,
+        nk=problem.nk,
+        batch=problem.batch,
+        heads=problem.heads,
+        kv_heads=problem.kv_heads,
+        dtype=problem.dtype,
+        causal=problem.causal,
+        exact=exact,
+        from_n=problem.n,
+        median_ms=m.median_ms,
+        p10_ms=m.p10_ms,
+        p90_ms=m.p90_ms,
+        tflops=m.tflops,
+        max_abs_err=m.max_abs_err,
+        rel_err=m.rel_err,
+        arch=build.arch,
+        registers=build.registers,
+        spill_stores=build.spill_stores,
+        spill_loads=build.spill_loads,
+        stack_bytes=build.stack_bytes,
+        static_smem=build.static_smem,
+        source_hash=build.source_hash,
+        nvcc_version=build.nvcc_version,
+        driver_version=m.driver_version,
+        cuda_version=m.cuda_version,
+        sm_clock_mhz=m.sm_clock_mhz,
+        mem_clock_mhz=m.mem_clock_mhz,
+        measured_at=m.created_at,
+        measurement_id=m.id,
+        build_id=build.id,
+        problem_id=problem.id,
+    )
+
+
+def measured_pairs(engine: Engine, problem_id: int) -> set[str]:
+    """:meth:`db.store.Store.measured_pairs`."""
+    with session_scope(engine) as s:
+        keys = s.scalars(
+            select(Build.config_key)
+            .join(Measurement, Measurement.build_id == Build.id)
+            .where(Measurement.problem_id == problem_id)
+            .distinct()
+        )
+        return set(keys)
+
+
+def outcome(engine: Engine, problem_id: int, config_key: str) -> StoredOutcome:
+    """:meth:`db.store.Store.outcome`: the fastest OK, else the latest, else SKIPPED."""
+    query = (
+        select(Measurement.status, Measurement.median_ms)
+        .join(Build, Build.id == Measurement.build_id)
+        .where(Measurement.problem_id == problem_id, Build.config_key == config_key)
+    )
+    with session_scope(engine) as s:
+        ok = s.execute(
+            query.where(
+                Measurement.status == MeasureStatus.OK.value,
+                Measurement.median_ms.is_not(None),
+            )
+            .order_by(Measurement.median_ms)
+            .limit(1)
+        ).first()
+        if ok is not None:
+            return StoredOutcome(str(ok[0]), ok[1])
+        last = s.execute(query.order_by(Measurement.id.desc()).limit(1)).first()
+    if last is None:
+        return StoredOutcome(str(MeasureStatus.SKIPPED), None)
+    return StoredOutcome(str(last[0]), last[1])
+
+
+def spill_bytes(engine: Engine, config_key: str) -> int:
+    """:meth:`db.store.Store.spill_bytes`."""
+    query = select(Build.spill_stores, Build.spill_loads).where(Build.config_key == config_key)
+    with session_scope(engine) as s:
+        return max((max(row) for row in s.execute(query)), default=0)
+
+
+def _problems_query(
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    nk: int | None,
+    batch: int | None,
+    heads: int | None,
+    kv_heads: int | None,
+) -> Select[Any]:
+    """The problems of one GPU/D/dtype/causal (square unless ``nk``), narrowed to the
+    batch/heads/kv_heads given; each comes with its GPU loaded."""
+    query = (
+        select(Problem)
+        .join(Gpu, Gpu.id == Problem.gpu_id)
+        .options(contains_eager(Problem.gpu))  # the GPU comes with the join, no lazy load
+        .where(
+            Gpu.name_key == normalize_gpu_name(gpu),
+            Problem.d == d,
+            Problem.dtype == dtype,
+            Problem.causal == causal,
+            # No nk asked for means square problems (the campaign's), never Nq != Nk.
+            Problem.nk == (nk if nk is not None else Problem.n),
+        )
+    )
+    if batch is not None:
+        query = query.where(Problem.batch == batch)
+    if heads is not None:
+        query = query.where(Problem.heads == heads)
+    if kv_heads is not None:
+        query = query.where(Problem.kv_heads == kv_heads)
+    return query
+
+
+def _best_of(s: Session, problems: Sequence[Problem], *, exact: bool) -> BestResult | None:
+    """Fastest OK measurement per problem (an index lookup each), then the best problem.
+
+    Problems that differ only in batch/heads are compared by throughput, since their
+    medians are not comparable; within a problem the fastest median wins.
+    """
+    winner: tuple[float, float, int, BestResult] | None = None
+    for problem in problems:
+        row = s.execute(
+            select(Measurement, Build)
+            .join(Build, Build.id == Measurement.build_id)
+            .where(
+                Measurement.problem_id == problem.id,
+                Measurement.status == MeasureStatus.OK.value,
+                Measurement.median_ms.is_not(None),
+            )
+            .order_by(Measurement.median_ms, Measurement.id)
+            .limit(1)
+        ).first()
+        if row is None:
+            continue
+        m, build = row
+        assert m.median_ms is not None
+        rank = (-problem_flops(problem) / m.median_ms, m.median_ms, m.id)
+        if winner is None or rank < winner[:3]:
+            winner = (*rank, _best_result(problem.gpu, problem, build, m, exact=exact))
+    return winner[3] if winner is not None else None
+
+
+def best(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    n: int,
+    dtype: str = "fp16",
+    causal: bool = False,
+    *,
+    nk: int | None = None,
+    batch: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+) -> BestResult | None:
+    """:meth:`db.store.Store.best`: the problems asked for, then :func:`_best_of`."""
+    with session_scope(engine) as s:
+        query = _problems_query(gpu, d, dtype, causal, nk, batch, heads, kv_heads)
+        problems = s.scalars(query.where(Problem.n == n).order_by(Problem.id)).all()
+        return _best_of(s, problems, exact=True)
+
+
+def best_or_nearest(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    n: int,
+    dtype: str = "fp16",
+    causal: bool = False,
+    *,
+    nk: int | None = None,
+    batch: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+) -> BestResult | None:
+    """:meth:`db.store.Store.best_or_nearest`: :func:`best`, else the nearest tuned N."""
+    hit = best(engine, gpu, d, n, dtype, causal, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
+    if hit is not None or n <= 0:
+        return hit
+    with session_scope(engine) as s:
+        query = _problems_query(gpu, d, dtype, causal, nk, batch, heads, kv_heads)
+        has_ok = exists().where(
+            Measurement.problem_id == Problem.id,
+            Measurement.status == MeasureStatus.OK.value,
+            Measurement.median_ms.is_not(None),
+        )
+        tuned = s.scalars(query.where(has_ok).with_only_columns(Problem.n).distinct()).all()
+        if not tuned:
+            return None
+        nearest = min(tuned, key=lambda t: (abs(math.log(t / n)), -t))
+        problems = s.scalars(query.where(Problem.n == nearest).order_by(Problem.id)).all()
+        return _best_of(s, problems, exact=False)
+
+
+def gpus(engine: Engine) -> list[GpuSummary]:
+    """:meth:`db.store.Store.gpus`."""
+    ok = func.count(Measurement.id).filter(Measurement.status == MeasureStatus.OK.value)
+    query = (
+        select(Gpu, func.count(Measurement.id), ok)
+        .outerjoin(Problem, Problem.gpu_id == Gpu.id)
+        .outerjoin(Measurement, Measurement.problem_id == Problem.id)
+        .group_by(Gpu.id)
+        .order_by(Gpu.name, Gpu.compute_capability)
+    )
+    with session_scope(engine) as s:
+        return [
+            GpuSummary(
+                name=g.name,
+                compute_capability=g.compute_capability,
+                sm_count=g.sm_count,
+                driver_version=g.driver_version,
+                cuda_version=g.cuda_version,
+                memory_bytes=g.memory_bytes,
+                smem_optin_bytes=g.smem_optin_bytes,
+                measurements=total,
+                ok_measurements=n_ok,
+            )
+            for g, total, n_ok in s.execute(query)
+        ]
+
+
+def results(
+    engine: Engine,
+    gpu: str | None = None,
+    d: int | None = None,
+    n: int | None = None,
+    *,
+    dtype: str | None = None,
+    causal: bool | None = None,
+    status: str | None = None,
+    offset: int = 0,
+    limit: int = 100,
+) -> ResultPage:
+    """:meth:`db.store.Store.results`: one count query, one page query."""
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be in 1..{MAX_PAGE}, got {limit}")
+    conditions: list[ColumnElement[bool]] = []
+    if gpu is not None:
+        conditions.append(Gpu.name_key == normalize_gpu_name(gpu))
+    if d is not None:
+        conditions.append(Problem.d == d)
+    if n is not None:
+        conditions.append(Problem.n == n)
+    if dtype is not None:
+        conditions.append(Problem.dtype == dtype)
+    if causal is not None:
+        conditions.append(Problem.causal == causal)
+    if status is not None:
+        conditions.append(Measurement.status == status)
+    joined = (
+        select(Measurement, Problem, Gpu, Build)
+        .join(Problem, Problem.id == Measurement.problem_id)
+        .join(Gpu, Gpu.id == Problem.gpu_id)
+        .join(Build, Build.id == Measurement.build_id)
+        .where(*conditions)
+    )
+    with session_scope(engine) as s:
+        total = s.scalar(
+            select(func.count(Measurement.id))
+            .join(Problem, Problem.id == Measurement.problem_id)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .where(*conditions)
+        )
+        rows = s.execute(
+            joined.order_by(
+                Gpu.name,
+                Problem.d,
+                Problem.n,
+                Problem.nk,
+                Problem.dtype,
+                Problem.causal,
+                Problem.batch,
+                Problem.heads,
+                Problem.kv_heads,
+                Measurement.median_ms.is_(None),
+                Measurement.median_ms,
+                Measurement.id,
+            )
+            .offset(offset)
+            .limit(limit)
+        )
+        items = [
+            ResultRow(
+                measurement_id=m.id,
+                gpu=g.name,
+                compute_capability=g.compute_capability,
+                d=p.d,
+                n=p.n,
+                nk=p.nk,
+                batch=p.batch,
+                heads=p.heads,
+                kv_heads=p.kv_heads,
+                dtype=p.dtype,
+                causal=p.causal,
+                config_name=b.config_name,
+                config_key=b.config_key,
+                arch=b.arch,
+                source_hash=b.source_hash,
+                registers=b.registers,
+                spill_stores=b.spill_stores,
+                spill_loads=b.spill_loads,
+                status=m.status,
+                median_ms=m.median_ms,
+                p10_ms=m.p10_ms,
+                p90_ms=m.p90_ms,
+                tflops=m.tflops,
+                max_abs_err=m.max_abs_err,
+                rel_err=m.rel_err,
+                error=m.error,
+                trial_number=m.trial_number,
+                driver_version=m.driver_version,
+                cuda_version=m.cuda_version,
+                measured_at=m.created_at,
+            )
+            for m, p, g, b in rows
+        ]
+    return ResultPage(total=total or 0, offset=offset, limit=limit, items=items)

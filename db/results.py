@@ -1,0 +1,179 @@
+"""The store's answers as plain values: what a read of the results database returns.
+
+Holds :class:`BestResult` (``best``/``best_or_nearest``), :class:`GpuSummary` (``gpus``),
+:class:`ResultRow` and :class:`ResultPage` (``results``, at most :data:`MAX_PAGE` rows a page)
+and :class:`StoredOutcome` (``outcome``).
+
+Contract: frozen values detached from any session (safe to keep after the session closes, to
+pickle, to hand to another thread); ``to_dict`` gives JSON-ready dicts (datetimes as ISO 8601,
+configs nested). This module runs no SQL and imports neither SQLAlchemy nor :mod:`db.models`;
+the queries that build these values are in :mod:`db.queries`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from core.family import AnyConfig
+
+MAX_PAGE = 1000
+"""The most rows one :class:`ResultPage` holds (the ``limit`` a results query accepts)."""
+
+
+@dataclass(frozen=True)
+class BestResult:
+    """The fastest correct config for a problem, with its build and measurement provenance.
+
+    Attributes:
+        config: the winning kernel configuration (of its family).
+        config_key: its stable key.
+        gpu: GPU name as the driver reports it (e.g. ``"NVIDIA H200"``).
+        compute_capability: e.g. ``"9.0"``.
+        d, n, nk, batch, heads, kv_heads, dtype, causal: the problem it was measured on.
+        exact: True when the problem's N is the one asked for.
+        from_n: the N the result was measured at (== n; differs from the request when
+            ``exact`` is False).
+        median_ms, p10_ms, p90_ms: kernel time per launch, milliseconds.
+        tflops: throughput as recorded by the tuner.
+        max_abs_err, rel_err: accuracy against the float32 reference.
+        arch, registers, spill_stores, spill_loads, stack_bytes, static_smem, source_hash,
+            nvcc_version: the build.
+        driver_version, cuda_version, sm_clock_mhz, mem_clock_mhz: device state when measured.
+        measured_at: when the measurement was taken (UTC).
+        measurement_id, build_id, problem_id: database ids (local to this database).
+    """
+
+    config: AnyConfig
+    config_key: str
+    gpu: str
+    compute_capability: str
+    d: int
+    n: int
+    nk: int
+    batch: int
+    heads: int
+    kv_heads: int
+    dtype: str
+    causal: bool
+    exact: bool
+    from_n: int
+    median_ms: float
+    p10_ms: float | None
+    p90_ms: float | None
+    tflops: float | None
+    max_abs_err: float | None
+    rel_err: float | None
+    arch: str
+    registers: int | None
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    static_smem: int
+    source_hash: str
+    nvcc_version: str
+    driver_version: str
+    cuda_version: str
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    measured_at: datetime
+    measurement_id: int
+    build_id: int
+    problem_id: int
+
+    @property
+    def config_name(self) -> str:
+        return self.config.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (config nested, ``measured_at`` ISO 8601)."""
+        data = asdict(self)
+        data["config"] = self.config.to_dict()
+        data["config_name"] = self.config.name
+        data["measured_at"] = self.measured_at.isoformat()
+        return data
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    """A GPU known to the database, with how many measurements it has."""
+
+    name: str
+    compute_capability: str
+    sm_count: int
+    driver_version: str
+    cuda_version: str
+    memory_bytes: int
+    smem_optin_bytes: int
+    measurements: int
+    ok_measurements: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One measurement with its problem, GPU and build, flattened for listing."""
+
+    measurement_id: int
+    gpu: str
+    compute_capability: str
+    d: int
+    n: int
+    nk: int
+    batch: int
+    heads: int
+    kv_heads: int
+    dtype: str
+    causal: bool
+    config_name: str
+    config_key: str
+    arch: str
+    source_hash: str
+    registers: int | None
+    spill_stores: int
+    spill_loads: int
+    status: str
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    tflops: float | None
+    max_abs_err: float | None
+    rel_err: float | None
+    error: str | None
+    trial_number: int | None
+    driver_version: str
+    cuda_version: str
+    measured_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["measured_at"] = self.measured_at.isoformat()
+        return data
+
+
+@dataclass(frozen=True)
+class ResultPage:
+    """A page of :class:`ResultRow` plus the total count of matching rows."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[ResultRow]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "offset": self.offset,
+            "limit": self.limit,
+            "items": [row.to_dict() for row in self.items],
+        }
+
+
+class StoredOutcome(NamedTuple):
+    """What the store says one config did on one problem (:meth:`db.store.Store.outcome`)."""
+
+    status: str
+    median_ms: float | None

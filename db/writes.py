@@ -1,0 +1,199 @@
+"""The store's write side: record GPUs, builds, problems and measurements.
+
+Each function takes the engine of a database whose schema is at head, runs in its own
+write transaction (:func:`db.session.session_scope` with ``write=True``) and returns the id of
+the row it wrote. :class:`db.store.Store` exposes them as methods; the contracts (idempotence,
+what is refreshed on a repeat, what is refused) are documented there.
+
+Contract: upserts go through the dialect's ``INSERT .. ON CONFLICT`` (SQLite and PostgreSQL
+only), so concurrent writers (the tuner's workers) never race into duplicate rows; a
+measurement is append-only. The read side is :mod:`db.queries`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from core.build_report import BuildReport
+from core.gpu_name import normalize_gpu_name
+from core.problem import Problem as ProblemSpec
+from core.records import GpuInfo, MeasureResult, MeasureStatus
+from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
+from db.session import session_scope
+
+__all__ = ["problem_id", "record_build", "record_measurement", "upsert_gpu"]
+
+# The GPU columns a repeated upsert refreshes (the identity and created_at stay).
+_GPU_REFRESHED = (
+    "name",
+    "sm_count",
+    "driver_version",
+    "cuda_version",
+    "memory_bytes",
+    "smem_optin_bytes",
+    "updated_at",
+)
+_BUILD_IDENTITY = ("config_key", "arch", "source_hash")
+
+
+def _insert(session: Session, model: type[Any]) -> Any:
+    """An INSERT with ON CONFLICT support for the session's dialect."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return pg_insert(model)
+    if dialect == "sqlite":
+        return sqlite_insert(model)
+    raise NotImplementedError(f"fa2tune's store supports SQLite and PostgreSQL, not {dialect}")
+
+
+def _problem_identity(problem: ProblemSpec, gpu_id: int) -> dict[str, Any]:
+    return {
+        "gpu_id": gpu_id,
+        "d": problem.d,
+        "n": problem.n,
+        "nk": problem.n_keys,
+        "batch": problem.batch,
+        "heads": problem.heads,
+        "kv_heads": problem.n_kv_heads,
+        "dtype": problem.dtype,
+        "causal": problem.causal,
+    }
+
+
+def _build_values(report: BuildReport) -> dict[str, Any]:
+    config = report.config
+    return {
+        "config_key": config.key,
+        "config_name": config.name,
+        "family": config.family,
+        "d": config.d,
+        "dtype": config.dtype,
+        "causal": config.causal,
+        "params": config.params(),
+        "arch": report.arch,
+        "status": str(report.status),
+        "flags": list(report.flags),
+        **build_report_values(report),
+    }
+
+
+def upsert_gpu(engine: Engine, info: GpuInfo) -> int:
+    """:meth:`db.store.Store.upsert_gpu`: one row per (name key, compute capability)."""
+    now = utcnow()
+    values = {
+        "name": info.name.strip(),
+        "name_key": normalize_gpu_name(info.name),
+        "compute_capability": info.compute_capability,
+        "sm_count": info.sm_count,
+        "driver_version": info.driver_version,
+        "cuda_version": info.cuda_version,
+        "memory_bytes": info.memory_bytes,
+        "smem_optin_bytes": info.smem_optin_bytes,
+        "updated_at": now,
+    }
+    refreshed = {k: values[k] for k in _GPU_REFRESHED}
+    with session_scope(engine, write=True) as s:
+        stmt = (
+            _insert(s, Gpu)
+            .values(**values, created_at=now)
+            .on_conflict_do_update(
+                index_elements=["name_key", "compute_capability"], set_=refreshed
+            )
+        )
+        s.execute(stmt)
+        return s.scalars(
+            select(Gpu.id).where(
+                Gpu.name_key == values["name_key"],
+                Gpu.compute_capability == info.compute_capability,
+            )
+        ).one()
+
+
+def record_build(engine: Engine, report: BuildReport) -> int:
+    """:meth:`db.store.Store.record_build`: one row per (config key, arch, source hash)."""
+    values = _build_values(report)
+    with session_scope(engine, write=True) as s:
+        stmt = (
+            _insert(s, Build)
+            .values(**values, created_at=utcnow())
+            .on_conflict_do_update(
+                index_elements=list(_BUILD_IDENTITY),
+                set_={k: v for k, v in values.items() if k not in _BUILD_IDENTITY},
+            )
+        )
+        s.execute(stmt)
+        return s.scalars(
+            select(Build.id).where(*(getattr(Build, k) == values[k] for k in _BUILD_IDENTITY))
+        ).one()
+
+
+def problem_id(engine: Engine, problem: ProblemSpec, gpu_id: int) -> int:
+    """:meth:`db.store.Store.problem_id`: look up first (a read), insert only when new."""
+    identity = _problem_identity(problem, gpu_id)
+    query = select(Problem.id).filter_by(**identity)
+    with session_scope(engine) as s:
+        found = s.scalar(query)
+    if found is not None:
+        return found
+    with session_scope(engine, write=True) as s:
+        s.execute(
+            _insert(s, Problem).values(**identity, created_at=utcnow()).on_conflict_do_nothing()
+        )
+        return s.scalars(query).one()
+
+
+def record_measurement(
+    engine: Engine,
+    problem_id: int,
+    build_id: int,
+    result: MeasureResult,
+    gpu: GpuInfo,
+    trial_number: int | None = None,
+) -> int:
+    """:meth:`db.store.Store.record_measurement`: append one row, after checking the fit."""
+    if result.status == MeasureStatus.OK and result.median_ms is None:
+        raise ValueError("an OK measurement needs median_ms")
+    with session_scope(engine, write=True) as s:
+        problem = s.get(Problem, problem_id)
+        build = s.get(Build, build_id)
+        if problem is None:
+            raise ValueError(f"no problem with id {problem_id}")
+        if build is None:
+            raise ValueError(f"no build with id {build_id}")
+        fit = (build.d, build.dtype, build.causal) == (problem.d, problem.dtype, problem.causal)
+        if not fit:
+            raise ValueError(
+                f"build {build.config_name} does not fit problem d={problem.d} "
+                f"dtype={problem.dtype} causal={problem.causal}"
+            )
+        row = Measurement(
+            problem_id=problem_id,
+            build_id=build_id,
+            status=str(result.status),
+            median_ms=result.median_ms,
+            p10_ms=result.p10_ms,
+            p90_ms=result.p90_ms,
+            reps=result.reps,
+            tflops=result.tflops,
+            max_abs_err=result.max_abs_err,
+            rel_err=result.rel_err,
+            ref_err=result.ref_err,
+            driver_registers=result.driver_registers,
+            driver_local_bytes=result.driver_local_bytes,
+            error=result.error,
+            extra=dict(result.extra) or None,
+            driver_version=gpu.driver_version,
+            cuda_version=gpu.cuda_version,
+            sm_clock_mhz=gpu.sm_clock_mhz,
+            mem_clock_mhz=gpu.mem_clock_mhz,
+            trial_number=trial_number,
+            created_at=utcnow(),
+        )
+        s.add(row)
+        s.flush()
+        return row.id
