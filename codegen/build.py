@@ -27,18 +27,13 @@ from functools import lru_cache
 from pathlib import Path
 
 from codegen import nvcc_job
+from codegen.families import family_of
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
-from codegen.render import (
-    TEMPLATE_HEADER,
-    TemplateMissingError,
-    render_instantiation,
-    template_hash,
-    write_if_changed,
-)
 from codegen.render import template_dir as default_template_dir
-from codegen.space import ARCH_SMEM_LIMIT, SUPPORTED_ARCHS
+from codegen.render import template_hash, write_if_changed
+from codegen.space import ARCH_SMEM_LIMIT
 from core.build_report import BuildReport, BuildStatus
-from core.config import KernelConfig
+from core.family import AnyConfig
 from fa2tune.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -55,6 +50,12 @@ DEFAULT_TIMEOUT_S = 900.0
 HASH_CHARS = 16
 # How often (seconds) progress is logged at INFO while ninja runs.
 _PROGRESS_EVERY_S = 10.0
+
+
+#: Every target a family builds for, with its opt-in shared memory per block: the GPU
+#: architectures (``codegen.space``) and the architecture-specific ``sm_90a`` of Hopper's
+#: wgmma/TMA family, which runs on exactly the GPUs ``sm_90`` names.
+TARGET_SMEM_LIMIT: dict[str, int] = {**ARCH_SMEM_LIMIT, "sm_90a": ARCH_SMEM_LIMIT["sm_90"]}
 
 
 class NvccNotFoundError(RuntimeError):
@@ -127,11 +128,11 @@ def arch_flags(arch: str) -> list[str]:
     """The ``-gencode`` flag for ``arch`` (``"sm_90"`` -> compute_90 PTX compiled to sm_90).
 
     Raises:
-        ValueError: for an architecture outside :data:`codegen.space.SUPPORTED_ARCHS`.
+        ValueError: for a target outside :data:`TARGET_SMEM_LIMIT`.
     """
-    if arch not in SUPPORTED_ARCHS:
+    if arch not in TARGET_SMEM_LIMIT:
         raise ValueError(
-            f"unsupported architecture {arch!r}; expected one of {', '.join(SUPPORTED_ARCHS)}"
+            f"unsupported architecture {arch!r}; expected one of {', '.join(TARGET_SMEM_LIMIT)}"
         )
     number = arch.removeprefix("sm_")
     return [f"-gencode=arch=compute_{number},code=sm_{number}"]
@@ -200,7 +201,7 @@ def source_hash(
     return hashlib.sha256(payload.encode()).hexdigest()[:HASH_CHARS]
 
 
-def build_directory(cache_dir: Path, arch: str, config: KernelConfig, digest: str) -> Path:
+def build_directory(cache_dir: Path, arch: str, config: AnyConfig, digest: str) -> Path:
     """``<cache_dir>/<arch>/<config.name>-<digest>``."""
     return cache_dir / arch / f"{config.name}-{digest}"
 
@@ -370,7 +371,7 @@ def read_result(path: Path) -> dict[str, object] | None:
 
 
 def report_from_files(
-    config: KernelConfig,
+    config: AnyConfig,
     arch: str,
     entry: NinjaEntry,
     digest: str,
@@ -482,7 +483,7 @@ def report_to_dict(report: BuildReport) -> dict[str, object]:
 
 
 def build_batch(
-    configs: Sequence[KernelConfig],
+    configs: Sequence[AnyConfig],
     arch: str = "sm_90",
     cache_dir: Path | None = None,
     jobs: int | None = None,
@@ -492,15 +493,21 @@ def build_batch(
     smem_limit: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> BuildBatch:
-    """Compile ``configs`` for ``arch`` (cached ones are not rebuilt) and report on each.
+    """Compile ``configs`` for a GPU of ``arch`` (cached ones are not rebuilt), report on each.
+
+    Each config is compiled for its family's target on that GPU (``sm_90a`` for the Hopper
+    family on an ``sm_90`` GPU, ``arch`` itself for the portable one), with its family's
+    instantiation and template hash; a config whose family has no target there is reported
+    ``COMPILE_FAILED`` with the reason, without running nvcc.
 
     Args:
-        configs: the configs; duplicates are built once and reported at each position.
-        arch: target architecture, one of :data:`codegen.space.SUPPORTED_ARCHS`.
+        configs: the configs, of any family; duplicates are built once and reported at each
+            position.
+        arch: the GPU's architecture, one of :data:`codegen.space.SUPPORTED_ARCHS`.
         cache_dir: the build cache; default ``settings.cache_dir``.
         jobs: parallel nvcc jobs; default ``settings.build_jobs``.
         nvcc: the nvcc executable; default ``settings.nvcc``.
-        template_dir: where ``fa2_fwd.cuh`` lives; default the package's templates.
+        template_dir: where the family templates live; default the package's templates.
         smem_limit: shared memory per block for the ``SMEM_OVERFLOW`` check; default the
             architecture's opt-in maximum.
         timeout_s: seconds before one nvcc call is killed (reported as a failure).
@@ -510,10 +517,10 @@ def build_batch(
 
     Raises:
         ValueError: for an unsupported architecture or ``jobs < 1``.
-        TemplateMissingError: when the template header is missing.
+        TemplateMissingError: when a family's template (or a header it includes) is missing.
         NvccNotFoundError: when nvcc cannot be run.
     """
-    flags = nvcc_flags(arch)  # validates arch first: bad input is reported before any work
+    nvcc_flags(arch)  # validates arch first: bad input is reported before any work
     settings = get_settings()
     cache_root = Path(cache_dir if cache_dir is not None else settings.cache_dir)
     n_jobs = jobs if jobs is not None else settings.build_jobs
@@ -522,54 +529,70 @@ def build_batch(
     nvcc_exe = nvcc if nvcc is not None else settings.nvcc
     # Absolute, because nvcc runs in each config's build directory.
     tdir = (template_dir if template_dir is not None else default_template_dir()).resolve()
-    if not (tdir / TEMPLATE_HEADER).is_file():
-        raise TemplateMissingError(f"kernel template {TEMPLATE_HEADER} not found in {tdir}")
     limit = smem_limit if smem_limit is not None else ARCH_SMEM_LIMIT[arch]
     release = nvcc_version(nvcc_exe)
-    tdigest = template_hash(tdir)
+    cc = _compute_capability(arch)
 
     unique = list(dict.fromkeys(configs))
-    digests: dict[KernelConfig, str] = {}
-    entries: dict[KernelConfig, NinjaEntry] = {}
-    pending: list[NinjaEntry] = []
+    plans: dict[AnyConfig, _Plan] = {}
+    unbuildable: dict[AnyConfig, BuildReport] = {}
+    pending: dict[str, list[NinjaEntry]] = {}
+    digests_by_family: dict[str, str] = {}
     for config in unique:
-        text = render_instantiation(config)
-        digest = source_hash(tdigest, text, flags, release, arch)
-        directory = build_directory(cache_root, arch, config, digest)
-        entry = NinjaEntry.in_directory(config.name, directory)
-        digests[config], entries[config] = digest, entry
+        family = family_of(config)
+        target = family.arch_for(cc)
+        if target is None:
+            unbuildable[config] = _no_target(config, arch, family.name, release)
+            continue
+        if family.name not in digests_by_family:
+            digests_by_family[family.name] = template_hash(tdir, main=family.templates[0])
+        flags = nvcc_flags(target)
+        text = family.render(config)
+        digest = source_hash(digests_by_family[family.name], text, flags, release, target)
+        entry = NinjaEntry.in_directory(
+            config.name, build_directory(cache_root, target, config, digest)
+        )
+        plans[config] = _Plan(target, tuple(flags), digest, entry)
         if read_result(entry.result) is not None:
             continue
         # A stale result (unfinished or unreadable) must not look like an up-to-date output.
         entry.result.unlink(missing_ok=True)
         write_if_changed(entry.source, text)
-        pending.append(entry)
+        pending.setdefault(target, []).append(entry)
 
-    cached = len(unique) - len(pending)
+    to_build = sum(len(v) for v in pending.values())
+    cached = len(plans) - to_build
     logger.info(
         "building %d configs for %s: %d cached, %d to compile with %d jobs",
         len(unique),
         arch,
         cached,
-        len(pending),
+        to_build,
         n_jobs,
     )
     seconds = 0.0
-    if pending:
-        seconds = _compile(
-            pending, nvcc_exe, [*flags, "-I", str(tdir)], cache_root / arch, n_jobs, timeout_s
-        )
+    for target, entries in pending.items():
+        flags = [*nvcc_flags(target), "-I", str(tdir)]
+        seconds += _compile(entries, nvcc_exe, flags, cache_root / target, n_jobs, timeout_s)
 
-    by_config = {
-        c: report_from_files(c, arch, entries[c], digests[c], release, flags, limit) for c in unique
-    }
+    by_config = dict(unbuildable)
+    for c, plan in plans.items():
+        by_config[c] = report_from_files(
+            c,
+            plan.target,
+            plan.entry,
+            plan.digest,
+            release,
+            plan.flags,
+            min(limit, TARGET_SMEM_LIMIT[plan.target]),
+        )
     reports = [by_config[c] for c in configs]
     unique_reports = list(by_config.values())
     failed = sum(
         r.status in (BuildStatus.COMPILE_FAILED, BuildStatus.SMEM_OVERFLOW) for r in unique_reports
     )
     spilling = sum(r.status == BuildStatus.SPILLS for r in unique_reports)
-    batch = BuildBatch(reports, len(pending), cached, failed, spilling, seconds)
+    batch = BuildBatch(reports, to_build, cached, failed, spilling, seconds)
     rate = batch.configs_per_minute
     logger.info(
         "built %d, cached %d, failed %d, spilling %d in %.1f s%s",
@@ -581,6 +604,41 @@ def build_batch(
         f" ({rate:.1f} configs/min)" if rate is not None else "",
     )
     return batch
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where and how one config is built: its target, flags, source hash and directory."""
+
+    target: str
+    flags: tuple[str, ...]
+    digest: str
+    entry: NinjaEntry
+
+
+def _compute_capability(arch: str) -> str:
+    """``"sm_90"`` -> ``"9.0"``, ``"sm_86"`` -> ``"8.6"``."""
+    digits = arch.removeprefix("sm_").rstrip("a")
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def _no_target(config: AnyConfig, arch: str, family: str, release: str) -> BuildReport:
+    return BuildReport(
+        config=config,
+        arch=arch,
+        status=BuildStatus.COMPILE_FAILED,
+        registers=None,
+        spill_stores=0,
+        spill_loads=0,
+        stack_bytes=0,
+        static_smem=0,
+        compile_seconds=0.0,
+        cubin=None,
+        source_hash="",
+        nvcc_version=release,
+        flags=(),
+        error=f"the {family} family does not build for {arch} GPUs",
+    )
 
 
 def _compile(
@@ -610,7 +668,7 @@ def _compile(
 
 
 def build_configs(
-    configs: Sequence[KernelConfig],
+    configs: Sequence[AnyConfig],
     arch: str = "sm_90",
     cache_dir: Path | None = None,
     jobs: int | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
@@ -17,6 +18,7 @@ from codegen.build import (
     build_batch,
     report_to_dict,
 )
+from codegen.families import family_of
 from codegen.render import TemplateMissingError
 from codegen.space import (
     ARCH_SMEM_LIMIT,
@@ -26,10 +28,10 @@ from codegen.space import (
     VALID_HEAD_DIMS,
     enumerate_space,
     estimate_registers,
-    is_valid,
 )
 from core.build_report import BuildReport, BuildStatus
 from core.config import Dtype, KernelConfig
+from core.family import AnyConfig, config_from_name
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ def _console() -> Console:
     return console
 
 
-def _name_column(table: Table, configs: list[KernelConfig]) -> None:
+def _name_column(table: Table, configs: Sequence[AnyConfig]) -> None:
     # Names are what users copy into --config: never truncate them, squeeze the numbers instead.
     width = max((len(c.name) for c in configs), default=4)
     table.add_column("name", no_wrap=True, min_width=width)
@@ -136,14 +138,14 @@ def space(
     _console().print(table)
 
 
-def _named_configs(names: list[str], arch: str) -> list[KernelConfig]:
-    configs: list[KernelConfig] = []
+def _named_configs(names: list[str], arch: str) -> list[AnyConfig]:
+    configs: list[AnyConfig] = []
     for name in names:
         try:
-            config = KernelConfig.from_name(name)
+            config = config_from_name(name)
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--config") from None
-        ok, reason = is_valid(config, ARCH_SMEM_LIMIT[arch])
+        ok, reason = family_of(config).check(config, ARCH_SMEM_LIMIT[arch])
         if not ok:
             raise typer.BadParameter(
                 f"{name} is not a valid config: {reason}", param_hint="--config"
@@ -159,7 +161,8 @@ def _select_configs(
     arch: str,
     limit: int | None,
     names: list[str] | None,
-) -> list[KernelConfig]:
+) -> list[AnyConfig]:
+    configs: list[AnyConfig]
     if names:
         configs = _named_configs(names, arch)
         # --d/--dtype/--causal with --config would be ambiguous unless they agree.
@@ -177,12 +180,14 @@ def _select_configs(
             raise typer.BadParameter(
                 "give --d (with optional --limit) or --config", param_hint="--d"
             )
-        configs = enumerate_space(
-            _check_d(d),
-            _check_dtype(dtype or "fp16"),
-            causal,
-            smem_limit=ARCH_SMEM_LIMIT[arch],
-            arch=arch,
+        configs = list(
+            enumerate_space(
+                _check_d(d),
+                _check_dtype(dtype or "fp16"),
+                causal,
+                smem_limit=ARCH_SMEM_LIMIT[arch],
+                arch=arch,
+            )
         )
     return configs[:limit] if limit is not None else configs
 

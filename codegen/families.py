@@ -32,24 +32,37 @@ class HeaderPart:
     """A family's part of the exported header (codegen/export.py renders it into the table).
 
     Attributes:
-        template: the kernel template the header inlines for this family.
+        template: the file under ``codegen/templates`` the header's dispatch code includes
+            for this family (kernel template and host launcher); the exporter inlines it only
+            when the header holds a config of the family.
         traits: the C++ type that names one config (``fa2::Traits<...>``).
         kernel: the C++ kernel template, instantiated once per config (``fa2::fwd_kernel``).
         launcher: the C++ host launcher template, ``cudaError_t (const Fa2Params&,
             cudaStream_t)``, instantiated once per config; the dispatch table points at it.
+        kernel_params: the kernel's parameter list as its explicit instantiation spells it
+            (with the ``__grid_constant__`` annotations, which must repeat the template's).
+        guard: the C++ template ``bool (const Fa2Params&)`` saying whether the launcher can
+            run a launch on the current device, instantiated once per config and asked by the
+            dispatch before it picks one of the family's configs; None when the family runs
+            wherever the header's code does.
     """
 
     template: str
     traits: Callable[[AnyConfig], str]
     kernel: str
     launcher: str
+    kernel_params: str = "const Fa2Params"
+    guard: str | None = None
 
     def instantiations(self, alias: str) -> list[str]:
-        """Explicit instantiations of the kernel and the launcher for a config alias."""
-        return [
-            f"template __global__ void {self.kernel}<{alias}>(const Fa2Params);",
+        """Explicit instantiations of the kernel, the launcher and the guard for an alias."""
+        lines = [
+            f"template __global__ void {self.kernel}<{alias}>({self.kernel_params});",
             f"template cudaError_t {self.launcher}<{alias}>(const Fa2Params&, cudaStream_t);",
         ]
+        if self.guard is not None:
+            lines.append(f"template bool {self.guard}<{alias}>(const Fa2Params&);")
+        return lines
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,8 @@ class Family:
         templates: files under ``codegen/templates`` its kernels include (hashed per build).
         archs: the ``-gencode`` targets it compiles for, newest first (``sm_90``, ...).
         space: every valid config for (d, dtype, causal, shared-memory limit, arch).
+        check: whether one config is in the space, under a shared-memory limit, with the
+            broken rule's description when it is not.
         seeds: known-good configs a search starts from.
         default: the config used where nothing was tuned.
         render: the ``.cu`` text of one instantiation.
@@ -76,6 +91,7 @@ class Family:
     templates: tuple[str, ...]
     archs: tuple[str, ...]
     space: Callable[[int, Dtype, bool, int, str], list[AnyConfig]]
+    check: Callable[[AnyConfig, int], tuple[bool, str]]
     seeds: Callable[[int, Dtype, bool], list[AnyConfig]]
     default: Callable[[int, Dtype, bool], AnyConfig]
     render: Callable[[AnyConfig], str]
@@ -133,6 +149,11 @@ def _fa2_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -
     return list(fa2_space.enumerate_space(d, dtype, causal, smem_limit=smem_limit, arch=arch))
 
 
+def _fa2_check(config: AnyConfig, smem_limit: int) -> tuple[bool, str]:
+    assert isinstance(config, KernelConfig)
+    return fa2_space.is_valid(config, smem_limit)
+
+
 def _fa2_seeds(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
     return list(fa2_space.seed_configs(d, dtype, causal))
 
@@ -143,6 +164,7 @@ FA2 = Family(
     templates=("fa2_fwd.cuh",),
     archs=tuple(sorted(fa2_space.SUPPORTED_ARCHS, key=lambda a: int(a[3:].rstrip("a")))[::-1]),
     space=_fa2_space,
+    check=_fa2_check,
     seeds=_fa2_seeds,
     default=fa2_space.fa2_default_config,
     render=_fa2_render,
@@ -166,6 +188,14 @@ def _fa3_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -
     if d not in fa3_space.HEAD_DIMS:
         return []  # head dims the family has no instantiation for: the other family serves
     return [c for c in fa3_space.enumerate_space(d, dtype, causal) if c.smem_bytes <= smem_limit]
+
+
+def _fa3_check(config: AnyConfig, smem_limit: int) -> tuple[bool, str]:
+    c = _fa3_config(config)
+    ok, reason = fa3_space.is_valid(c)
+    if ok and c.smem_bytes > smem_limit:
+        return False, f"needs {c.smem_bytes} bytes of shared memory, over {smem_limit}"
+    return ok, reason
 
 
 def _fa3_seeds(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
@@ -201,12 +231,20 @@ FA3 = Family(
     templates=("fa3_fwd.cuh",),
     archs=(fa3_space.ARCH,),
     space=_fa3_space,
+    check=_fa3_check,
     seeds=_fa3_seeds,
     default=fa3_space.default_config,
     render=_fa3_render,
     grid=_fa3_grid,
     header=HeaderPart(
-        template="fa3_fwd.cuh", traits=_fa3_traits, kernel="fa3::fwd_kernel", launcher="fa3::launch"
+        template="fa3_launch.cuh",  # includes fa3_fwd.cuh
+        traits=_fa3_traits,
+        kernel="fa3::fwd_kernel",
+        launcher="fa3::launch",
+        kernel_params=", ".join(
+            ["const Fa2Params"] + ["const __grid_constant__ CUtensorMap"] * 3
+        ),  # p, tma_q, tma_k, tma_v (docs/fa3_kernel.md)
+        guard="fa3::can_launch",
     ),
     host_prep="measure.tma:fa3_tensor_maps",
 )

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from core.config import KernelConfig
+from core.family import AnyConfig
 
 
 class BuildStatus(StrEnum):
@@ -43,7 +43,7 @@ class BuildReport:
         error: excerpt of the compiler's error output when the build failed.
     """
 
-    config: KernelConfig
+    config: AnyConfig
     arch: str
     status: BuildStatus
     registers: int | None

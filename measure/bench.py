@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import KernelConfig
+from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from measure.jobs import BenchJob, MeasureOptions
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BuildFn = Callable[[Sequence[KernelConfig], str], list[BuildReport]]
+BuildFn = Callable[[Sequence[AnyConfig], str], list[BuildReport]]
 
 
 def build_summary(report: BuildReport) -> dict[str, Any]:
@@ -61,7 +61,7 @@ class BenchReport:
         build: :func:`build_summary` of the build, ``None`` when a cubin was given.
     """
 
-    config: KernelConfig
+    config: AnyConfig
     problem: Problem
     result: MeasureResult
     layout: Layout = "bnhd"
@@ -98,7 +98,7 @@ class BenchReport:
         }
 
 
-def _default_build(configs: Sequence[KernelConfig], arch: str) -> list[BuildReport]:
+def _default_build(configs: Sequence[AnyConfig], arch: str) -> list[BuildReport]:
     from codegen.build import build_configs
 
     return list(build_configs(list(configs), arch=arch))
@@ -112,7 +112,7 @@ _BUILD_STATUS = {
 
 
 def run_bench(
-    config: KernelConfig,
+    config: AnyConfig,
     *,
     n: int,
     nk: int | None = None,

@@ -63,14 +63,14 @@ def bench(
     Exit status: 0 when the config measured OK; 1 when it did not (build failure, wrong result,
     crash, hang) or no GPU worker could start; 2 on bad arguments.
     """
-    from core.config import KernelConfig
+    from core.family import config_from_name
     from measure.bench import render, run_bench
     from measure.loader import LAYOUTS
     from measure.timing import TimingOptions
     from measure.worker import DEFAULT_HANDLER, WorkerStartError
 
     try:
-        cfg = KernelConfig.from_name(config)
+        cfg = config_from_name(config)
     except ValueError as exc:
         typer.echo(f"fa2tune bench: {exc}", err=True)
         raise typer.Exit(code=2) from exc

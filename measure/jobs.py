@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.build_report import BuildReport
-from core.config import KernelConfig
+from core.family import AnyConfig, config_type
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from measure.loader import LAYOUTS, Layout
@@ -91,7 +91,7 @@ class BenchJob:
         options: how to measure.
     """
 
-    config: KernelConfig
+    config: AnyConfig
     cubin: str
     problem: Problem
     options: MeasureOptions = field(default_factory=MeasureOptions)
@@ -99,7 +99,7 @@ class BenchJob:
     @classmethod
     def make(
         cls,
-        config: KernelConfig,
+        config: AnyConfig,
         cubin: str | Path,
         problem: Problem,
         options: MeasureOptions | None = None,
@@ -123,7 +123,7 @@ class BenchJob:
     def to_dict(self) -> dict[str, Any]:
         """JSON view: the config, problem and options as their ``to_dict()`` forms."""
         return {
-            "config": self.config.to_dict(),
+            "config": {"family": self.config.family, **self.config.to_dict()},
             "cubin": self.cubin,
             "problem": self.problem.to_dict(),
             "options": self.options.to_dict(),
@@ -137,11 +137,16 @@ class BenchJob:
             KeyError, TypeError, ValueError: when ``data`` is not a job.
         """
         return cls(
-            config=KernelConfig.from_dict(dict(data["config"])),
+            config=_config_from_dict(dict(data["config"])),
             cubin=str(data["cubin"]),
             problem=Problem.from_dict(data["problem"]),
             options=MeasureOptions.from_dict(data.get("options") or {}),
         )
+
+
+def _config_from_dict(data: dict[str, Any]) -> AnyConfig:
+    # Dicts written before kernel families carry no family: they are mma.sync (fa2) configs.
+    return config_type(str(data.pop("family", "fa2"))).from_dict(data)
 
 
 def failure(status: MeasureStatus, error: str, **extra: Any) -> MeasureResult:

@@ -35,6 +35,7 @@ def entries(root: Path, names: list[str]) -> list[NinjaEntry]:
         ("sm_86", "-gencode=arch=compute_86,code=sm_86"),
         ("sm_89", "-gencode=arch=compute_89,code=sm_89"),
         ("sm_90", "-gencode=arch=compute_90,code=sm_90"),
+        ("sm_90a", "-gencode=arch=compute_90a,code=sm_90a"),  # the Hopper family's target
     ],
 )
 def test_arch_flags(arch: str, flag: str) -> None:
@@ -42,7 +43,7 @@ def test_arch_flags(arch: str, flag: str) -> None:
     assert nvcc_flags(arch) == [*DEFAULT_FLAGS, flag]
 
 
-@pytest.mark.parametrize("arch", ["sm_70", "90", "sm_90a", "compute_90", ""])
+@pytest.mark.parametrize("arch", ["sm_70", "90", "sm_89a", "compute_90", ""])
 def test_arch_flags_rejects_unknown(arch: str) -> None:
     with pytest.raises(ValueError, match="unsupported architecture"):
         arch_flags(arch)

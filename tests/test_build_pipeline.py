@@ -15,16 +15,16 @@ import pytest
 from typer.testing import Result
 
 from codegen import build as build_mod
+from codegen import families as families_mod
 from codegen.build import (
     NinjaEntry,
     NvccNotFoundError,
-    TemplateMissingError,
     build_batch,
     build_configs,
     nvcc_version,
     report_to_dict,
 )
-from codegen.render import render_instantiation
+from codegen.render import TemplateMissingError, render_instantiation
 from core.build_report import BuildStatus
 from core.config import KernelConfig
 
@@ -115,7 +115,8 @@ def mark(monkeypatch: pytest.MonkeyPatch, markers: dict[KernelConfig, str]) -> N
         text = render_instantiation(config)
         return text + f"// {markers[config]}\n" if config in markers else text
 
-    monkeypatch.setattr(build_mod, "render_instantiation", patched)
+    # The fa2 family renders through codegen.families' reference to render_instantiation.
+    monkeypatch.setattr(families_mod, "render_instantiation", patched)
 
 
 def test_builds_reports_and_caches(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:

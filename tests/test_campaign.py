@@ -425,13 +425,21 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
 def test_default_space_follows_the_gpus_shared_memory() -> None:
     from dataclasses import replace
 
+    from codegen import fa3_space
     from codegen.space import enumerate_space
     from tuner.campaign import _defaults
 
     (problem,) = problems_for([1024])
     space_fn, seeds_fn, _ = _defaults("sm_90", GPU, None, None, None)
-    assert list(space_fn(problem)) == enumerate_space(64, "fp16", False, 227 * 1024, "sm_90")
-    assert list(seeds_fn(problem)) == seed_configs(64, "fp16", False)
+    # On an sm_90 GPU the portable family's space, then the Hopper family's.
+    fa3 = fa3_space.enumerate_space(64, "fp16", False)
+    assert list(space_fn(problem)) == [
+        *enumerate_space(64, "fp16", False, 227 * 1024, "sm_90"), *fa3
+    ]  # fmt: skip
+    fa3_seeds = fa3_space.seed_configs(64, "fp16", False)
+    assert list(seeds_fn(problem)) == [*seed_configs(64, "fp16", False), *fa3_seeds]
+    ada_fn = _defaults("sm_89", GPU, None, None, None)[0]
+    assert all(c.family == "fa2" for c in ada_fn(problem))
     small = replace(GPU, smem_optin_bytes=48 * 1024)
     small_space_fn, _, _ = _defaults("sm_90", small, None, None, None)
     assert 0 < len(small_space_fn(problem)) < len(space_fn(problem))

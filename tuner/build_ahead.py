@@ -26,12 +26,12 @@ from concurrent.futures import Future
 from typing import Final
 
 from core.build_report import BuildReport
-from core.config import KernelConfig
+from core.family import AnyConfig
 
 log = logging.getLogger(__name__)
 
 #: Compile a list of configs, one report per config (``codegen.build.build_configs``).
-BuildFn = Callable[[Sequence[KernelConfig]], Sequence[BuildReport]]
+BuildFn = Callable[[Sequence[AnyConfig]], Sequence[BuildReport]]
 
 #: Niceness of the background build thread and the compilers it starts.
 BACKGROUND_NICE: Final = 10
@@ -62,7 +62,7 @@ class BuildAhead:
         self._build_fn = build_fn
         self._batch_size = max(1, batch_size)
         self._cond = threading.Condition()
-        self._queue: dict[str, KernelConfig] = {}  # insertion-ordered: the build order
+        self._queue: dict[str, AnyConfig] = {}  # insertion-ordered: the build order
         self._futures: dict[str, Future[BuildReport]] = {}
         self._finished: list[BuildReport] = []
         self._closed = False
@@ -76,7 +76,7 @@ class BuildAhead:
         with self._cond:
             return self._busy_s
 
-    def submit(self, configs: Iterable[KernelConfig]) -> None:
+    def submit(self, configs: Iterable[AnyConfig]) -> None:
         """Queue configs for the background thread (each is built once)."""
         with self._cond:
             for config in configs:
@@ -85,7 +85,7 @@ class BuildAhead:
                     self._queue[config.name] = config
             self._cond.notify_all()
 
-    def get(self, config: KernelConfig) -> BuildReport:
+    def get(self, config: AnyConfig) -> BuildReport:
         """The build of ``config``: done already, awaited, or compiled now.
 
         Raises:
@@ -132,7 +132,7 @@ class BuildAhead:
                 futures = {name: self._futures[name] for name in names}
             self._build(batch, futures)
 
-    def _build(self, batch: list[KernelConfig], futures: dict[str, Future[BuildReport]]) -> None:
+    def _build(self, batch: list[AnyConfig], futures: dict[str, Future[BuildReport]]) -> None:
         start = time.perf_counter()
         try:
             reports = list(self._build_fn(batch))

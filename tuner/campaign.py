@@ -55,7 +55,7 @@ from typing import Final
 import optuna
 
 from core.build_report import BuildReport
-from core.config import KernelConfig
+from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo
 from db.store import Store
@@ -73,9 +73,9 @@ from tuner.summary import (
 log = logging.getLogger(__name__)
 
 #: The valid configs of a problem's group (``codegen.space.enumerate_space``).
-SpaceFn = Callable[[Problem], Sequence[KernelConfig]]
+SpaceFn = Callable[[Problem], Sequence[AnyConfig]]
 #: The configs every new study starts with (``codegen.space.seed_configs``).
-SeedFn = Callable[[Problem], Sequence[KernelConfig]]
+SeedFn = Callable[[Problem], Sequence[AnyConfig]]
 
 #: Seconds of unused budget below which no cut-short problem is continued.
 _MIN_EXTRA_S: Final = 1.0
@@ -192,7 +192,7 @@ def run_campaign(
         gpu: the device measured on (provenance; its name must match ``Problem.gpu``; its
             ``smem_optin_bytes`` bounds the default space).
         measure_fn: verifies and times one build on one problem (``BenchWorker.measure``).
-        space_fn: the valid configs of a problem; default :func:`codegen.space.enumerate_space`
+        space_fn: the valid configs of a problem; default the union of the families' spaces
             for ``options.arch`` and the GPU's shared memory.
         seeds_fn: the configs each new study starts with; default
             :func:`codegen.space.seed_configs`.
@@ -315,19 +315,27 @@ def _defaults(
     seeds_fn: SeedFn | None,
     build_fn: BuildFn | None,
 ) -> tuple[SpaceFn, SeedFn, BuildFn]:
-    """The production space, seeds and build for ``arch`` where none is given."""
-    from codegen.space import ARCH_SMEM_LIMIT, enumerate_space, seed_configs
+    """The production space, seeds and build for ``arch`` where none is given.
+
+    The space is the union of every kernel family that runs on a GPU of ``arch``
+    (:func:`codegen.families.families_for`): on an sm_90 GPU the Hopper family's configs
+    beside the portable ones, searched by one study per problem.
+    """
+    from codegen.families import families_for
+    from codegen.space import ARCH_SMEM_LIMIT
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes
+    digits = arch.removeprefix("sm_").rstrip("a")
+    families = families_for(f"{digits[:-1]}.{digits[-1]}")
 
-    def default_space(p: Problem) -> Sequence[KernelConfig]:
-        return enumerate_space(p.d, p.dtype, p.causal, smem, arch)
+    def default_space(p: Problem) -> Sequence[AnyConfig]:
+        return [c for f in families for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
 
-    def default_seeds(p: Problem) -> Sequence[KernelConfig]:
-        return seed_configs(p.d, p.dtype, p.causal)
+    def default_seeds(p: Problem) -> Sequence[AnyConfig]:
+        return [c for f in families for c in f.seeds(p.d, p.dtype, p.causal)]
 
-    def default_build(configs: Sequence[KernelConfig]) -> Sequence[BuildReport]:
+    def default_build(configs: Sequence[AnyConfig]) -> Sequence[BuildReport]:
         from codegen.build import build_configs
 
         return build_configs(configs, arch=arch, smem_limit=smem or None)

@@ -49,7 +49,7 @@ from optuna.exceptions import ExperimentalWarning, TrialPruned
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import KernelConfig
+from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
@@ -222,7 +222,7 @@ class ProblemRun:
             trial, config, TrialRole.MEASURED, str(result.status), result.median_ms, result.tflops
         )
 
-    def _evaluate(self, trial: Trial, config: KernelConfig) -> MeasureResult:
+    def _evaluate(self, trial: Trial, config: AnyConfig) -> MeasureResult:
         ctx = self.ctx
         start = time.perf_counter()
         report = ctx.builds.get(config)
@@ -267,7 +267,7 @@ class ProblemRun:
     def _finish(
         self,
         trial: Trial,
-        config: KernelConfig,
+        config: AnyConfig,
         role: str,
         status: str,
         median_ms: float | None,
@@ -327,7 +327,7 @@ class ProblemRun:
     def _scan_now(self, study: optuna.Study) -> _Scan:
         return _Scan.of(study.get_trials(deepcopy=False), times_spills=self.ctx.times_build)
 
-    def _within_budget(self, trial: Trial, config: KernelConfig) -> bool:
+    def _within_budget(self, trial: Trial, config: AnyConfig) -> bool:
         """True when measuring ``config`` keeps the problem within ``trials``.
 
         Configs measured right now by lower-numbered trials count as spent; if they fill the
@@ -447,7 +447,7 @@ class ProblemRun:
         }
         queued = 0
         for config in self.space.configs:
-            params = dict(search.params_of(config))
+            params = self.space.enqueue_params(config, self.study)
             if config.name in skipped and frozenset(params.items()) not in waiting:
                 self.study.enqueue_trial(params, user_attrs={"retime": True})
                 queued += 1
@@ -471,7 +471,7 @@ class ProblemRun:
             self.ctx.wasted_limit,
             config.name,
         )
-        study.enqueue_trial(dict(search.params_of(config)), user_attrs={"fallback": True})
+        study.enqueue_trial(self.space.enqueue_params(config, study), user_attrs={"fallback": True})
 
     @staticmethod
     def _best(trials: Sequence[FrozenTrial]) -> FrozenTrial | None:

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import KernelConfig
+from core.family import AnyConfig, config_from_name
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
@@ -177,11 +177,11 @@ class ReplayTable:
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ValueError(f"not a replay table: {exc}") from exc
 
-    def configs(self, study_name: str) -> list[KernelConfig]:
+    def configs(self, study_name: str) -> list[AnyConfig]:
         """The configs recorded for a study (its whole search space in replay)."""
-        return sorted(KernelConfig.from_name(n) for n in self.studies.get(study_name, {}))
+        return sorted(config_from_name(n) for n in self.studies.get(study_name, {}))
 
-    def missing(self, study_name: str, space: Iterable[KernelConfig]) -> list[KernelConfig]:
+    def missing(self, study_name: str, space: Iterable[AnyConfig]) -> list[AnyConfig]:
         """The configs of ``space`` that have no recorded outcome for the study.
 
         Empty when the table is exhaustive over ``space`` (a ``grid`` campaign's export);
@@ -243,7 +243,7 @@ def problem_from_study_name(name: str) -> Problem | None:
 def _entries(body: Mapping[str, Any]) -> dict[str, ReplayEntry]:
     entries = {}
     for name, entry in body.items():
-        KernelConfig.from_name(name)  # validates
+        config_from_name(name)  # validates
         entries[name] = ReplayEntry.from_dict(entry)
     return entries
 
@@ -390,7 +390,7 @@ class ReplayMeasure:
         with self._lock:
             return Counter(self.measured)
 
-    def space(self, problem: Problem) -> list[KernelConfig]:
+    def space(self, problem: Problem) -> list[AnyConfig]:
         """The configs recorded for ``problem`` (``space_fn``).
 
         Raises:
@@ -401,7 +401,7 @@ class ReplayMeasure:
             raise KeyError(f"replay table has no problem {problem.study_name} (it has: {known})")
         return self.table.configs(problem.study_name)
 
-    def build(self, configs: Sequence[KernelConfig]) -> list[BuildReport]:
+    def build(self, configs: Sequence[AnyConfig]) -> list[BuildReport]:
         """Fake build reports with the recorded build status (``build_fn``)."""
         reports = []
         for config in configs:
@@ -431,7 +431,7 @@ class ReplayMeasure:
             self.built.extend(c.name for c in configs)
         return reports
 
-    def measure(self, config: KernelConfig, problem: Problem) -> MeasureResult:
+    def measure(self, config: AnyConfig, problem: Problem) -> MeasureResult:
         """The recorded outcome of ``config`` on ``problem``; SKIPPED when not recorded.
 
         Raises:

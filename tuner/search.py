@@ -28,6 +28,17 @@ configs; ``warps`` is ``br // rows_per_warp``.
 * ``grid`` is optuna's :class:`~optuna.samplers.GridSampler` over the same product: the
   invalid points are pruned for free, so it is exhaustive over exactly the valid configs.
 
+Several kernel families
+------------------------
+On a GPU where more than one family runs (the Hopper family beside the portable one on an
+sm_90 GPU), one study covers the union: a categorical ``family`` parameter is drawn first,
+then that family's own parameters (the portable family's five above, the Hopper family's
+``fa3_*`` ones), so each family's parameters have their own names and TPE (multivariate,
+``group=True``) learns each family from its own trials. With one family the space has no
+``family`` parameter and is exactly the one above. ``grid`` over several families enumerates
+one categorical ``config`` of all valid config names instead: the product of both families'
+choices would be millions of points.
+
 The choice lists are stored in the study (user attribute ``fa2tune.choices``) when it is
 created and reused on resume, so a later change of the space code cannot make optuna reject
 the study's existing distributions; configs outside the stored choices are then unreachable
@@ -64,12 +75,22 @@ from sqlalchemy import event, inspect, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from core.config import KernelConfig
+from core.fa3_config import Fa3Config
+from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureStatus
 
 log = logging.getLogger(__name__)
 
 PARAM_NAMES: Final[tuple[str, ...]] = ("br", "bc", "rows_per_warp", "stages", "layout")
+FA3_PARAM_NAMES: Final[tuple[str, ...]] = (
+    "fa3_block_m", "fa3_block_n", "fa3_stages", "fa3_pv", "fa3_overlap", "fa3_pingpong",
+    "fa3_regs",
+)  # fmt: skip
+#: Each family's optuna parameter names, in the order families are searched.
+FAMILY_PARAM_NAMES: Final[dict[str, tuple[str, ...]]] = {"fa2": PARAM_NAMES, "fa3": FA3_PARAM_NAMES}
+FAMILY_PARAM: Final = "family"
+CONFIG_PARAM: Final = "config"  # the grid sampler's one parameter over several families
 LAYOUTS: Final[tuple[str, ...]] = ("pad0", "pad8", "pad16", "swz")
 
 # Trial user attributes (all JSON-serialisable), read by the campaign and by anyone browsing
@@ -126,8 +147,20 @@ def layout_of(config: KernelConfig) -> str:
     return "swz" if config.swizzle else f"pad{config.pad}"
 
 
-def params_of(config: KernelConfig) -> dict[str, CategoricalChoiceType]:
-    """The optuna parameters that select ``config`` within its (D, dtype, causal) group."""
+def params_of(config: AnyConfig) -> dict[str, CategoricalChoiceType]:
+    """The optuna parameters that select ``config`` among its family's configs of its
+    (D, dtype, causal) group (without the ``family`` parameter: see
+    :meth:`SearchSpace.params_for`)."""
+    if isinstance(config, Fa3Config):
+        return {
+            "fa3_block_m": config.block_m,
+            "fa3_block_n": config.block_n,
+            "fa3_stages": config.stages,
+            "fa3_pv": "rs" if config.pv_regs else "ss",
+            "fa3_overlap": config.overlap,
+            "fa3_pingpong": config.pingpong,
+            "fa3_regs": config.consumer_regs,
+        }
     return {
         "br": config.br,
         "bc": config.bc,
@@ -137,8 +170,12 @@ def params_of(config: KernelConfig) -> dict[str, CategoricalChoiceType]:
     }
 
 
-def _param_key(params: Mapping[str, object]) -> tuple[object, ...]:
-    return tuple(params[name] for name in PARAM_NAMES)
+def _sorted_choices(
+    name: str, values: set[CategoricalChoiceType]
+) -> tuple[CategoricalChoiceType, ...]:
+    if name == "layout":
+        return tuple(v for v in LAYOUTS if v in values)
+    return tuple(sorted(values, key=lambda v: (str(type(v)), v)))
 
 
 @dataclass(frozen=True)
@@ -148,15 +185,16 @@ class SearchSpace:
     Attributes:
         configs: the valid configs, in the order given.
         choices: per parameter, the sorted values occurring among ``configs`` (or the choices
-            stored in an existing study, see :meth:`with_choices`).
+            stored in an existing study, see :meth:`with_choices`); with several families
+            also ``family``.
     """
 
-    configs: tuple[KernelConfig, ...]
+    configs: tuple[AnyConfig, ...]
     choices: Mapping[str, tuple[CategoricalChoiceType, ...]]
-    _by_params: Mapping[tuple[object, ...], KernelConfig] = field(repr=False, compare=False)
+    _by_params: Mapping[tuple[object, ...], AnyConfig] = field(repr=False, compare=False)
 
     @classmethod
-    def from_configs(cls, configs: Iterable[KernelConfig]) -> SearchSpace:
+    def from_configs(cls, configs: Iterable[AnyConfig]) -> SearchSpace:
         """Build the space of ``configs``, which must share D, dtype and causal.
 
         Raises:
@@ -168,24 +206,48 @@ class SearchSpace:
         groups = {(c.d, c.dtype, c.causal) for c in unique}
         if len(groups) != 1:
             raise ValueError(f"a search space covers one (d, dtype, causal) group, got {groups}")
+        families = [f for f in FAMILY_PARAM_NAMES if any(c.family == f for c in unique)]
         choices: dict[str, tuple[CategoricalChoiceType, ...]] = {}
-        for name in PARAM_NAMES:
-            values = {params_of(c)[name] for c in unique}
-            if name == "layout":
-                choices[name] = tuple(v for v in LAYOUTS if v in values)
-            else:
-                choices[name] = tuple(sorted(values))  # type: ignore[type-var]
-        by_params = {_param_key(params_of(c)): c for c in unique}
-        return cls(configs=unique, choices=choices, _by_params=by_params)
+        if len(families) > 1:
+            choices[FAMILY_PARAM] = tuple(families)
+        for family in families:
+            members = [c for c in unique if c.family == family]
+            for name in FAMILY_PARAM_NAMES[family]:
+                choices[name] = _sorted_choices(name, {params_of(c)[name] for c in members})
+        return cls(configs=unique, choices=choices, _by_params=_index(unique))
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """The families with configs in this space, in search order."""
+        return tuple(f for f in FAMILY_PARAM_NAMES if any(c.family == f for c in self.configs))
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """Every parameter of the space (``family`` first when there are several)."""
+        return tuple(self.choices)
+
+    def params_for(self, config: AnyConfig) -> dict[str, CategoricalChoiceType]:
+        """The parameters that select ``config`` in this space (what to enqueue)."""
+        family = {FAMILY_PARAM: config.family} if FAMILY_PARAM in self.choices else {}
+        return {**family, **params_of(config)}
+
+    def enqueue_params(self, config: AnyConfig, study: optuna.Study) -> dict[str, Any]:
+        """The parameters to enqueue ``config`` with on ``study`` (by name under a grid over
+        several families, whose only parameter is ``config``)."""
+        if FAMILY_PARAM in self.choices and isinstance(study.sampler, GridSampler):
+            return {CONFIG_PARAM: config.name}
+        return self.params_for(config)
 
     def with_choices(self, choices: Mapping[str, Sequence[CategoricalChoiceType]]) -> SearchSpace:
         """The same configs under previously stored choice lists (for resuming a study).
 
         Configs whose parameters fall outside ``choices`` are dropped, with a warning.
         """
-        fixed = {name: tuple(choices[name]) for name in PARAM_NAMES}
+        fixed = {name: tuple(choices[name]) for name in self.param_names if name in choices}
         kept = tuple(
-            c for c in self.configs if all(params_of(c)[n] in fixed[n] for n in PARAM_NAMES)
+            c
+            for c in self.configs
+            if all(n in fixed and v in fixed[n] for n, v in self.params_for(c).items())
         )
         if len(kept) < len(self.configs):
             log.warning(
@@ -193,38 +255,66 @@ class SearchSpace:
                 "proposed (the space changed since the study was created)",
                 len(self.configs) - len(kept),
             )
-        by_params = {_param_key(params_of(c)): c for c in kept}
-        return SearchSpace(configs=kept, choices=fixed, _by_params=by_params)
+        return SearchSpace(configs=kept, choices=fixed, _by_params=_index(kept))
 
     def __len__(self) -> int:
         return len(self.configs)
 
     def __contains__(self, config: object) -> bool:
-        return isinstance(config, KernelConfig) and self.lookup(params_of(config)) == config
+        return (
+            isinstance(config, KernelConfig | Fa3Config)
+            and self.lookup(self.params_for(config)) == config
+        )
 
     @property
     def product_size(self) -> int:
-        """Number of combinations of the choices, valid or not."""
-        size = 1
-        for values in self.choices.values():
-            size *= len(values)
-        return size
+        """Number of combinations of the choices, valid or not (summed over families)."""
+        total = 0
+        for family in self.families:
+            size = 1
+            for name in FAMILY_PARAM_NAMES[family]:
+                size *= len(self.choices.get(name, ()))
+            total += size
+        return total
 
-    def lookup(self, params: Mapping[str, object]) -> KernelConfig | None:
+    def lookup(self, params: Mapping[str, object]) -> AnyConfig | None:
         """The valid config with these parameters, or ``None`` for an invalid combination."""
-        try:
-            return self._by_params.get(_param_key(params))
-        except KeyError:
+        family = params.get(FAMILY_PARAM, self.families[0] if self.families else "fa2")
+        names = FAMILY_PARAM_NAMES.get(str(family))
+        if names is None or any(n not in params for n in names):
             return None
+        return self._by_params.get((family, *(params[n] for n in names)))
 
-    def suggest(self, trial: Trial) -> KernelConfig | None:
-        """Draw the five parameters on ``trial``; ``None`` when they make no valid config."""
-        params = {name: trial.suggest_categorical(name, self.choices[name]) for name in PARAM_NAMES}
+    def suggest(self, trial: Trial) -> AnyConfig | None:
+        """Draw the parameters on ``trial``; ``None`` when they make no valid config.
+
+        With several families: the family, then its parameters; under the grid sampler, the
+        one ``config`` parameter (see the module docstring).
+        """
+        if FAMILY_PARAM in self.choices and isinstance(trial.study.sampler, GridSampler):
+            name = trial.suggest_categorical(CONFIG_PARAM, [c.name for c in self.configs])
+            return next((c for c in self.configs if c.name == name), None)
+        family = (
+            trial.suggest_categorical(FAMILY_PARAM, self.choices[FAMILY_PARAM])
+            if FAMILY_PARAM in self.choices
+            else self.families[0]
+        )
+        params: dict[str, object] = {FAMILY_PARAM: family}
+        for name in FAMILY_PARAM_NAMES[str(family)]:
+            params[name] = trial.suggest_categorical(name, self.choices[name])
         return self.lookup(params)
 
     def grid(self) -> dict[str, list[CategoricalChoiceType]]:
         """The search space for :class:`~optuna.samplers.GridSampler`."""
+        if FAMILY_PARAM in self.choices:
+            return {CONFIG_PARAM: [c.name for c in self.configs]}
         return {name: list(values) for name, values in self.choices.items()}
+
+
+def _index(configs: Iterable[AnyConfig]) -> dict[tuple[object, ...], AnyConfig]:
+    return {
+        (c.family, *(params_of(c)[n] for n in FAMILY_PARAM_NAMES[c.family])): c for c in configs
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,6 +374,8 @@ def _tpe(space: SearchSpace, seed: int | None) -> BaseSampler:
             multivariate=True,
             constant_liar=True,
             n_startup_trials=min(8, max(2, len(space) // 4)),
+            # Several families are a conditional space (each family's own parameters).
+            group=len(space.families) > 1,
         )
 
 
@@ -458,12 +550,12 @@ def bind_space(study: optuna.Study, space: SearchSpace) -> SearchSpace:
     if stored is None:
         study.set_user_attr(STUDY_ATTR_CHOICES, {k: list(v) for k, v in space.choices.items()})
         return space
-    if all(tuple(stored.get(n, ())) == tuple(space.choices[n]) for n in PARAM_NAMES):
+    if all(tuple(stored.get(n, ())) == tuple(space.choices[n]) for n in space.param_names):
         return space
     return space.with_choices(stored)
 
 
-def enqueue_seeds(study: optuna.Study, space: SearchSpace, seeds: Iterable[KernelConfig]) -> int:
+def enqueue_seeds(study: optuna.Study, space: SearchSpace, seeds: Iterable[AnyConfig]) -> int:
     """Queue the seed configs as the study's first trials, once per study.
 
     A study attribute marks the study as seeded, so a resumed campaign never queues them
@@ -483,7 +575,7 @@ def enqueue_seeds(study: optuna.Study, space: SearchSpace, seeds: Iterable[Kerne
             continue
         before = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         study.enqueue_trial(
-            dict(params_of(config)), user_attrs={ATTR_SEED: True}, skip_if_exists=True
+            space.enqueue_params(config, study), user_attrs={ATTR_SEED: True}, skip_if_exists=True
         )
         after = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         queued += after - before
