@@ -44,8 +44,21 @@ def _imported_packages(statement: str) -> set[str]:
     return set(out) & {"core", "codegen", "measure", "tuner", "db", "service", "fa2tune"}
 
 
+def _all_modules(package: str) -> str:
+    """``import`` statements for every module of ``package`` (found on disk, not imported)."""
+    names = sorted(p.stem for p in (ROOT / package).glob("*.py") if p.stem != "__init__")
+    return "; ".join([f"import {package}", *(f"import {package}.{n}" for n in names)])
+
+
 def test_core_imports_no_other_package() -> None:
-    assert _imported_packages("import core") == {"core"}
+    assert _imported_packages(_all_modules("core")) == {"core"}
+
+
+@pytest.mark.parametrize("package", ["codegen", "db"])
+def test_codegen_and_db_import_neither_tuner_measure_nor_service(package: str) -> None:
+    imported = _imported_packages(_all_modules(package))
+    assert imported <= {"core", "codegen", "db", "fa2tune"}
+    assert package in imported
 
 
 def test_measure_imports_neither_tuner_nor_db_nor_service() -> None:
