@@ -1,34 +1,31 @@
-"""Real nvcc builds of the fa3 (sm_90a wgmma/TMA) template: a sample of the space and a refusal.
+"""Real nvcc builds of the fa3 (sm_90a wgmma/TMA) family through the product's build.
 
-Marked ``compile``; skipped when nvcc is not on PATH. About 8 nvcc calls of 1-6 s each, run one
-at a time (the development machine's cores are shared).
+A sample of the space built with :func:`codegen.build.build_configs` (for an sm_90 GPU, so
+the registry compiles the Hopper family for sm_90a), spill-free and with the wgmma pipeline
+intact; the template refusing a config outside the space; and the kernel's shared-memory
+constant agreeing with :attr:`core.fa3_config.Fa3Config.smem_bytes`.
+
+Marked ``compile``; skipped when nvcc is not on PATH. About 9 nvcc calls of 1-6 s each, run
+one at a time (the development machine's cores are shared).
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
+import subprocess
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "hopper"))
+from codegen.build import LOG_SUFFIX, build_configs, nvcc_flags
+from codegen.fa3_space import ARCH, invalid_reasons
+from codegen.families import family
+from codegen.render import template_dir
+from core.build_report import BuildStatus
+from core.fa3_config import Fa3Config
+from fa2tune.settings import get_settings
 
-from fa3_host import (
-    Fa3Config,
-    compile_config,
-    compile_source,
-    invalid_reasons,
-    render,
-    smem_bytes,
-)
-
-try:
-    from fa2tune.settings import get_settings
-
-    NVCC = get_settings().nvcc
-except ImportError:  # the harness alone (no product install): plain nvcc
-    NVCC = "nvcc"
+NVCC = get_settings().nvcc
 pytestmark = [
     pytest.mark.compile,
     pytest.mark.skipif(shutil.which(NVCC) is None, reason=f"nvcc ({NVCC!r}) is not on PATH"),
@@ -36,48 +33,62 @@ pytestmark = [
 
 #: Configs built here; every one is claimed spill-free (ptxas, CUDA 13.0).
 SPILL_FREE: list[Fa3Config] = [
-    Fa3Config(128, "fp16"),  # step 1: RS, intra-WG overlap, ping-pong, 2 stages
-    Fa3Config(128, "bf16", causal=True, block_n=176),
-    Fa3Config(128, "fp16", causal=True, pv_regs=False),  # SS
-    Fa3Config(128, "fp16", overlap=False, pingpong=False),
-    Fa3Config(64, "fp16", block_m=192, block_n=128, pv_regs=False, pingpong=False,
+    Fa3Config(128, "fp16", False),  # step 1: RS, intra-WG overlap, ping-pong, 2 stages
+    Fa3Config(128, "bf16", True, block_n=176),
+    Fa3Config(128, "fp16", True, pv_regs=False),  # SS
+    Fa3Config(128, "fp16", False, overlap=False, pingpong=False),
+    Fa3Config(64, "fp16", False, block_m=192, block_n=128, pv_regs=False, pingpong=False,
               consumer_regs=160),
-    Fa3Config(256, "bf16", causal=True, block_n=80),
-    Fa3Config(96, "fp16", block_n=128),
-]
+    Fa3Config(256, "bf16", True, block_n=80),
+    Fa3Config(96, "fp16", False, block_n=128),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("config", SPILL_FREE, ids=lambda c: c.name)
-def test_config_builds_without_spills(config: Fa3Config, tmp_path: Path) -> None:
-    assert invalid_reasons(config) == []
-    r = compile_config(config, tmp_path, nvcc=NVCC)
-    assert r.ok, r.log[-3000:]
-    assert r.regs is not None and 24 <= r.regs <= 255
-    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r.log
-    # ptxas must not have serialised the wgmma pipeline (C7510 etc.) or ignored setmaxnreg.
-    assert "serialized" not in r.log and "C7508" not in r.log, r.log
-    assert r.cubin is not None
-    data = r.cubin.read_bytes()
-    assert data[:4] == b"\x7fELF" and config.name.encode() in data
+def _nvcc(source: str, name: str, workdir: Path) -> tuple[bool, str]:
+    """Compile harness-only source (not a config) for sm_90a with the product's flags."""
+    cu = workdir / f"{name}.cu"
+    cu.write_text(source)
+    out = cu.with_suffix(".cubin")
+    cmd = [NVCC, *nvcc_flags(ARCH), f"-I{template_dir()}", str(cu), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_sample_builds_for_sm90a_without_spills(tmp_path: Path) -> None:
+    assert all(invalid_reasons(c) == [] for c in SPILL_FREE)
+    reports = build_configs(SPILL_FREE, "sm_90", cache_dir=tmp_path, jobs=1)
+    for config, r in zip(SPILL_FREE, reports, strict=True):
+        assert r.config == config and r.arch == ARCH, r
+        assert r.status == BuildStatus.OK, f"{config.name}: {r.status} {r.error}"
+        assert r.registers is not None and 24 <= r.registers <= 255
+        assert (r.spill_stores, r.spill_loads, r.stack_bytes) == (0, 0, 0)
+        assert r.cubin is not None
+        log = r.cubin.with_name(config.name + LOG_SUFFIX).read_text()
+        # ptxas must not have serialised the wgmma pipeline (C7510 etc.) or ignored setmaxnreg.
+        assert "serialized" not in log and "C7508" not in log, log
+        data = r.cubin.read_bytes()
+        assert data[:4] == b"\x7fELF" and config.name.encode() in data
 
 
 def test_static_assert_rejects_invalid_config(tmp_path: Path) -> None:
     # Ping-pong needs two consumer warpgroups; 192-row blocks have three.
-    bad = Fa3Config(128, "fp16", block_m=192, pingpong=True, consumer_regs=160)
+    bad = Fa3Config(128, "fp16", False, block_m=192, pingpong=True, consumer_regs=160)
     assert invalid_reasons(bad)
-    ok, _, _, log = compile_source(render(bad), "fa3_bad", tmp_path, nvcc=NVCC)
+    ok, log = _nvcc(family("fa3").render(bad), "fa3_bad", tmp_path)
     assert not ok
     assert "ping-pong needs exactly 2 consumer warpgroups" in log
 
 
 def test_smem_formula_matches_traits(tmp_path: Path) -> None:
     # The kernel's constexpr and the host formula must agree: compile a static_assert.
-    cfgs = [Fa3Config(128, "fp16"), Fa3Config(256, "fp16", block_n=80),
-            Fa3Config(64, "bf16", block_m=192, block_n=160, pv_regs=False, pingpong=False,
-                      consumer_regs=160)]
-    lines = [render(c) for c in cfgs]
-    checks = [f"static_assert({c.name}_traits::kSmemBytes == {smem_bytes(c)});" for c in cfgs]
-    src = "".join(lines).replace('#include "fa3_fwd.cuh"\n', "")
-    src = '#include "fa3_fwd.cuh"\n' + src + "\n".join(checks) + "\n"
-    ok, _, _, log = compile_source(src, "fa3_smem", tmp_path, nvcc=NVCC)
+    cfgs = [
+        Fa3Config(128, "fp16", False),
+        Fa3Config(256, "fp16", False, block_n=80),
+        Fa3Config(64, "bf16", False, block_m=192, block_n=160, pv_regs=False, pingpong=False,
+                  consumer_regs=160),
+    ]  # fmt: skip
+    render = family("fa3").render
+    body = "".join(render(c) for c in cfgs).replace('#include "fa3_fwd.cuh"\n', "")
+    checks = [f"static_assert({c.name}_traits::kSmemBytes == {c.smem_bytes});" for c in cfgs]
+    ok, log = _nvcc('#include "fa3_fwd.cuh"\n' + body + "\n".join(checks) + "\n", "smem", tmp_path)
     assert ok, log[-3000:]

@@ -8,11 +8,15 @@ kernel fault in one cannot poison the others):
            with P from registers and from shared memory; exact fp32 comparisons.
   correct  every config of a set against the float32 reference over many shapes (tails,
            N = 1, Nq != Nk both ways, causal, GQA 32:8, MQA, bnhd and bhnd, LSE) with the
-           product's rule (restated in fa3_ref.py: NaN-poisoned outputs, dead rows exactly
-           0 / -inf, error <= max(2 x SDPA flash's error on the same inputs, floor)); fresh
-           random inputs for every check.
-  perf     TFLOP/s of configs against torch SDPA flash and cuDNN on the same inputs (CUDA
-           events, warm-up, L2 flushed before every timed launch, median), outputs verified.
+           product's reference and rule (measure.reference, measure.verify: NaN-poisoned
+           outputs, dead rows exactly 0 / -inf, error <= max(2 x SDPA flash's error on the
+           same inputs, floor)); fresh random inputs for every check.
+  perf     TFLOP/s of configs against torch SDPA flash and cuDNN on the same inputs (the
+           product's timing: CUDA events, warm-up, L2 flushed before every timed launch,
+           median), outputs verified.
+
+Builds, loading, TMA descriptors and launches are the product's (codegen.build,
+measure.loader, measure.tma); fa3_host.py adds only what a harness needs.
 
 Everything is written as JSON under --out; a table is printed last.
 Run from the repository root: ``python3 bench/hopper/fa3_check.py correct --set main``.
@@ -25,7 +29,6 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,19 +36,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fa3_host import (
-    BuildResult,
-    Fa3Config,
-    Fa3Kernel,
-    call,
-    compile_config,
-    compile_source,
-    driver,
-    encode_tensor_map,
-    ensure_context,
-    invalid_reasons,
-)
-from fa3_ref import Shape, check, make_inputs, poison, sdpa_callable, time_ms
+import fa3_host
+from fa3_host import Fa3Config, bind, build, compile_source, load
+
+from core.build_report import BuildReport
+from core.problem import Problem
+from measure.loader import call, driver, ensure_context
+from measure.reference import make_inputset
+from measure.timing import TimingOptions, time_with_options
+from measure.tma import encode_tensor_map
+from measure.verify import check_output, poison, tolerance
 
 GPU = "H200"
 
@@ -56,7 +56,7 @@ GPU = "H200"
 
 def main_configs() -> list[Fa3Config]:
     """The first config of step 1: D=128 non-causal, 128x128, 2 stages (RS, overlap, ping-pong)."""
-    return [Fa3Config(128, "fp16")]
+    return [Fa3Config(128, "fp16", False)]
 
 
 def feature_configs() -> list[Fa3Config]:
@@ -71,12 +71,36 @@ def feature_configs() -> list[Fa3Config]:
             Fa3Config(128, "fp16", causal, overlap=False, pingpong=True),
             Fa3Config(128, "fp16", causal, overlap=True, pingpong=False),
             Fa3Config(128, "fp16", causal, block_n=176),
-            Fa3Config(128, "bf16", causal, block_m=192, block_n=128, pv_regs=False,
-                      pingpong=False, consumer_regs=160),
-            Fa3Config(128, "fp16", causal, block_m=64, block_n=128, pingpong=False,
-                      consumer_regs=240, stages=3),
-            Fa3Config(64, "fp16", causal, block_m=192, block_n=128, pv_regs=False,
-                      pingpong=False, consumer_regs=160),
+            Fa3Config(
+                128,
+                "bf16",
+                causal,
+                block_m=192,
+                block_n=128,
+                pv_regs=False,
+                pingpong=False,
+                consumer_regs=160,
+            ),
+            Fa3Config(
+                128,
+                "fp16",
+                causal,
+                block_m=64,
+                block_n=128,
+                pingpong=False,
+                consumer_regs=240,
+                stages=3,
+            ),
+            Fa3Config(
+                64,
+                "fp16",
+                causal,
+                block_m=192,
+                block_n=128,
+                pv_regs=False,
+                pingpong=False,
+                consumer_regs=160,
+            ),
             Fa3Config(64, "bf16", causal, block_m=128, block_n=128, stages=4),
             Fa3Config(256, "fp16", causal, block_m=128, block_n=80),
             Fa3Config(256, "bf16", causal, block_m=128, block_n=64, pv_regs=False),
@@ -97,8 +121,16 @@ def perf_configs() -> list[Fa3Config]:
                 Fa3Config(128, dt, causal, block_n=128, pv_regs=False),
             ]
     cs += [
-        Fa3Config(64, "fp16", False, block_m=192, block_n=128, pv_regs=False, pingpong=False,
-                  consumer_regs=160),
+        Fa3Config(
+            64,
+            "fp16",
+            False,
+            block_m=192,
+            block_n=128,
+            pv_regs=False,
+            pingpong=False,
+            consumer_regs=160,
+        ),
         Fa3Config(64, "fp16", False, block_m=128, block_n=128, stages=3),
         Fa3Config(256, "fp16", False, block_m=128, block_n=80),
     ]
@@ -109,48 +141,77 @@ def sweep_configs() -> list[Fa3Config]:
     """Tile shapes, stage counts and switches around the step-1 config (second device run)."""
     cs: list[Fa3Config] = []
     for dt in ("fp16", "bf16"):
-        cs += [Fa3Config(128, dt, block_n=bn, stages=st)
-               for bn, st in ((128, 2), (128, 3), (112, 3), (144, 2), (160, 2), (176, 2), (192, 2))]
-        cs += [Fa3Config(128, dt, block_n=176, pingpong=False),
-               Fa3Config(128, dt, block_m=192, block_n=128, pv_regs=False, pingpong=False,
-                         consumer_regs=160)]
-    cs += [Fa3Config(128, "fp16", True, block_n=bn, stages=st)
-           for bn, st in ((128, 2), (128, 3), (176, 2), (192, 2))]
+        cs += [
+            Fa3Config(128, dt, False, block_n=bn, stages=st)
+            for bn, st in ((128, 2), (128, 3), (112, 3), (144, 2), (160, 2), (176, 2), (192, 2))
+        ]
+        cs += [
+            Fa3Config(128, dt, False, block_n=176, pingpong=False),
+            Fa3Config(
+                128,
+                dt,
+                False,
+                block_m=192,
+                block_n=128,
+                pv_regs=False,
+                pingpong=False,
+                consumer_regs=160,
+            ),
+        ]
     cs += [
-        Fa3Config(64, "fp16", block_n=192),
-        Fa3Config(64, "fp16", block_n=176, stages=3),
-        Fa3Config(64, "fp16", block_m=192, block_n=128, pingpong=False, consumer_regs=160),
-        Fa3Config(64, "fp16", block_m=192, block_n=160, pv_regs=False, pingpong=False,
-                  consumer_regs=160),
-        Fa3Config(64, "fp16", block_m=192, block_n=192, pv_regs=False, pingpong=False,
-                  consumer_regs=160),
-        Fa3Config(256, "fp16", block_n=80),
-        Fa3Config(256, "fp16", block_n=64),
+        Fa3Config(128, "fp16", True, block_n=bn, stages=st)
+        for bn, st in ((128, 2), (128, 3), (176, 2), (192, 2))
+    ]
+    cs += [
+        Fa3Config(64, "fp16", False, block_n=192),
+        Fa3Config(64, "fp16", False, block_n=176, stages=3),
+        Fa3Config(64, "fp16", False, block_m=192, block_n=128, pingpong=False, consumer_regs=160),
+        Fa3Config(
+            64,
+            "fp16",
+            False,
+            block_m=192,
+            block_n=160,
+            pv_regs=False,
+            pingpong=False,
+            consumer_regs=160,
+        ),
+        Fa3Config(
+            64,
+            "fp16",
+            False,
+            block_m=192,
+            block_n=192,
+            pv_regs=False,
+            pingpong=False,
+            consumer_regs=160,
+        ),
+        Fa3Config(256, "fp16", False, block_n=80),
+        Fa3Config(256, "fp16", False, block_n=64),
     ]
     return cs
 
 
-SETS = {"main": main_configs, "features": feature_configs, "perf": perf_configs,
-        "sweep": sweep_configs}
+def short_configs() -> list[Fa3Config]:
+    """The family's default config (codegen.fa3_space.default_config) per head dim, full and
+    causal, fp16; D=128 also bf16: the short perf table of bench/h200/fa3_check.sh."""
+    from codegen.fa3_space import default_config
+
+    cs = [default_config(d, "fp16", causal) for d in (64, 128, 256) for causal in (False, True)]
+    return cs + [default_config(128, "bf16", causal) for causal in (False, True)]
+
+
+SETS = {
+    "short": short_configs,
+    "main": main_configs,
+    "features": feature_configs,
+    "perf": perf_configs,
+    "sweep": sweep_configs,
+}
 
 
 # ------------------------------------------------------------------------------------------
-# Building
-
-
-def build_all(configs: list[Fa3Config], workdir: Path, jobs: int) -> dict[str, BuildResult]:
-    """Compile configs in parallel (nvcc processes); returns results by config name."""
-    for c in configs:
-        why = invalid_reasons(c)
-        if why:
-            raise ValueError(f"{c.name} is outside the space: {why}")
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(lambda c: compile_config(c, workdir), configs))
-    return {r.config.name: r for r in results}
-
-
-# ------------------------------------------------------------------------------------------
-# Correctness
+# Correctness (the product's reference and rule: measure.reference, measure.verify)
 
 
 @dataclass(frozen=True)
@@ -161,6 +222,19 @@ class Case:
     nq: int
     nk: int
     layout: str
+
+    def problem(self, c: Fa3Config) -> Problem:
+        return Problem(
+            gpu=GPU,
+            d=c.d,
+            n=self.nq,
+            batch=self.batch,
+            heads=self.heads,
+            dtype=c.dtype,
+            causal=c.causal,
+            kv_heads=self.kv_heads,
+            nk=self.nk,
+        )
 
 
 CASES: tuple[Case, ...] = (
@@ -177,70 +251,73 @@ CASES: tuple[Case, ...] = (
 )
 
 
-def check_case(kernel: Fa3Kernel, case: Case) -> dict[str, Any]:
-    """Fresh inputs, reference, SDPA yardstick; run ``kernel`` once; the verdict of fa3_ref."""
+def check_case(kernel: Any, config: Fa3Config, case: Case) -> dict[str, Any]:
+    """Fresh inputs, the float32 reference and SDPA's error (make_inputset); one launch of
+    ``kernel`` into NaN-poisoned outputs; the verdict of measure.verify.check_output."""
     import torch
 
-    c = kernel.config
-    shape = Shape(c.d, case.nq, case.nk, case.batch, case.heads, case.kv_heads, c.dtype,
-                  c.causal)
-    inputs = make_inputs(shape, case.layout)
+    inputs = make_inputset(case.problem(config), case.layout)
     o, lse = inputs.outputs()
     poison(o, lse)
-    kernel(inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, case.layout)
+    bind(kernel, config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, case.layout)()
     torch.cuda.synchronize()
-    res = check(o, lse, inputs)
+    res = check_output(o, lse, inputs)
     return {
-        "config": c.name,
+        "config": config.name,
         "case": case.__dict__,
         "ok": bool(res.ok),
         "max_abs_err": res.max_abs_err,
         "rel_err": res.rel_err,
-        "tol": res.tol,
-        "sdpa_err": inputs.sdpa_err,
+        "tol": tolerance(inputs),
+        "sdpa_err": inputs.ref_err,
         "message": res.message,
         "seed": inputs.seed,
     }
 
 
-def run_correct(configs: list[Fa3Config], builds: dict[str, BuildResult]) -> list[dict]:
+def run_correct(configs: list[Fa3Config], builds: dict[str, BuildReport]) -> list[dict]:
     ensure_context(0)
     rows: list[dict] = []
     for c in configs:
         b = builds[c.name]
-        if not b.ok or b.cubin is None:
-            rows.append({"config": c.name, "ok": False, "message": "build failed"})
-            print(f"BUILD FAIL {c.name}\n{b.log[-2000:]}", flush=True)
+        if not b.usable or b.cubin is None:
+            rows.append({"config": c.name, "ok": False, "message": f"build {b.status}"})
+            print(f"BUILD FAIL {c.name}\n{fa3_host.ptxas_log(b)[-2000:]}", flush=True)
             continue
-        kernel = Fa3Kernel(c, b.cubin)
+        kernel = load(b)
         for case in CASES:
-            if case.heads % case.kv_heads:
-                continue
             try:
-                r = check_case(kernel, case)
+                r = check_case(kernel, c, case)
             except Exception as exc:  # a refused launch or bad descriptor: record, go on
-                r = {"config": c.name, "case": case.__dict__, "ok": False,
-                     "message": f"{type(exc).__name__}: {exc}"}
+                r = {
+                    "config": c.name,
+                    "case": case.__dict__,
+                    "ok": False,
+                    "message": f"{type(exc).__name__}: {exc}",
+                }
             rows.append(r)
             flag = "ok  " if r["ok"] else "FAIL"
-            print(f"{flag} {c.name} {case} err={r.get('max_abs_err', float('nan')):.2e} "
-                  f"tol={r.get('tol', float('nan')):.2e} {r['message'][:160]}", flush=True)
+            print(
+                f"{flag} {c.name} {case} err={r.get('max_abs_err', float('nan')):.2e} "
+                f"tol={r.get('tol', float('nan')):.2e} {r['message'][:160]}",
+                flush=True,
+            )
         kernel.unload()
     return rows
 
 
 # ------------------------------------------------------------------------------------------
-# Timing
+# Timing (the product's: measure.timing; SDPA baselines: measure.sdpa)
+
+TIMING = TimingOptions(warmup=5, target_ms=150.0, min_reps=10, max_reps=300, flush_l2=True)
 
 
-def time_fn(fn: Any) -> float:
-    """Median ms of ``fn`` (CUDA events, warm-up, L2 flushed before each timed call)."""
-    return time_ms(fn)[0]
-
-
-def run_perf(configs: list[Fa3Config], builds: dict[str, BuildResult], ns: list[int],
-             batch: int, heads: int) -> list[dict]:
+def run_perf(
+    configs: list[Fa3Config], builds: dict[str, BuildReport], ns: list[int], batch: int, heads: int
+) -> list[dict]:
     import torch
+
+    from measure.sdpa import sdpa_times
 
     ensure_context(0)
     rows: list[dict] = []
@@ -249,44 +326,53 @@ def run_perf(configs: list[Fa3Config], builds: dict[str, BuildResult], ns: list[
         groups.setdefault((c.d, c.dtype, c.causal), []).append(c)
     for (d, dtype, causal), cs in groups.items():
         for n in ns:
-            problem = Shape(d, n, n, batch, heads, heads, dtype, causal)
-            inputs = make_inputs(problem, "bnhd")
-            qb, kb, vb = inputs.bhnd()
-            base: dict[str, float | None] = {}
-            for backend in ("flash", "cudnn"):
-                try:
-                    fn = sdpa_callable(qb, kb, vb, causal, inputs.scale, backend)
-                    base[backend] = time_fn(fn)
-                except RuntimeError as exc:
-                    print(f"sdpa {backend} unsupported: {exc}", flush=True)
-                    base[backend] = None
+            problem = Problem(
+                gpu=GPU, d=d, n=n, batch=batch, heads=heads, dtype=dtype, causal=causal
+            )
+            inputs = make_inputset(problem, "bnhd")
+            base = {
+                name: t.tflops
+                for name, t in sdpa_times(
+                    inputs, backends=("flash", "cudnn"), timing=TIMING
+                ).items()
+            }
             for c in cs:
                 b = builds[c.name]
-                if not b.ok or b.cubin is None:
+                if not b.usable or b.cubin is None:
                     continue
-                kernel = Fa3Kernel(c, b.cubin)
+                kernel = load(b)
                 o, lse = inputs.outputs()
                 poison(o, lse)
-                launch = kernel.bind(inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, "bnhd")
+                launch = bind(kernel, c, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, "bnhd")
                 launch()
                 torch.cuda.synchronize()
-                res = check(o, lse, inputs)
-                ms = time_fn(launch)
-                tf = problem.flops / (ms * 1e-3) / 1e12
+                res = check_output(o, lse, inputs)
+                ms = time_with_options(launch, TIMING).median_ms
+                tf = problem.tflops(ms)
                 row = {
-                    "config": c.name, "d": d, "dtype": dtype, "causal": causal, "n": n,
-                    "batch": batch, "heads": heads, "ms": ms, "tflops": tf, "ok": bool(res.ok),
+                    "config": c.name,
+                    "d": d,
+                    "dtype": dtype,
+                    "causal": causal,
+                    "n": n,
+                    "batch": batch,
+                    "heads": heads,
+                    "ms": ms,
+                    "tflops": tf,
+                    "ok": bool(res.ok),
                     "max_abs_err": res.max_abs_err,
-                    "flash_tflops": problem.flops / (base["flash"] * 1e-3) / 1e12
-                    if base["flash"] else None,
-                    "cudnn_tflops": problem.flops / (base["cudnn"] * 1e-3) / 1e12
-                    if base["cudnn"] else None,
-                    "regs": b.regs, "spill_stores": b.spill_stores,
+                    "flash_tflops": base.get("flash"),
+                    "cudnn_tflops": base.get("cudnn"),
+                    "regs": b.registers,
+                    "spill_stores": b.spill_stores,
                 }
                 rows.append(row)
-                print(f"{c.name:60s} n={n:5d} {tf:6.1f} TF/s  flash "
-                      f"{row['flash_tflops'] or float('nan'):6.1f}  cudnn "
-                      f"{row['cudnn_tflops'] or float('nan'):6.1f}  ok={res.ok}", flush=True)
+                print(
+                    f"{c.name:60s} n={n:5d} {tf:6.1f} TF/s  flash "
+                    f"{row['flash_tflops'] or float('nan'):6.1f}  cudnn "
+                    f"{row['cudnn_tflops'] or float('nan'):6.1f}  ok={res.ok}",
+                    flush=True,
+                )
                 kernel.unload()
             del inputs
             torch.cuda.empty_cache()
@@ -294,8 +380,10 @@ def run_perf(configs: list[Fa3Config], builds: dict[str, BuildResult], ns: list[
 
 
 def perf_table(rows: list[dict]) -> str:
-    lines = [f"{'config':58s} {'N':>5s} {'TF/s':>6s} {'flash':>6s} {'cudnn':>6s} "
-             f"{'x fl':>5s} {'x cu':>5s} ok"]
+    lines = [
+        f"{'config':58s} {'N':>5s} {'TF/s':>6s} {'flash':>6s} {'cudnn':>6s} "
+        f"{'x fl':>5s} {'x cu':>5s} ok"
+    ]
     for r in rows:
         fl, cu = r["flash_tflops"], r["cudnn_tflops"]
         lines.append(
@@ -321,8 +409,9 @@ def run_micro(workdir: Path) -> list[dict]:
     rows = []
     for d, bn in ((128, 128), (64, 176), (256, 80), (96, 64)):
         name = f"micro_d{d}_n{bn}"
-        ok, cubin, secs, log = compile_source(src, name, workdir,
-                                              extra=(f"-DMICRO_D={d}", f"-DMICRO_BN={bn}"))
+        ok, cubin, secs, log = compile_source(
+            src, name, workdir, extra=(f"-DMICRO_D={d}", f"-DMICRO_BN={bn}")
+        )
         if not ok:
             rows.append({"name": name, "ok": False, "log": log[-1500:]})
             print(f"micro {name}: BUILD FAIL\n{log[-1500:]}", flush=True)
@@ -332,8 +421,12 @@ def run_micro(workdir: Path) -> list[dict]:
         mod = call("cuModuleLoadData", ctypes.addressof(buf))
         fn = call("cuModuleGetFunction", mod, b"fa3_micro")
         smem = 1024 + 128 * math.ceil(d / 64) * (64 + 2 * bn) + math.ceil(bn / 64) * 8192 + 64
-        call("cuFuncSetAttribute", fn,
-             cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        call(
+            "cuFuncSetAttribute",
+            fn,
+            cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem,
+        )
         g = torch.Generator(device="cuda").manual_seed(1234 + d)
         q = torch.randn(1, 64, 1, d, device="cuda", dtype=torch.float16, generator=g)
         k = torch.randn(1, bn, 1, d, device="cuda", dtype=torch.float16, generator=g)
@@ -343,11 +436,15 @@ def run_micro(workdir: Path) -> list[dict]:
         o_rs = torch.full((64, d), math.nan, device="cuda")
         o_ss = torch.full((64, d), math.nan, device="cuda")
         sm = torch.zeros(1, dtype=torch.int32, device="cuda")
-        maps = [encode_tensor_map(q, "bnhd", 64), encode_tensor_map(k, "bnhd", bn),
-                encode_tensor_map(v, "bnhd", bn)]
+        maps = [
+            encode_tensor_map(q, "bnhd", 64),
+            encode_tensor_map(k, "bnhd", bn),
+            encode_tensor_map(v, "bnhd", bn),
+        ]
         ptrs = [ctypes.c_uint64(t.data_ptr()) for t in (s_out, p, o_rs, o_ss, sm)]
-        args = (ctypes.c_void_p * 8)(*(int(m.getPtr()) for m in maps),
-                                     *(ctypes.addressof(x) for x in ptrs))
+        args = (ctypes.c_void_p * 8)(
+            *(ctypes.addressof(m) for m in maps), *(ctypes.addressof(x) for x in ptrs)
+        )
         stream = cu.CUstream(torch.cuda.current_stream().cuda_stream)
         call("cuLaunchKernel", fn, 1, 1, 1, 128, 1, 1, smem, stream, ctypes.addressof(args), 0)
         torch.cuda.synchronize()
@@ -359,8 +456,16 @@ def run_micro(workdir: Path) -> list[dict]:
             "o_ss": float((o_ss - o_ref).abs().max()),
         }
         ok = all(e < 1e-2 * max(1.0, float(o_ref.abs().max())) for e in errs.values())
-        rows.append({"name": name, "ok": ok, "smem_kernel": int(sm.item()), "smem_host": smem,
-                     "compile_s": secs, **errs})
+        rows.append(
+            {
+                "name": name,
+                "ok": ok,
+                "smem_kernel": int(sm.item()),
+                "smem_host": smem,
+                "compile_s": secs,
+                **errs,
+            }
+        )
         print(f"micro {name}: ok={ok} {errs} smem {int(sm.item())}/{smem}", flush=True)
         call("cuModuleUnload", mod)
     return rows
@@ -393,11 +498,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         keep = set(args.only.split(","))
         configs = [c for c in configs if c.name in keep]
-    builds = build_all(configs, args.work, args.jobs)
-    summary = [b.summary() for b in builds.values()]
+    builds = build(configs, args.work, args.jobs)
+    summary = [fa3_host.summary(b) for b in builds.values()]
     for s in summary:
-        print(f"build {s['name']:60s} ok={s['ok']} {s['seconds']:5.1f}s regs={s['regs']} "
-              f"spill={s['spill_stores']}/{s['spill_loads']}", flush=True)
+        print(
+            f"build {s['name']:60s} ok={s['ok']} {s['seconds']:5.1f}s regs={s['regs']} "
+            f"spill={s['spill_stores']}/{s['spill_loads']}",
+            flush=True,
+        )
     if args.stage == "build":
         (args.out / f"build_{args.set}.json").write_text(json.dumps(summary, indent=1))
         return 0 if all(s["ok"] for s in summary) else 1
@@ -406,12 +514,14 @@ def main(argv: list[str] | None = None) -> int:
         n_ok = sum(r["ok"] for r in rows)
         print(f"correct: {n_ok}/{len(rows)} passed in {time.time() - t0:.0f}s", flush=True)
         (args.out / f"correct_{args.set}.json").write_text(
-            json.dumps({"builds": summary, "checks": rows}, indent=1))
+            json.dumps({"builds": summary, "checks": rows}, indent=1)
+        )
         return 0 if n_ok == len(rows) else 1
     ns = [int(x) for x in args.n.split(",")]
     rows = run_perf(configs, builds, ns, args.batch, args.heads)
     (args.out / f"perf_{args.set}.json").write_text(
-        json.dumps({"builds": summary, "timings": rows}, indent=1))
+        json.dumps({"builds": summary, "timings": rows}, indent=1)
+    )
     print(perf_table(rows), flush=True)
     return 0
 
