@@ -7,6 +7,9 @@ reference and time it together with SDPA's flash, efficient and cuDNN backends o
 same inputs (fresh random inputs per problem, outputs poisoned and checked, CUDA events,
 warm-up, median of many reps, L2 flushed between reps).
 
+With ``--families`` each kernel family's own best for the problem is timed too (same
+inputs, same worker), so the table shows what the Hopper family adds over the portable one.
+
 Writes ``compare_sdpa.json``, ``compare_sdpa.md`` (a table of TFLOP/s and ratios) and
 ``compare_sdpa.png`` (a plot) to ``--out``::
 
@@ -23,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from codegen.build import build_configs
+from codegen.families import FAMILIES
 from codegen.space import fa2_default_config
-from core.config import KernelConfig
+from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureStatus
 from db.store import Store
@@ -39,8 +43,11 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def pick_config(store: Store, gpu: str, problem: Problem) -> tuple[KernelConfig, bool]:
-    """The stored best for ``problem`` (exact N), else FA2's choice; second item: tuned?"""
+def pick_config(
+    store: Store, gpu: str, problem: Problem, family: str | None = None
+) -> tuple[AnyConfig, bool] | None:
+    """The stored best for ``problem`` (exact N; of ``family`` if given), else FA2's choice
+    (None when a family is given and has no result); second item: tuned?"""
     best = store.best(
         gpu,
         problem.d,
@@ -49,9 +56,12 @@ def pick_config(store: Store, gpu: str, problem: Problem) -> tuple[KernelConfig,
         problem.causal,
         batch=problem.batch,
         heads=problem.heads,
+        family=family,
     )
     if best is not None:
         return best.config, True
+    if family is not None:
+        return None
     return fa2_default_config(problem.d, problem.dtype, problem.causal), False
 
 
@@ -77,11 +87,20 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for n in _ints(args.n)
         ]
         chosen = {p: pick_config(store, gpu.name, p) for p in problems}
-        configs = sorted({c for c, _ in chosen.values()})
+        per_family: dict[tuple[Problem, str], AnyConfig] = {}
+        for p in problems if args.families else []:
+            for family in FAMILIES:
+                pick = pick_config(store, gpu.name, p, family)
+                if pick is not None:
+                    per_family[(p, family)] = pick[0]
+        winners = [pick[0] for pick in chosen.values() if pick is not None]
+        configs = list(dict.fromkeys([*winners, *per_family.values()]))
         builds = {r.config: r for r in build_configs(configs, args.arch)}
         options = MeasureOptions(sdpa=True)
         for p in problems:
-            config, tuned = chosen[p]
+            pick = chosen[p]
+            assert pick is not None  # without a family, pick_config always has an answer
+            config, tuned = pick
             report = builds[config]
             row: dict[str, Any] = {
                 "d": p.d,
@@ -89,6 +108,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "dtype": p.dtype,
                 "causal": p.causal,
                 "config": config.name,
+                "family": config.family,
                 "tuned": tuned,
             }
             if not report.usable or report.cubin is None:
@@ -109,6 +129,18 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     row[f"{name}_tflops"] = t.get("tflops")
                     if result.status == MeasureStatus.OK and result.median_ms:
                         row[f"vs_{name}"] = t["median_ms"] / result.median_ms
+            for family in FAMILIES:
+                other = per_family.get((p, family))
+                if other is None:
+                    continue
+                if other == config:
+                    row[f"{family}_tflops"] = result.tflops
+                    continue
+                built = builds[other]
+                if built.usable and built.cubin is not None:
+                    timed = worker.measure(BenchJob.make(other, built.cubin, p, MeasureOptions()))
+                    if timed.status == MeasureStatus.OK:
+                        row[f"{family}_tflops"] = timed.tflops
             log.info("%s", row)
             rows.append(row)
         meta = {
@@ -137,15 +169,16 @@ def write_table(rows: list[dict[str, Any]], meta: dict[str, Any], path: Path) ->
         f"batch {meta['batch']}, {meta['heads']} heads. TFLOP/s = 4·B·H·N²·D / t (halved "
         "when causal); ratio = backend time / ours (above 1: ours is faster).",
         "",
-        "| dtype | causal | D | N | config | tuned | ours | flash | efficient | cuDNN "
-        "| vs flash | vs cuDNN | status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dtype | causal | D | N | config | tuned | ours | fa2 best | fa3 best | flash "
+        "| efficient | cuDNN | vs flash | vs cuDNN | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['dtype']} | {'yes' if r['causal'] else 'no'} | {r['d']} | {r['n']} "
             f"| `{r['config']}` | {'yes' if r['tuned'] else 'no (FA2 default)'} "
-            f"| {_f(r.get('tflops'), '.0f')} | {_f(r.get('flash_tflops'), '.0f')} "
+            f"| {_f(r.get('tflops'), '.0f')} | {_f(r.get('fa2_tflops'), '.0f')} "
+            f"| {_f(r.get('fa3_tflops'), '.0f')} | {_f(r.get('flash_tflops'), '.0f')} "
             f"| {_f(r.get('efficient_tflops'), '.0f')} | {_f(r.get('cudnn_tflops'), '.0f')} "
             f"| {_f(r.get('vs_flash'), '.2f')} | {_f(r.get('vs_cudnn'), '.2f')} | {r['status']} |"
         )
@@ -198,6 +231,9 @@ def main() -> None:
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--out", default="docs/performance")
+    parser.add_argument(
+        "--families", action="store_true", help="also time each kernel family's own best"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     run(args)

@@ -184,12 +184,16 @@ def _problems_query(
     return query
 
 
-def _best_of(s: Session, problems: Sequence[Problem], *, exact: bool) -> BestResult | None:
+def _best_of(
+    s: Session, problems: Sequence[Problem], *, exact: bool, family: str | None = None
+) -> BestResult | None:
     """Fastest OK measurement per problem (an index lookup each), then the best problem.
 
     Problems that differ only in batch/heads are compared by throughput, since their
-    medians are not comparable; within a problem the fastest median wins.
+    medians are not comparable; within a problem the fastest median wins. ``family``
+    restricts the candidates to one kernel family's builds.
     """
+    only = [Build.family == family] if family is not None else []
     winner: tuple[float, float, int, BestResult] | None = None
     for problem in problems:
         row = s.execute(
@@ -199,6 +203,7 @@ def _best_of(s: Session, problems: Sequence[Problem], *, exact: bool) -> BestRes
                 Measurement.problem_id == problem.id,
                 Measurement.status == MeasureStatus.OK.value,
                 Measurement.median_ms.is_not(None),
+                *only,
             )
             .order_by(Measurement.median_ms, Measurement.id)
             .limit(1)
@@ -225,12 +230,13 @@ def best(
     batch: int | None = None,
     heads: int | None = None,
     kv_heads: int | None = None,
+    family: str | None = None,
 ) -> BestResult | None:
     """:meth:`db.store.Store.best`: the problems asked for, then :func:`_best_of`."""
     with session_scope(engine) as s:
         query = _problems_query(gpu, d, dtype, causal, nk, batch, heads, kv_heads)
         problems = s.scalars(query.where(Problem.n == n).order_by(Problem.id)).all()
-        return _best_of(s, problems, exact=True)
+        return _best_of(s, problems, exact=True, family=family)
 
 
 def best_or_nearest(

@@ -151,6 +151,7 @@ class Store:
         batch: int | None = None,
         heads: int | None = None,
         kv_heads: int | None = None,
+        family: str | None = None,
     ) -> BestResult | None:
         """The fastest correct (status OK) config measured for exactly this problem.
 
@@ -163,6 +164,7 @@ class Store:
             nk: key length; None means square problems (``nk == n``).
             batch, heads, kv_heads: restrict to these; None accepts any (ranked by
                 throughput across them).
+            family: only this kernel family's builds (None: any family).
 
         Returns:
             The winner, or None when no OK measurement exists for the problem.
@@ -178,6 +180,7 @@ class Store:
             batch=batch,
             heads=heads,
             kv_heads=kv_heads,
+            family=family,
         )
 
     def best_or_nearest(

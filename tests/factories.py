@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from core.build_report import BuildReport, BuildStatus
 from core.config import Dtype, KernelConfig
+from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
@@ -126,7 +127,7 @@ def seed_measurement(
     *,
     gpu: GpuInfo = H200,
     problem: Problem | None = None,
-    config: KernelConfig | None = None,
+    config: AnyConfig | None = None,
     result: MeasureResult | None = None,
     trial_number: int | None = None,
 ) -> Seeded:

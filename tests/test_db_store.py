@@ -378,3 +378,17 @@ def test_foreign_keys_are_enforced(store: Store) -> None:
                 " created_at) VALUES (999, 128, 1, 1, 1, 1, 1, 'fp16', false, '2024-01-01')"
             )
         )
+
+
+def test_best_of_one_family(store: Store) -> None:
+    from core.fa3_config import Fa3Config
+
+    problem = ProblemSpec(gpu=H200.name, d=128, n=4096)
+    fa3 = Fa3Config(128, "fp16", False)
+    seed_measurement(store, problem=problem, result=ok_result(2.0, problem))  # fa2, slower
+    seed_measurement(store, problem=problem, config=fa3, result=ok_result(1.0, problem))
+    winner = store.best("H200", 128, 4096)
+    assert winner is not None and winner.config == fa3
+    fa2 = store.best("H200", 128, 4096, family="fa2")
+    assert fa2 is not None and fa2.config.family == "fa2" and fa2.median_ms == 2.0
+    assert store.best("H200", 128, 4096, family="fa9") is None
