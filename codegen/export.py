@@ -3,20 +3,23 @@
 The header is C++ from two templates and data from Python:
 
 - ``codegen/templates/fa2_dispatch.cuh``: the dispatch and launch code and the public API,
-  with its local includes inlined: the kernel template (``fa2_fwd.cuh``), the GPU-name rule
+  with its local includes inlined: each kernel family's part (its
+  :attr:`~codegen.families.HeaderPart.template`: ``fa2_fwd.cuh``, and ``fa3_launch.cuh`` with
+  ``fa3_fwd.cuh`` only when a config of the Hopper family is in the header), the GPU-name rule
   (``fa2_gpu_name.cuh``) and ``fa2_dispatch_table.inc``, which is the one part rendered here;
 - rendered here, from plain values (:class:`TunedPoint`): the comment naming the GPU with the
-  provenance of every tuned config, and the table the dispatch reads: aliases and explicit
-  instantiations of the tuned winners plus FlashAttention-2's default config per head dim, the
-  tuned GPU's name key, and (D, dtype, causal, N bucket) -> config. The table's contract is
-  written at the top of fa2_dispatch.cuh.
+  provenance (and family) of every tuned config, and the table the dispatch reads: aliases and
+  explicit instantiations of the tuned winners plus FlashAttention-2's default config per head
+  dim, the tuned GPU's name key, and (D, dtype, causal, N bucket) -> config. The table's
+  contract is written at the top of fa2_dispatch.cuh.
 
 The entry point it defines::
 
     cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
                                 bool causal, cudaStream_t stream = 0);
 
-It compiles with plain nvcc (``-std=c++17``, sm_80 and up) and needs no Python. This module
+It compiles with plain nvcc (``-std=c++17``, sm_80 and up; the Hopper family's configs run
+from sm_90a code only) and needs no Python. This module
 reads no database: the caller (``fa2tune export``, ``/v1/export/header``, both through
 :mod:`service.header`) queries the store and passes the rows.
 """
@@ -31,11 +34,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from codegen.families import family_of
+from codegen.families import FAMILIES, family_of
 from codegen.render import template_hash
 from codegen.space import fa2_default_config
-from core.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
+from core.config import DTYPES, HEAD_DIMS, Dtype
 from core.elements import element
+from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
 from fa2tune import __version__
 
@@ -63,7 +67,7 @@ class TunedPoint:
         dtype: element type.
         causal: causal mask.
         n: sequence length the config was tuned at (the bucket's centre).
-        config: the winning kernel config.
+        config: the winning kernel config (any family's).
         median_ms: measured median time per launch.
         tflops: measured throughput.
         arch: target architecture of the build, e.g. ``"sm_90"``.
@@ -78,7 +82,7 @@ class TunedPoint:
     dtype: Dtype
     causal: bool
     n: int
-    config: KernelConfig
+    config: AnyConfig
     median_ms: float | None = None
     tflops: float | None = None
     arch: str | None = None
@@ -173,7 +177,7 @@ def _provenance_lines(points: Sequence[TunedPoint]) -> list[str]:
         mask = "causal" if p.causal else "full"
         when = p.measured_at.isoformat(timespec="seconds") if p.measured_at else "?"
         lines.append(
-            f"//   D={p.d} {p.dtype} {mask} N={p.n}: {p.config.name}  "
+            f"//   D={p.d} {p.dtype} {mask} N={p.n}: {p.config.name} (family {p.config.family})  "
             f"{_fmt(p.median_ms, '.4f')} ms  {_fmt(p.tflops, '.1f')} TFLOP/s"
         )
         lines.append(
@@ -191,10 +195,10 @@ _PREAMBLE = """\
 //   fa2tune export --gpu {gpu_arg}{ds_arg}{dtype_arg} -o {filename}
 //
 // FlashAttention-2 forward kernels tuned for: {gpu}
-// Kernel template: codegen/templates/{template} (template hash {template_hash});
-// dispatch: codegen/templates/{dispatch}. Both are inlined below, so this header depends on
+{templates}
+// dispatch: codegen/templates/{dispatch}. All are inlined below, so this header depends on
 // nothing but the CUDA toolkit. Needs sm_80 or newer and C++17:
-//   nvcc -std=c++17 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,code=sm_80 ...
+{nvcc}
 //
 // Head dims: {ds}; dtypes: {dtypes}.
 // Tuned results (the bucket centres), with their provenance:
@@ -203,9 +207,24 @@ _PREAMBLE = """\
 """
 
 
-def _choice(n: int, cfg: KernelConfig) -> str:
-    launcher = family_of(cfg).header.launcher
-    return _braced(n, f"&{launcher}<fa2tune_configs::{cfg.name}>", _c_string(cfg.name))
+_NVCC_FA2 = """\
+//   nvcc -std=c++17 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,code=sm_80 ..."""
+
+_NVCC_FA3 = """\
+// The configs of the Hopper family (fa3) run from sm_90a code, on GPUs of compute capability
+// 9.0 only; for any other target they compile to stubs the dispatch never picks (it takes
+// FlashAttention-2's default config instead). To run them, compile for sm_90a (in place of
+// sm_90: that code runs the fa2 configs on the H100/H200 as well):
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a ...                  (H100/H200)
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a
+//        -gencode=arch=compute_80,code=sm_80 ...                   (H100/H200, A100, ...)"""
+
+
+def _choice(n: int, cfg: AnyConfig) -> str:
+    part = family_of(cfg).header
+    alias = f"fa2tune_configs::{cfg.name}"
+    guard = "nullptr" if part.guard is None else f"&{part.guard}<{alias}>"
+    return _braced(n, f"&{part.launcher}<{alias}>", _c_string(cfg.name), guard)
 
 
 def _table_row(d: int, dtype: Dtype, causal: bool, choices: str, count: int) -> str:
@@ -214,8 +233,8 @@ def _table_row(d: int, dtype: Dtype, causal: bool, choices: str, count: int) -> 
 
 def render_table(
     gpu: str,
-    tables: Mapping[tuple[int, Dtype, bool], Mapping[int, KernelConfig]],
-    defaults: Sequence[KernelConfig],
+    tables: Mapping[tuple[int, Dtype, bool], Mapping[int, AnyConfig]],
+    defaults: Sequence[AnyConfig],
 ) -> str:
     """``fa2_dispatch_table.inc``: the data fa2_dispatch.cuh dispatches on (see its contract).
 
@@ -227,7 +246,7 @@ def render_table(
     Returns:
         C++ text: config aliases, explicit instantiations, tuned and default tables.
     """
-    configs: dict[str, KernelConfig] = {}
+    configs: dict[str, AnyConfig] = {}
     for cfg in [c for k in sorted(tables) for _, c in sorted(tables[k].items())] + [*defaults]:
         configs.setdefault(cfg.name, cfg)
     out = [
@@ -239,7 +258,7 @@ def render_table(
         ),
         "}  // namespace fa2tune_configs",
         "",
-        "// ... and their explicit instantiations (kernel and host launcher).",
+        "// ... and their explicit instantiations (kernel, host launcher, guard if any).",
     ]
     for name, c in sorted(configs.items()):
         out += family_of(c).header.instantiations(f"fa2tune_configs::{name}")
@@ -333,6 +352,22 @@ def render_header(
         gpu, {k: {n: p.config for n, p in v.items()} for k, v in tables.items()}, defaults
     )
 
+    # The families with a config in the header, in registry order (fa2 always: the defaults).
+    used = {c.family for c in defaults} | {p.config.family for p in kept}
+    families = [f for f in FAMILIES.values() if f.name in used]
+    templates = [
+        f"codegen/templates/{f.templates[0]} (template hash "
+        f"{template_hash(template_dir, main=f.templates[0])})"
+        for f in families
+    ]
+    nvcc = _NVCC_FA2 + ("\n" + _NVCC_FA3 if "fa3" in used else "")
+    # A family without configs here: its part of the dispatch code is left out.
+    left_out = {
+        f.header.template: f"// ({f.name}: no config of this family in the header)"
+        for f in FAMILIES.values()
+        if f.name not in used
+    }
+
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
     provenance = _provenance_lines(kept) or ["//   (none: every shape uses the defaults)"]
     untuned = [d for d in ds if not any(k[0] == d for k in tables)]
@@ -348,12 +383,14 @@ def render_header(
         gpu_arg=_comment_safe(repr(gpu).replace("'", '"')),
         ds_arg="" if tuple(ds) == HEAD_DIMS else f" --d {','.join(map(str, ds))}",
         dtype_arg="" if tuple(dtypes) == DTYPES else f" --dtype {','.join(dtypes)}",
-        template=TEMPLATE_NAME,
-        template_hash=template_hash(template_dir),
+        templates="// Kernel templates: " + ",\n//   ".join(templates) + ";",
+        nvcc=nvcc,
         dispatch=DISPATCH_TEMPLATE,
         ds=", ".join(map(str, ds)),
         dtypes=", ".join(dtypes),
         provenance="\n".join(provenance),
     )
-    body = inline_template(template_dir, DISPATCH_TEMPLATE, generated={TABLE_INCLUDE: table})
+    body = inline_template(
+        template_dir, DISPATCH_TEMPLATE, generated={**left_out, TABLE_INCLUDE: table}
+    )
     return f"{preamble}{body.rstrip()}\n"

@@ -1,7 +1,7 @@
 // fa2_example: call a header exported by `fa2tune export` and check it against a CPU reference.
 //
 //   fa2tune export --gpu "NVIDIA H200" --d 64,128 -o fa2_tuned.cuh
-//   nvcc -std=c++17 -O2 -gencode=arch=compute_90,code=sm_90 -I. \
+//   nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I. \
 //        -DFA2TUNE_HEADER='"fa2_tuned.cuh"' examples/fa2_example.cu -o fa2_example
 //   ./fa2_example --d 64,128 --n 128,1000,4096 --causal 0,1 --dtype fp16
 //

@@ -44,7 +44,7 @@ def dispatch_table(header: str) -> dict[tuple[int, str, bool, int], str]:
     table: dict[tuple[int, str, bool, int], str] = {}
     for d, enum, causal, ident, count in rows:
         choices = re.findall(
-            r'\{(\d+), &fa2::launch<fa2tune_configs::(\w+)>, "(\w+)"\}', arrays[ident]
+            r'\{(\d+), &fa2::launch<fa2tune_configs::(\w+)>, "(\w+)", nullptr\}', arrays[ident]
         )
         assert len(choices) == int(count)
         assert [int(n) for n, *_ in choices] == sorted(int(n) for n, *_ in choices)

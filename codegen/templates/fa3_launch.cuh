@@ -1,0 +1,261 @@
+// fa2tune: the exported header's host side of the Hopper family "fa3" (fa3_fwd.cuh): a kernel
+// template that can be explicitly instantiated per config, and its launcher, which builds the
+// three TMA descriptors (docs/fa3_kernel.md, "ABI") from the Fa2Params of a launch.
+//
+//   template <class T> __global__ void fa3::fwd_kernel(Fa2Params, CUtensorMap q, k, v);
+//   template <class T> cudaError_t fa3::launch(const Fa2Params&, cudaStream_t);
+//       cudaErrorInvalidValue      parameters the kernel or TMA cannot take (see valid_params);
+//       cudaErrorNotSupported      the current device is not of compute capability 9.0;
+//       cudaErrorNoKernelImageForDevice  the program was not compiled for sm_90a (below);
+//       otherwise the launch's status.
+//   template <class T> bool fa3::can_launch(const Fa2Params&);
+//       whether launch<T> would launch: the dispatch asks before it picks an fa3 config and
+//       takes FlashAttention-2's default otherwise.
+//
+// Targets. The kernels need sm_90a (wgmma, setmaxnreg): compile with
+//   -gencode=arch=compute_90a,code=sm_90a
+// alone or next to other targets (-gencode=arch=compute_80,code=sm_80 ...). On every other
+// target the kernel bodies compile to a stub, so the header builds for any sm_80+ target list.
+// A stub is never launched: it declares a static shared-memory marker of kStubMarkerBytes
+// (the real kernel has dynamic shared memory only), and launch() reads the loaded image's
+// attributes (cudaFuncGetAttributes, once per kernel and device) and refuses a stub. That
+// catches the builds that would otherwise run one on an H200: -arch=sm_90 (an sm_90 cubin,
+// not sm_90a) or PTX of an older target JIT-compiled by the driver.
+//
+// No -lcuda: cuTensorMapEncodeTiled is a driver function, obtained once through the runtime's
+// cudaGetDriverEntryPointByVersion (CUDA 12.5+; cudaGetDriverEntryPoint before that).
+//
+// Not a header to include on its own: fa2_dispatch.cuh includes it (and codegen/export.py
+// inlines it) only when the exported header holds fa3 configs.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap, cuTensorMapEncodeTiled's types (no driver library needed)
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+// fa3_fwd.cuh stops any device compilation for a target without the sm_90a features
+// (#error). Here only the kernel bodies below need sm_90a and they are guarded, so for the
+// other targets the check is passed by defining the feature macro while fa3_fwd.cuh is read
+// and removing it right after. Nothing of fa3_fwd.cuh is compiled for those targets: it only
+// defines templates and __forceinline__ functions, which nothing instantiates or calls there.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA3_LAUNCH_SM90A_ 1  // this pass compiles device code for sm_90a
+#elif defined(__CUDA_ARCH__)
+#define __CUDA_ARCH_FEAT_SM90_ALL 1
+#define FA3_LAUNCH_FEAT_DEFINED_ 1
+#endif
+#include "fa3_fwd.cuh"
+#if defined(FA3_LAUNCH_FEAT_DEFINED_)
+#undef __CUDA_ARCH_FEAT_SM90_ALL
+#undef FA3_LAUNCH_FEAT_DEFINED_
+#endif
+
+namespace fa3 {
+
+// Static shared memory of the stub kernel (other targets); the real kernel has none.
+constexpr int kStubMarkerBytes = 32 * 1024;
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_kernel(const Fa2Params p, const __grid_constant__ CUtensorMap tma_q,
+               const __grid_constant__ CUtensorMap tma_k,
+               const __grid_constant__ CUtensorMap tma_v) {
+#if defined(FA3_LAUNCH_SM90A_)
+  fwd_body<T>(p, &tma_q, &tma_k, &tma_v);  // as FA3_DEFINE_KERNEL
+#elif defined(__CUDA_ARCH__)
+  // Another target: a stub, refused by launch() (see the top). Should it run anyway, it traps
+  // rather than return without writing O.
+  __shared__ unsigned char stub_marker[kStubMarkerBytes];
+  reinterpret_cast<volatile unsigned char*>(stub_marker)[threadIdx.x % kStubMarkerBytes] = 0;
+  __trap();
+#endif
+}
+
+namespace launch_detail {
+
+constexpr int kMaxDevices = 64;
+constexpr int kBoxCols = 64;                     // one 128-byte swizzle row of 2-byte elements
+constexpr uint64_t kMaxTmaStride = 1ull << 40;  // TMA: byte strides below 2^40
+constexpr int64_t kElemBytes = 2;               // fp16 and bf16
+
+// Device ordinal of the current device, or -1.
+inline int current_device() {
+  int dev = -1;
+  return cudaGetDevice(&dev) == cudaSuccess ? dev : -1;
+}
+
+// Whether `dev` is of compute capability 9.0 (an sm_90a cubin runs on exactly that), cached
+// per device ordinal (0 = not looked up yet, 1 = yes, 2 = no).
+inline bool is_cc90(int dev) {
+  static std::atomic<int> cache[kMaxDevices];
+  const bool cacheable = dev >= 0 && dev < kMaxDevices;
+  if (cacheable) {
+    const int hit = cache[dev].load(std::memory_order_relaxed);
+    if (hit != 0) return hit == 1;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  const bool yes = major == 9 && minor == 0;
+  if (cacheable) cache[dev].store(yes ? 1 : 2, std::memory_order_relaxed);
+  return yes;
+}
+
+// Per kernel and device, once: the device is cc 9.0, the image the runtime loaded for
+// fwd_kernel<T> is the sm_90a one (not the stub), and the kernel may use T::kSmemBytes of
+// dynamic shared memory. cudaSuccess or the reason why not.
+template <class T>
+cudaError_t prepare(int dev) {
+  static std::atomic<int> cache[kMaxDevices];  // 0 = not yet, else the cudaError_t + 1
+  if (dev < 0) return cudaErrorInvalidDevice;
+  const bool cacheable = dev < kMaxDevices;
+  if (cacheable) {
+    const int hit = cache[dev].load(std::memory_order_relaxed);
+    if (hit != 0) return static_cast<cudaError_t>(hit - 1);
+  }
+  cudaError_t err = cudaSuccess;
+  if (!is_cc90(dev)) {
+    err = cudaErrorNotSupported;
+  } else {
+    cudaFuncAttributes attr{};
+    err = cudaFuncGetAttributes(&attr, fwd_kernel<T>);
+    if (err == cudaSuccess && attr.sharedSizeBytes >= static_cast<size_t>(kStubMarkerBytes))
+      err = cudaErrorNoKernelImageForDevice;  // the stub: not compiled for sm_90a
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(fwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 T::kSmemBytes);
+  }
+  if (cacheable) cache[dev].store(static_cast<int>(err) + 1, std::memory_order_relaxed);
+  return err;
+}
+
+// One tensor's TMA view: dims (D, N, H, B) innermost first, byte strides (row, head, batch).
+struct TensorView {
+  void* ptr;
+  uint64_t dims[4];
+  uint64_t strides[3];
+};
+
+// The view of a [B, N, H, D]-like tensor given by element strides; false when TMA cannot
+// address it. As measure/tma.py's dims_and_strides (the GPU stage's descriptors): a dimension
+// of extent 1 is never stepped over, so it gets the stride a dense tensor would have, rounded
+// up to 16 bytes. Other strides must be positive (TMA has no negative or zero, broadcast,
+// strides). N = 0 (no keys) is encoded as one row: the kernel loads no K/V tile then.
+inline bool tensor_view(const void* ptr, int d, int n, int h, int b, int64_t row, int64_t head,
+                        int64_t batch, TensorView* out) {
+  const int64_t dims[4] = {d, n > 0 ? n : 1, h, b};
+  int64_t strides[3] = {row * kElemBytes, head * kElemBytes, batch * kElemBytes};
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) {
+      const int64_t dense = i == 0 ? dims[0] * kElemBytes : dims[i] * strides[i - 1];
+      strides[i] = dense > 16 ? (dense + 15) / 16 * 16 : 16;
+    }
+    if (strides[i] <= 0 || strides[i] % 16 != 0 ||
+        static_cast<uint64_t>(strides[i]) >= kMaxTmaStride)
+      return false;  // negative or zero (broadcast) strides: TMA has none
+  }
+  out->ptr = const_cast<void*>(ptr);
+  for (int i = 0; i < 4; ++i) out->dims[i] = static_cast<uint64_t>(dims[i]);
+  for (int i = 0; i < 3; ++i) out->strides[i] = static_cast<uint64_t>(strides[i]);
+  return true;
+}
+
+inline bool aligned16(const void* ptr) {
+  return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0;
+}
+
+// The parameters of a launch of fwd_kernel<T>, and the TMA views of Q, K and V; false for
+// parameters it cannot take: those fa2's ABI refuses (null or misaligned pointers, strides
+// not multiples of 8 elements, partial GQA groups, grid limits) and strides TMA cannot
+// express.
+inline bool tma_views(const Fa2Params& p, int d, TensorView* q, TensorView* k, TensorView* v) {
+  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr) return false;
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
+  const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.q_row_stride,
+                             p.k_batch_stride, p.k_head_stride, p.k_row_stride,
+                             p.v_batch_stride, p.v_head_stride, p.v_row_stride,
+                             p.o_batch_stride, p.o_head_stride, p.o_row_stride};
+  for (int64_t s : strides)
+    if (s % 8 != 0) return false;
+  if (p.batch < 1 || p.q_heads < 1 || p.kv_heads < 1 || p.nq < 1 || p.nk < 0) return false;
+  if (p.q_heads % p.kv_heads != 0 || p.q_heads > 65535 || p.batch > 65535) return false;
+  return tensor_view(p.q, d, p.nq, p.q_heads, p.batch, p.q_row_stride, p.q_head_stride,
+                     p.q_batch_stride, q) &&
+         tensor_view(p.k, d, p.nk, p.kv_heads, p.batch, p.k_row_stride, p.k_head_stride,
+                     p.k_batch_stride, k) &&
+         tensor_view(p.v, d, p.nk, p.kv_heads, p.batch, p.v_row_stride, p.v_head_stride,
+                     p.v_batch_stride, v);
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once (nullptr when the driver lacks it).
+using EncodeTiledFn = decltype(&cuTensorMapEncodeTiled);
+
+inline EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = []() -> EncodeTiledFn {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    // The ABI of cuTensorMapEncodeTiled as introduced in CUDA 12.0.
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr,
+                                                             12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &ptr, cudaEnableDefault, &found);
+#endif
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) return nullptr;
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// The 4-d tiled descriptor of one tensor: box (64, rows, 1, 1), 128-byte swizzle, zero fill
+// out of bounds, 256-byte L2 promotion (measure/tma.py and bench/hopper/fa3_host.py
+// encode_tensor_map).
+template <class Elem>
+cudaError_t encode(const TensorView& t, int rows, CUtensorMap* map) {
+  const EncodeTiledFn fn = encode_tiled();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  const CUtensorMapDataType type = std::is_same_v<Elem, __half>
+                                       ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                       : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[4] = {t.dims[0], t.dims[1], t.dims[2], t.dims[3]};
+  const cuuint64_t strides[3] = {t.strides[0], t.strides[1], t.strides[2]};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(kBoxCols), static_cast<cuuint32_t>(rows),
+                             1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult res = fn(map, type, 4, t.ptr, dims, strides, box, elem_strides,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace launch_detail
+
+template <class T>
+bool can_launch(const Fa2Params& p) {
+  launch_detail::TensorView q, k, v;
+  if (!launch_detail::tma_views(p, T::D, &q, &k, &v)) return false;
+  return launch_detail::prepare<T>(launch_detail::current_device()) == cudaSuccess;
+}
+
+template <class T>
+cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
+  launch_detail::TensorView q, k, v;
+  if (!launch_detail::tma_views(p, T::D, &q, &k, &v)) return cudaErrorInvalidValue;
+  cudaError_t err = launch_detail::prepare<T>(launch_detail::current_device());
+  if (err != cudaSuccess) return err;
+  CUtensorMap tma_q, tma_k, tma_v;
+  using Elem = typename T::Elem;
+  if ((err = launch_detail::encode<Elem>(q, T::BlockM, &tma_q)) != cudaSuccess) return err;
+  if ((err = launch_detail::encode<Elem>(k, T::BlockN, &tma_k)) != cudaSuccess) return err;
+  if ((err = launch_detail::encode<Elem>(v, T::BlockN, &tma_v)) != cudaSuccess) return err;
+  const dim3 grid((p.nq + T::BlockM - 1) / T::BlockM, p.q_heads, p.batch);
+  fwd_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, tma_q, tma_k, tma_v);
+  return cudaGetLastError();
+}
+
+}  // namespace fa3
