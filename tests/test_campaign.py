@@ -426,7 +426,7 @@ def test_default_space_follows_the_gpus_shared_memory() -> None:
     from dataclasses import replace
 
     from codegen import fa3_space
-    from codegen.space import enumerate_space
+    from codegen.space import enumerate_space, fa2_default_config
     from tuner.campaign import _defaults
 
     (problem,) = problems_for([1024])
@@ -436,8 +436,17 @@ def test_default_space_follows_the_gpus_shared_memory() -> None:
     assert list(space_fn(problem)) == [
         *enumerate_space(64, "fp16", False, 227 * 1024, "sm_90"), *fa3
     ]  # fmt: skip
-    fa3_seeds = fa3_space.seed_configs(64, "fp16", False)
-    assert list(seeds_fn(problem)) == [*seed_configs(64, "fp16", False), *fa3_seeds]
+    seeds = list(seeds_fn(problem))
+    assert set(seeds) == {
+        *seed_configs(64, "fp16", False),
+        *fa3_space.seed_configs(64, "fp16", False),
+    }
+    # Each family's default first, then alternating: a short budget measures both families.
+    assert seeds[:2] == [
+        fa2_default_config(64, "fp16", False),
+        fa3_space.default_config(64, "fp16", False),
+    ]
+    assert [c.family for c in seeds[:6]] == ["fa2", "fa3"] * 3
     ada_fn = _defaults("sm_89", GPU, None, None, None)[0]
     assert all(c.family == "fa2" for c in ada_fn(problem))
     small = replace(GPU, smem_optin_bytes=48 * 1024)

@@ -50,10 +50,12 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Final
 
 import optuna
 
+from codegen.families import Family, families_for
 from core.build_report import BuildReport
 from core.family import AnyConfig
 from core.problem import Problem
@@ -321,7 +323,6 @@ def _defaults(
     (:func:`codegen.families.families_for`): on an sm_90 GPU the Hopper family's configs
     beside the portable ones, searched by one study per problem.
     """
-    from codegen.families import families_for
     from codegen.space import ARCH_SMEM_LIMIT
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
@@ -333,7 +334,10 @@ def _defaults(
         return [c for f in families for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
 
     def default_seeds(p: Problem) -> Sequence[AnyConfig]:
-        return [c for f in families for c in f.seeds(p.d, p.dtype, p.causal)]
+        # Round-robin over the families, each family's default first, so that a short budget
+        # still measures every family's best-known config before any family's second seed.
+        per_family = [_default_first(f, p) for f in families]
+        return [c for group in zip_longest(*per_family) for c in group if c is not None]
 
     def default_build(configs: Sequence[AnyConfig]) -> Sequence[BuildReport]:
         from codegen.build import build_configs
@@ -345,6 +349,15 @@ def _defaults(
         seeds_fn or default_seeds,
         build_fn or default_build,
     )
+
+
+def _default_first(family: Family, p: Problem) -> list[AnyConfig]:
+    seeds = list(family.seeds(p.d, p.dtype, p.causal))
+    try:
+        default = family.default(p.d, p.dtype, p.causal)
+    except ValueError:  # a head dim the family has no default for
+        return seeds
+    return [default, *(c for c in seeds if c != default)] if default in seeds else seeds
 
 
 def _open_problem(
