@@ -12,13 +12,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from codegen import fa3_space
 from codegen.build import (
     BuildBatch,
     NvccNotFoundError,
     build_batch,
     report_to_dict,
 )
-from codegen.families import family_of
+from codegen.families import FAMILIES, family_of
 from codegen.render import TemplateMissingError
 from codegen.space import (
     ARCH_SMEM_LIMIT,
@@ -26,7 +27,6 @@ from codegen.space import (
     SUPPORTED_ARCHS,
     VALID_DTYPES,
     VALID_HEAD_DIMS,
-    enumerate_space,
     estimate_registers,
 )
 from core.build_report import BuildReport, BuildStatus
@@ -87,6 +87,26 @@ def _check_arch(arch: str) -> str:
     return arch
 
 
+def _est_registers(config: AnyConfig) -> int:
+    """The space's register estimate per thread (fa3: accumulators plus headroom)."""
+    if isinstance(config, KernelConfig):
+        return estimate_registers(config)
+    return fa3_space.accumulator_regs(config) + fa3_space.REG_HEADROOM
+
+
+def _family_space(
+    family: str, d: int, dtype: Dtype, causal: bool, smem: int, arch: str
+) -> list[AnyConfig]:
+    try:
+        fam = FAMILIES[family]
+    except KeyError:
+        raise typer.BadParameter(
+            f"{family!r} is not a kernel family; use one of {', '.join(FAMILIES)}",
+            param_hint="--family",
+        ) from None
+    return fam.space(d, dtype, causal, smem, arch)
+
+
 def space(
     d: Annotated[int, typer.Option("--d", help="head dimension (32, 64, 96, 128 or 256)")],
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
@@ -99,19 +119,25 @@ def space(
             min=1,
         ),
     ] = DEFAULT_SMEM_LIMIT,
+    family: Annotated[
+        str, typer.Option("--family", help="kernel family: fa2 (mma.sync) or fa3 (Hopper)")
+    ] = "fa2",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
 ) -> None:
-    """List the valid kernel configs for one head dim, dtype and mask."""
-    configs = enumerate_space(_check_d(d), _check_dtype(dtype), causal, smem_limit=smem_limit)
+    """List the valid kernel configs of a family for one head dim, dtype and mask."""
+    checked_d = _check_d(d) if family == "fa2" else d
+    configs = _family_space(family, checked_d, _check_dtype(dtype), causal, smem_limit, "sm_90")
     if as_json:
         rows = [
             {
                 "name": c.name,
+                "family": c.family,
                 **c.to_dict(),
                 "tile": c.tile,
-                "layout": _layout(c),
+                "description": c.describe(),
+                **({"layout": _layout(c)} if isinstance(c, KernelConfig) else {}),
                 "smem_bytes": c.smem_bytes,
-                "est_registers": estimate_registers(c),
+                "est_registers": _est_registers(c),
             }
             for c in configs
         ]
@@ -119,22 +145,14 @@ def space(
         return
     table = Table(
         box=box.SIMPLE_HEAD,
-        title=f"D={d} {dtype} {'causal' if causal else 'full'}: {len(configs)} configs",
+        title=f"{family} D={d} {dtype} {'causal' if causal else 'full'}: {len(configs)} configs",
     )
     _name_column(table, configs)
-    for column in ("tile", "stages", "layout"):
-        table.add_column(column)
+    table.add_column("config")
     table.add_column("smem bytes", justify="right")
     table.add_column("est. regs", justify="right")
     for c in configs:
-        table.add_row(
-            c.name,
-            c.tile,
-            str(c.stages),
-            _layout(c),
-            str(c.smem_bytes),
-            str(estimate_registers(c)),
-        )
+        table.add_row(c.name, c.describe(), str(c.smem_bytes), str(_est_registers(c)))
     _console().print(table)
 
 
@@ -161,6 +179,7 @@ def _select_configs(
     arch: str,
     limit: int | None,
     names: list[str] | None,
+    family: str = "fa2",
 ) -> list[AnyConfig]:
     configs: list[AnyConfig]
     if names:
@@ -180,14 +199,13 @@ def _select_configs(
             raise typer.BadParameter(
                 "give --d (with optional --limit) or --config", param_hint="--d"
             )
-        configs = list(
-            enumerate_space(
-                _check_d(d),
-                _check_dtype(dtype or "fp16"),
-                causal,
-                smem_limit=ARCH_SMEM_LIMIT[arch],
-                arch=arch,
-            )
+        configs = _family_space(
+            family,
+            _check_d(d) if family == "fa2" else d,
+            _check_dtype(dtype or "fp16"),
+            causal,
+            ARCH_SMEM_LIMIT[arch],
+            arch,
         )
     return configs[:limit] if limit is not None else configs
 
@@ -247,6 +265,9 @@ def build(
         int | None,
         typer.Option("--jobs", "-j", help="parallel nvcc jobs (env FA2TUNE_BUILD_JOBS)", min=1),
     ] = None,
+    family: Annotated[
+        str, typer.Option("--family", help="kernel family of --d's space: fa2 or fa3")
+    ] = "fa2",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of reports")] = False,
 ) -> None:
     """Compile the config space (or the first K / the named configs) and show ptxas's report.
@@ -257,7 +278,7 @@ def build(
     _check_arch(arch)
     if dtype is not None:
         _check_dtype(dtype)
-    configs = _select_configs(d, dtype, causal, arch, limit, config)
+    configs = _select_configs(d, dtype, causal, arch, limit, config, family)
     try:
         batch = build_batch(configs, arch=arch, jobs=jobs)
     except (NvccNotFoundError, TemplateMissingError) as exc:

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from codegen import commands
+from codegen import commands, fa3_space
 from codegen.space import enumerate_space
 
 app = typer.Typer()
@@ -36,6 +36,19 @@ def test_space_json() -> None:
     assert row["layout"] == "pad 8"
     assert row["smem_bytes"] == (128 + 2 * 128) * 72 * 2
     assert isinstance(row["est_registers"], int)
+
+
+def test_space_of_the_hopper_family() -> None:
+    result = runner.invoke(
+        app, ["space", "--d", "128", "--family", "fa3", "--smem-limit", "100000", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    expected = [c for c in fa3_space.enumerate_space(128, "fp16", False) if c.smem_bytes <= 100000]
+    assert [r["name"] for r in rows] == [c.name for c in expected] and rows
+    assert all(r["family"] == "fa3" and r["smem_bytes"] <= 100000 for r in rows)
+    bad = runner.invoke(app, ["space", "--d", "128", "--family", "fa9"])
+    assert bad.exit_code == 2 and "not a kernel family" in bad.output
 
 
 def test_space_smem_limit() -> None:
