@@ -67,6 +67,7 @@
 // fa2_fwd.cuh defines Fa2Params; fa_params.cuh (included by the fa3 family) then checks that
 // it is the same struct, byte for byte, instead of defining it again.
 #define FA2TUNE_FA2PARAMS_DEFINED
+#include "fa_abi.cuh"
 #include "fa3_launch.cuh"
 #include "fa2_gpu_name.cuh"
 
@@ -165,22 +166,7 @@ inline const Choice* select(const Fa2Params& p, int head_dim, int dtype, bool ca
 
 // The ABI's requirements: 16-byte aligned pointers, strides in multiples of 8 elements
 // (the kernel moves 16-byte vectors), whole GQA groups, and grid dimensions CUDA allows.
-inline bool aligned(const void* ptr) {
-  return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0;
-}
-inline bool valid(const Fa2Params& p) {
-  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr) return false;
-  if (!aligned(p.q) || !aligned(p.k) || !aligned(p.v) || !aligned(p.o)) return false;
-  const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.q_row_stride,
-                             p.k_batch_stride, p.k_head_stride, p.k_row_stride,
-                             p.v_batch_stride, p.v_head_stride, p.v_row_stride,
-                             p.o_batch_stride, p.o_head_stride, p.o_row_stride};
-  for (int64_t s : strides)
-    if (s % 8 != 0) return false;
-  if (p.batch < 1 || p.q_heads < 1 || p.kv_heads < 1 || p.nq < 1 || p.nk < 0) return false;
-  if (p.q_heads % p.kv_heads != 0) return false;
-  return p.q_heads <= 65535 && p.batch <= 65535;
-}
+inline bool valid(const Fa2Params& p) { return fa2tune_abi::valid(p); }
 
 }  // namespace fa2tune_detail
 

@@ -48,6 +48,7 @@
 #define FA3_LAUNCH_FEAT_DEFINED_ 1
 #endif
 #include "fa3_fwd.cuh"
+#include "fa_abi.cuh"
 #if defined(FA3_LAUNCH_FEAT_DEFINED_)
 #undef __CUDA_ARCH_FEAT_SM90_ALL
 #undef FA3_LAUNCH_FEAT_DEFINED_
@@ -164,25 +165,12 @@ inline bool tensor_view(const void* ptr, int d, int n, int h, int b, int64_t row
   return true;
 }
 
-inline bool aligned16(const void* ptr) {
-  return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0;
-}
-
 // The parameters of a launch of fwd_kernel<T>, and the TMA views of Q, K and V; false for
 // parameters it cannot take: those fa2's ABI refuses (null or misaligned pointers, strides
 // not multiples of 8 elements, partial GQA groups, grid limits) and strides TMA cannot
 // express.
 inline bool tma_views(const Fa2Params& p, int d, TensorView* q, TensorView* k, TensorView* v) {
-  if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr) return false;
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
-  const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.q_row_stride,
-                             p.k_batch_stride, p.k_head_stride, p.k_row_stride,
-                             p.v_batch_stride, p.v_head_stride, p.v_row_stride,
-                             p.o_batch_stride, p.o_head_stride, p.o_row_stride};
-  for (int64_t s : strides)
-    if (s % 8 != 0) return false;
-  if (p.batch < 1 || p.q_heads < 1 || p.kv_heads < 1 || p.nq < 1 || p.nk < 0) return false;
-  if (p.q_heads % p.kv_heads != 0 || p.q_heads > 65535 || p.batch > 65535) return false;
+  if (!fa2tune_abi::valid(p)) return false;
   return tensor_view(p.q, d, p.nq, p.q_heads, p.batch, p.q_row_stride, p.q_head_stride,
                      p.q_batch_stride, q) &&
          tensor_view(p.k, d, p.nk, p.kv_heads, p.batch, p.k_row_stride, p.k_head_stride,
