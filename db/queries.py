@@ -374,6 +374,7 @@ def results(
                 dtype=p.dtype,
                 causal=p.causal,
                 config_name=b.config_name,
+                family=b.family,
                 config_key=b.config_key,
                 arch=b.arch,
                 source_hash=b.source_hash,

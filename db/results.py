@@ -89,7 +89,7 @@ class BestResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (config nested, ``measured_at`` ISO 8601)."""
         data = asdict(self)
-        data["config"] = self.config.to_dict()
+        data["config"] = {"family": self.config.family, **self.config.to_dict()}
         data["config_name"] = self.config.name
         data["measured_at"] = self.measured_at.isoformat()
         return data
@@ -129,6 +129,7 @@ class ResultRow:
     dtype: str
     causal: bool
     config_name: str
+    family: str
     config_key: str
     arch: str
     source_hash: str

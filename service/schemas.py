@@ -216,6 +216,7 @@ class ResultOut(_Out):
     dtype: str
     causal: bool
     config_name: str
+    family: str = Field(description="kernel family of the config (the name's prefix)")
     config_key: str
     arch: str
     source_hash: str

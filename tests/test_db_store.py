@@ -392,3 +392,7 @@ def test_best_of_one_family(store: Store) -> None:
     fa2 = store.best("H200", 128, 4096, family="fa2")
     assert fa2 is not None and fa2.config.family == "fa2" and fa2.median_ms == 2.0
     assert store.best("H200", 128, 4096, family="fa9") is None
+    assert winner.to_dict()["config"]["family"] == "fa3"
+    rows = store.results("H200", 128).items
+    assert sorted(r.family for r in rows) == ["fa2", "fa3"]
+    assert all(r.config_name.startswith(r.family + "_") for r in rows)
