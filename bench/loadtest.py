@@ -69,8 +69,9 @@ def seed(db_path: Path) -> int:
     """
     from core.config import KernelConfig
     from core.problem import Problem
+    from db.dump_format import DumpFile
     from db.store import Store
-    from db.transfer import DumpFile, ingest
+    from db.transfer import ingest
 
     rng = random.Random(7)
     gpus: list[dict[str, Any]] = []

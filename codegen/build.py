@@ -1,12 +1,17 @@
-"""Compiling configs to cubins: a content-addressed cache, one ninja run per batch.
+"""Compiling configs to cubins: flags, a content-addressed cache, the batch build, reports.
 
 Every config gets its own directory ``<cache_dir>/<arch>/<name>-<hash>/`` where ``hash`` covers
 everything that determines the cubin: the template files, the instantiation text, the nvcc
 flags, the nvcc version and the architecture. A directory whose result JSON exists is
 finished (successfully or not: failures are deterministic, so they are cached too) and is never
-rebuilt. The rest are compiled by one generated ``build.ninja``; each edge runs
-:mod:`codegen.nvcc_job`, which captures ptxas's ``-v`` report and always succeeds, so one broken
-config never stops the batch. Reports are then parsed from the logs with :mod:`codegen.ptxas`.
+rebuilt. The rest are compiled by one generated ``build.ninja`` per target
+(:mod:`codegen.ninja`); each edge runs :mod:`codegen.nvcc_job`, which captures ptxas's ``-v``
+report and always succeeds, so one broken config never stops the batch. Reports are then parsed
+from the logs with :mod:`codegen.ptxas`.
+
+Contract: :func:`build_batch` (and :func:`build_configs`) return one :class:`BuildReport` per
+input config, in input order, whatever nvcc did; only bad input (an unknown architecture,
+``jobs < 1``), a missing template or a missing nvcc raise.
 """
 
 from __future__ import annotations
@@ -14,20 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shlex
-import shutil
 import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from codegen import nvcc_job
 from codegen.families import family_of
+from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry
+from codegen.ninja import compile_entries as _compile  # a seam: tests replace it
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
 from codegen.render import template_dir as default_template_dir
 from codegen.render import template_hash, write_if_changed
@@ -41,15 +41,7 @@ logger = logging.getLogger(__name__)
 #: nvcc flags of every build, before the architecture and include flags. ``-Xptxas -v`` makes
 #: ptxas report registers, spills and smem; no fast-math: the template calls ex2.approx itself.
 DEFAULT_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-cubin", "-Xptxas", "-v", "-lineinfo")
-SOURCE_SUFFIX = ".cu"
-CUBIN_SUFFIX = ".cubin"
-LOG_SUFFIX = ".ptxas.log"
-RESULT_SUFFIX = ".result.json"
-#: Seconds before one nvcc call is killed; the largest tiles take tens of seconds.
-DEFAULT_TIMEOUT_S = 900.0
 HASH_CHARS = 16
-# How often (seconds) progress is logged at INFO while ninja runs.
-_PROGRESS_EVERY_S = 10.0
 
 
 #: Every target a family builds for, with its opt-in shared memory per block: the GPU
@@ -60,36 +52,6 @@ TARGET_SMEM_LIMIT: dict[str, int] = {**ARCH_SMEM_LIMIT, "sm_90a": ARCH_SMEM_LIMI
 
 class NvccNotFoundError(RuntimeError):
     """nvcc cannot be run."""
-
-
-@dataclass(frozen=True)
-class NinjaEntry:
-    """One edge of the generated ``build.ninja``: compile ``source`` into its directory.
-
-    Attributes:
-        name: the config name (shown in ninja's progress).
-        source: the rendered ``.cu``.
-        cubin: where the cubin goes.
-        log: where nvcc's output goes.
-        result: the JSON summary, the edge's only declared output.
-    """
-
-    name: str
-    source: Path
-    cubin: Path
-    log: Path
-    result: Path
-
-    @classmethod
-    def in_directory(cls, name: str, directory: Path) -> NinjaEntry:
-        """The standard file names of config ``name`` inside its build directory."""
-        return cls(
-            name=name,
-            source=directory / f"{name}{SOURCE_SUFFIX}",
-            cubin=directory / f"{name}{CUBIN_SUFFIX}",
-            log=directory / f"{name}{LOG_SUFFIX}",
-            result=directory / f"{name}{RESULT_SUFFIX}",
-        )
 
 
 @dataclass(frozen=True)
@@ -204,155 +166,6 @@ def source_hash(
 def build_directory(cache_dir: Path, arch: str, config: AnyConfig, digest: str) -> Path:
     """``<cache_dir>/<arch>/<config.name>-<digest>``."""
     return cache_dir / arch / f"{config.name}-{digest}"
-
-
-# ---------------------------------------------------------------------------------------------
-# build.ninja
-
-
-def _ninja_check(text: str) -> None:
-    if "\n" in text or "\r" in text:
-        raise ValueError(f"ninja cannot express a newline in {text!r}")
-
-
-def ninja_escape_path(path: Path | str) -> str:
-    """Escape a path for a ninja ``build`` line (``$``, space and ``:`` are special there)."""
-    text = str(path)
-    _ninja_check(text)
-    return text.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
-
-
-def ninja_escape_value(text: str) -> str:
-    """Escape a variable value for ninja (only ``$`` is special in values)."""
-    _ninja_check(text)
-    return text.replace("$", "$$")
-
-
-def _shell(args: Iterable[str | Path]) -> str:
-    """Shell-quoted and then ninja-escaped: ready to be a variable used in a command."""
-    return ninja_escape_value(shlex.join(str(a) for a in args))
-
-
-def render_ninja(
-    entries: Sequence[NinjaEntry],
-    nvcc: str,
-    flags: Sequence[str],
-    *,
-    python: str = sys.executable,
-    runner: str | Path = nvcc_job.__file__,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> str:
-    """The ``build.ninja`` text compiling ``entries``; a pure function of its arguments.
-
-    Each entry is one edge whose only declared output is its result JSON: the cubin is a side
-    product that a failed build lacks, and a missing declared output would make ninja retry
-    failures forever. Paths are escaped for ninja on ``build`` lines and shell-quoted where
-    they reach the command line, so directories with spaces work.
-
-    Args:
-        entries: the edges, in the order to write them.
-        nvcc: the nvcc executable.
-        flags: every nvcc flag, ``-I`` included, without ``-o`` and the source.
-        python: the interpreter that runs the job script.
-        runner: the job script (:mod:`codegen.nvcc_job`).
-        timeout_s: per-job nvcc timeout in seconds.
-
-    Returns:
-        The file's text.
-
-    Raises:
-        ValueError: when a path contains a newline, or two entries share a result path.
-    """
-    results = [e.result for e in entries]
-    if len(set(results)) != len(results):
-        raise ValueError("two ninja entries write the same result file")
-    lines = [
-        "# Generated by fa2tune (codegen.build): one nvcc job per kernel config.",
-        "ninja_required_version = 1.10",
-        "",
-        f"python = {_shell([python])}",
-        f"runner = {_shell([runner])}",
-        f"nvcc = {_shell([nvcc])}",
-        f"flags = {_shell(flags)}",
-        f"timeout = {timeout_s:g}",
-        "",
-        "rule nvcc_job",
-        "  command = $python $runner --nvcc $nvcc --timeout $timeout --src $src --cubin $cubin"
-        " --log $log --result $result -- $flags",
-        "  description = nvcc $name",
-        "",
-    ]
-    for e in entries:
-        lines += [
-            f"build {ninja_escape_path(e.result)}: nvcc_job {ninja_escape_path(e.source)}",
-            f"  name = {ninja_escape_value(e.name)}",
-            f"  src = {_shell([e.source])}",
-            f"  cubin = {_shell([e.cubin])}",
-            f"  log = {_shell([e.log])}",
-            f"  result = {_shell([e.result])}",
-            "",
-        ]
-    return "\n".join(lines)
-
-
-def ninja_binary() -> str:
-    """The ninja executable: the one the ``ninja`` PyPI package ships, else the one on PATH.
-
-    Raises:
-        FileNotFoundError: when neither exists.
-    """
-    try:
-        import ninja  # the PyPI package: pinned in pyproject, so preferred
-
-        candidate = Path(ninja.BIN_DIR) / ("ninja.exe" if os.name == "nt" else "ninja")
-        if candidate.is_file():
-            return str(candidate)
-    except ImportError:
-        pass
-    found = shutil.which("ninja")
-    if found is None:
-        raise FileNotFoundError("ninja not found: pip install ninja")
-    return found
-
-
-def _run_ninja(ninja_file: Path, jobs: int, total: int) -> None:
-    """Run ninja over ``ninja_file`` and log its progress; ninja's own failure is logged."""
-    cmd = [ninja_binary(), "-f", ninja_file.name, "-k", "0", "-j", str(jobs)]
-    env = {**os.environ, "NINJA_STATUS": "[%f/%t %es] "}
-    logger.debug("running %s in %s", shlex.join(cmd), ninja_file.parent)
-    last_info = time.monotonic()
-    with subprocess.Popen(
-        cmd,
-        cwd=ninja_file.parent,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    ) as proc:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip()
-            if not line:
-                continue
-            if line.startswith("["):
-                now = time.monotonic()
-                done = line.startswith(f"[{total}/")
-                if done or now - last_info >= _PROGRESS_EVERY_S:
-                    logger.info("build progress %s", line)
-                    last_info = now
-                else:
-                    logger.debug("build progress %s", line)
-            elif line.startswith("ninja: no work to do"):
-                logger.debug(line)
-            else:
-                logger.warning("ninja: %s", line)
-        returncode = proc.wait()
-    if returncode != 0:
-        # nvcc_job always exits 0, so this is ninja itself (bad file, interrupted, ...).
-        logger.error(
-            "ninja exited with status %d; unfinished configs are reported failed", returncode
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -639,32 +452,6 @@ def _no_target(config: AnyConfig, arch: str, family: str, release: str) -> Build
         flags=(),
         error=f"the {family} family does not build for {arch} GPUs",
     )
-
-
-def _compile(
-    pending: Sequence[NinjaEntry],
-    nvcc: str,
-    flags: Sequence[str],
-    arch_dir: Path,
-    jobs: int,
-    timeout_s: float,
-) -> float:
-    """Write a batch-private build.ninja for ``pending``, run it, return its wall time."""
-    nvcc_path = shutil.which(nvcc) or nvcc
-    ninja_root = arch_dir / ".ninja"
-    ninja_root.mkdir(parents=True, exist_ok=True)
-    # A private directory per batch: concurrent fa2tune processes never share ninja state.
-    batch_dir = Path(tempfile.mkdtemp(prefix="batch-", dir=ninja_root))
-    ninja_file = batch_dir / "build.ninja"
-    ninja_file.write_text(
-        render_ninja(pending, nvcc_path, flags, timeout_s=timeout_s), encoding="utf-8"
-    )
-    start = time.perf_counter()
-    try:
-        _run_ninja(ninja_file, jobs, len(pending))
-    finally:
-        shutil.rmtree(batch_dir, ignore_errors=True)
-    return time.perf_counter() - start
 
 
 def build_configs(

@@ -15,11 +15,12 @@ from rich.console import Console
 from rich.table import Table
 
 from core.config import DTYPES
+from db.dump_format import TransferError
 from db.results import BestResult
 from db.shipped import load_shipped_results
 from db.store import Store
-from db.transfer import TransferError, export, ingest_file, to_json
 from db.transfer import dump as dump_results
+from db.transfer import export, ingest_file, to_json
 from fa2tune.settings import get_settings
 
 logger = logging.getLogger(__name__)

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from db.dump_format import parse_dump
 from db.models import IngestedFile, utcnow
 from db.session import session_scope
 from db.store import Store
-from db.transfer import ingest_into, lock_for_ingest, parse_dump
+from db.transfer import ingest_into, lock_for_ingest
 
 logger = logging.getLogger(__name__)
 

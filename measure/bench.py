@@ -19,7 +19,7 @@ from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from measure.jobs import BenchJob, MeasureOptions
-from measure.loader import Layout
+from measure.params import Layout
 from measure.sdpa import SdpaTiming
 from measure.timing import TimingOptions
 from measure.worker import DEFAULT_HANDLER, BenchWorker

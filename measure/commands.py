@@ -65,7 +65,7 @@ def bench(
     """
     from core.family import config_from_name
     from measure.bench import render, run_bench
-    from measure.loader import LAYOUTS
+    from measure.params import LAYOUTS
     from measure.timing import TimingOptions
     from measure.worker import DEFAULT_HANDLER, WorkerStartError
 

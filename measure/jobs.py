@@ -19,7 +19,7 @@ from core.build_report import BuildReport
 from core.family import AnyConfig, config_type
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
-from measure.loader import LAYOUTS, Layout
+from measure.params import LAYOUTS, Layout
 from measure.timing import TimingOptions
 
 

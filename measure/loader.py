@@ -1,17 +1,22 @@
 """Loading cubins and launching kernels through the CUDA driver API (``cuda.bindings``).
 
-Every kernel family's kernels take one by-value :class:`Fa2Params` first (the ABI of
-``docs/architecture.md``), then whatever the family's ``host_prep`` returns (the Hopper family:
-three ``CUtensorMap`` descriptors, :mod:`measure.tma`; docs/fa3_kernel.md). Grid and block come
-from the family registry (:mod:`codegen.families`: ``fa2`` launches ``(ceil(nq / br), q_heads,
-batch)`` blocks of ``32 * warps`` threads) and the dynamic shared memory is the config's
-``smem_bytes``, to which the kernel's limit is raised when it is loaded. Modules are loaded
-into torch's primary context so that torch tensors and our kernels share one address space and
-one stream.
+Holds the driver calls (:func:`driver`, :func:`call`, :class:`CudaError`, context set-up and
+health), module loading (:class:`LoadedKernel`) and launching (:class:`BoundLaunch`, the
+family's launch geometry and ``host_prep``). Every kernel family's kernels take one by-value
+:class:`~measure.params.Fa2Params` first (the ABI of ``docs/architecture.md``, built from
+tensors by :func:`measure.params.make_params`), then whatever the family's ``host_prep``
+returns (the Hopper family: three ``CUtensorMap`` descriptors, :mod:`measure.tma`;
+docs/fa3_kernel.md). Grid and block come from the family registry (:mod:`codegen.families`:
+``fa2`` launches ``(ceil(nq / br), q_heads, batch)`` blocks of ``32 * warps`` threads) and the
+dynamic shared memory is the config's ``smem_bytes``, to which the kernel's limit is raised
+when it is loaded. Modules are loaded into torch's primary context so that torch tensors and
+our kernels share one address space and one stream.
 
-Neither torch nor ``cuda.bindings`` is imported at module import time (nor a family's
-``host_prep`` module before its first launch); CPU machines can import this module (for
-:class:`Fa2Params`, :func:`grid_for`, :class:`CudaError`).
+Contract: every failing driver call raises :class:`CudaError` naming the call and the
+``CUresult`` (``sticky`` says whether the context is lost). Neither torch nor
+``cuda.bindings`` is imported at module import time (nor a family's ``host_prep`` module before
+its first launch); CPU machines can import this module (for :func:`grid_for`,
+:class:`CudaError`).
 """
 
 from __future__ import annotations
@@ -22,19 +27,17 @@ import logging
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-from core.elements import ELEMENTS
 from core.family import AnyConfig
 from core.problem import Problem
+from measure.params import Fa2Params, Layout, make_params
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
 
-Layout = Literal["bnhd", "bhnd"]
-LAYOUTS: tuple[Layout, ...] = ("bnhd", "bhnd")
 Dim3: TypeAlias = tuple[int, int, int]
 
 #: A family's ``host_prep`` (named by ``codegen.families.Family.host_prep``):
@@ -60,10 +63,6 @@ STICKY_ERRORS = frozenset(
     }
 )
 
-#: Pointers and strides must allow 16-byte vector copies: 8 two-byte elements.
-ALIGN_ELEMS = 8
-ALIGN_BYTES = 16
-
 
 class CudaError(RuntimeError):
     """A CUDA driver call returned an error.
@@ -85,43 +84,6 @@ class CudaError(RuntimeError):
     def sticky(self) -> bool:
         """True when the error leaves the context unusable (trap, illegal address, ...)."""
         return self.name in STICKY_ERRORS
-
-
-class Fa2Params(ctypes.Structure):
-    """The kernel's single by-value argument; layout as in ``docs/architecture.md``."""
-
-    _fields_ = [
-        ("q", ctypes.c_void_p),
-        ("k", ctypes.c_void_p),
-        ("v", ctypes.c_void_p),
-        ("o", ctypes.c_void_p),
-        ("lse", ctypes.c_void_p),
-        ("q_batch_stride", ctypes.c_int64),
-        ("q_head_stride", ctypes.c_int64),
-        ("q_row_stride", ctypes.c_int64),
-        ("k_batch_stride", ctypes.c_int64),
-        ("k_head_stride", ctypes.c_int64),
-        ("k_row_stride", ctypes.c_int64),
-        ("v_batch_stride", ctypes.c_int64),
-        ("v_head_stride", ctypes.c_int64),
-        ("v_row_stride", ctypes.c_int64),
-        ("o_batch_stride", ctypes.c_int64),
-        ("o_head_stride", ctypes.c_int64),
-        ("o_row_stride", ctypes.c_int64),
-        ("batch", ctypes.c_int32),
-        ("q_heads", ctypes.c_int32),
-        ("kv_heads", ctypes.c_int32),
-        ("nq", ctypes.c_int32),
-        ("nk", ctypes.c_int32),
-        ("softmax_scale", ctypes.c_float),
-    ]
-
-
-# The ABI is fixed; a drifting field list must fail at import, not on the GPU.
-assert ctypes.sizeof(Fa2Params) == 160, ctypes.sizeof(Fa2Params)
-assert ctypes.alignment(Fa2Params) == 8
-assert Fa2Params.softmax_scale.offset == 156
-assert Fa2Params.batch.offset == 136
 
 
 @cache
@@ -492,120 +454,3 @@ def extra_args(
     """
     prep = host_prep(config.family)
     return () if prep is None else tuple(prep(config, q, k, v, layout))
-
-
-def _dims(t: torch.Tensor, layout: Layout) -> tuple[int, int, int, int]:
-    """(batch, rows, heads, head_dim) of a 4-d tensor in ``layout``."""
-    if layout == "bnhd":
-        b, n, h, d = t.shape
-    else:
-        b, h, n, d = t.shape
-    return int(b), int(n), int(h), int(d)
-
-
-def _strides(t: torch.Tensor, layout: Layout) -> tuple[int, int, int]:
-    """(batch, head, row) strides in elements."""
-    s = t.stride()
-    if layout == "bnhd":
-        return s[0], s[2], s[1]
-    return s[0], s[1], s[2]
-
-
-def _check_tensor(name: str, t: torch.Tensor, layout: Layout) -> None:
-    if t.dim() != 4:
-        raise ValueError(
-            f"{name} must be 4-d [{'B, N, H, D' if layout == 'bnhd' else 'B, H, N, D'}]"
-        )
-    if t.stride(-1) != 1:
-        raise ValueError(
-            f"{name}: the head dimension must be contiguous (stride 1), got {t.stride()}"
-        )
-    # The head dim (last) is contiguous; the other strides step whole rows of vectors.
-    for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.stride()[:-1], strict=True)):
-        # A size-1 dimension's stride is never multiplied by a non-zero index.
-        if size > 1 and stride % ALIGN_ELEMS != 0:
-            raise ValueError(
-                f"{name}: stride {stride} of dim {dim} is not a multiple of {ALIGN_ELEMS} "
-                f"elements (16-byte vector copies); strides {tuple(t.stride())}"
-            )
-    if t.data_ptr() % ALIGN_BYTES != 0:
-        raise ValueError(f"{name}: data pointer {t.data_ptr():#x} is not 16-byte aligned")
-
-
-def make_params(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    lse: torch.Tensor | None,
-    scale: float,
-    layout: Layout = "bnhd",
-) -> Fa2Params:
-    """Build the kernel argument from torch tensors.
-
-    Args:
-        q: queries, ``[B, Nq, Hq, D]`` (``bnhd``) or ``[B, Hq, Nq, D]`` (``bhnd``).
-        k: keys, ``[B, Nk, Hkv, D]`` or ``[B, Hkv, Nk, D]``; ``Hq % Hkv == 0``.
-        v: values, same shape as ``k``.
-        o: output, same shape as ``q``.
-        lse: ``[B, Hq, Nq]`` contiguous float32, or ``None`` (null pointer: not written).
-        scale: softmax scale (usually ``1/sqrt(D)``).
-        layout: ``"bnhd"`` or ``"bhnd"``; any strides work as long as D is contiguous.
-
-    Raises:
-        ValueError: on shape, dtype or device mismatches, a non-contiguous head dimension, a
-            stride that is not a multiple of 8 elements or a pointer not 16-byte aligned.
-    """
-    import torch
-
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    named = {"q": q, "k": k, "v": v, "o": o}
-    for name, t in named.items():
-        _check_tensor(name, t, layout)
-    dtypes = {t.dtype for t in named.values()}
-    supported = {getattr(torch, e.torch_name) for e in ELEMENTS.values()}
-    if len(dtypes) != 1 or q.dtype not in supported:
-        raise ValueError(f"q, k, v, o must share one dtype, float16 or bfloat16; got {dtypes}")
-    devices = {t.device for t in named.values()} | ({lse.device} if lse is not None else set())
-    if len(devices) != 1 or q.device.type != "cuda":
-        raise ValueError(f"all tensors must be on one CUDA device; got {devices}")
-    b, nq, hq, d = _dims(q, layout)
-    bk, nk, hkv, dk = _dims(k, layout)
-    if tuple(o.shape) != tuple(q.shape):
-        raise ValueError(f"o shape {tuple(o.shape)} != q shape {tuple(q.shape)}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v shape {tuple(v.shape)} != k shape {tuple(k.shape)}")
-    if bk != b or dk != d:
-        raise ValueError(f"k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)}")
-    if hkv < 1 or hq % hkv != 0:
-        raise ValueError(f"q heads {hq} is not a multiple of kv heads {hkv}")
-    if nq < 1 or nk < 1:
-        raise ValueError(f"empty sequence: nq={nq}, nk={nk}")
-    if lse is not None and (
-        lse.dtype != torch.float32 or tuple(lse.shape) != (b, hq, nq) or not lse.is_contiguous()
-    ):
-        raise ValueError(
-            f"lse must be a contiguous float32 [B, Hq, Nq] = {(b, hq, nq)} tensor, "
-            f"got {lse.dtype} {tuple(lse.shape)} strides {lse.stride()}"
-        )
-    if max(b, hq, hkv, nq, nk) >= 2**31:
-        raise ValueError("dimensions must fit in int32")
-    qs, ks, vs, os_ = (_strides(t, layout) for t in (q, k, v, o))
-    return Fa2Params(
-        q.data_ptr(),
-        k.data_ptr(),
-        v.data_ptr(),
-        o.data_ptr(),
-        lse.data_ptr() if lse is not None else None,
-        *qs,
-        *ks,
-        *vs,
-        *os_,
-        b,
-        hq,
-        hkv,
-        nq,
-        nk,
-        float(scale),
-    )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from core.elements import ELEMENTS
 from core.problem import Problem
-from measure.loader import LAYOUTS, Layout
+from measure.params import LAYOUTS, Layout
 
 if TYPE_CHECKING:
     import torch

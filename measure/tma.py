@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from core.fa3_config import BOX_COLS, Fa3Config
 from core.family import AnyConfig
-from measure.loader import ALIGN_BYTES, Layout, call, driver
+from measure.loader import call, driver
+from measure.params import ALIGN_BYTES, Layout
 
 if TYPE_CHECKING:
     import torch

@@ -11,9 +11,9 @@ import typer
 
 from codegen.export import ExportError
 from core.config import DTYPES, Dtype
+from db.dump_format import TransferError
 from db.shipped import load_shipped_results
 from db.store import Store
-from db.transfer import TransferError
 from fa2tune.settings import get_settings, override_settings
 from service.header import UnknownGpuError, export_header
 

@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp
 
+from db.dump_format import DumpFile
 from db.shipped import load_shipped_results
 from db.store import Store
-from db.transfer import DumpFile
 from fa2tune import __version__
 from fa2tune.settings import get_settings
 from service.fastpath import BestFastPath

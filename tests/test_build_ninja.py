@@ -12,16 +12,8 @@ from pathlib import Path
 import pytest
 
 from codegen import nvcc_job
-from codegen.build import (
-    DEFAULT_FLAGS,
-    NinjaEntry,
-    arch_flags,
-    ninja_binary,
-    ninja_escape_path,
-    nvcc_flags,
-    render_ninja,
-    source_hash,
-)
+from codegen.build import DEFAULT_FLAGS, arch_flags, nvcc_flags, source_hash
+from codegen.ninja import NinjaEntry, ninja_binary, ninja_escape_path, render_ninja
 
 
 def entries(root: Path, names: list[str]) -> list[NinjaEntry]:

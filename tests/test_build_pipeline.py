@@ -17,13 +17,13 @@ from typer.testing import Result
 from codegen import build as build_mod
 from codegen import families as families_mod
 from codegen.build import (
-    NinjaEntry,
     NvccNotFoundError,
     build_batch,
     build_configs,
     nvcc_version,
     report_to_dict,
 )
+from codegen.ninja import NinjaEntry
 from codegen.render import TemplateMissingError, render_instantiation
 from core.build_report import BuildStatus
 from core.config import KernelConfig

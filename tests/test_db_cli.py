@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from core.problem import Problem
 from core.records import MeasureStatus
+from db.dump_format import load_dump
 from db.models import Measurement
 from db.store import Store
-from db.transfer import dump, load_dump
+from db.transfer import dump
 from fa2tune.cli import app
 from tests.factories import H200, failed_result, make_config, ok_result, seed_measurement
 

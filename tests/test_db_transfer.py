@@ -16,19 +16,11 @@ import db.transfer
 from core.build_report import BuildStatus
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult, MeasureStatus
+from db.dump_format import DumpFile, TransferError, load_dump, parse_dump
 from db.models import Build, Gpu, IngestedFile, Measurement, Problem
 from db.shipped import load_shipped_results, shipped_files
 from db.store import Store
-from db.transfer import (
-    DumpFile,
-    TransferError,
-    dump,
-    export,
-    ingest,
-    ingest_file,
-    load_dump,
-    parse_dump,
-)
+from db.transfer import dump, export, ingest, ingest_file
 from tests.factories import H200, failed_result, make_config, make_report, ok_result
 
 L40S = GpuInfo(

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import LOG_SUFFIX, build_configs, nvcc_flags
+from codegen.build import build_configs, nvcc_flags
 from codegen.fa3_space import ARCH, invalid_reasons
 from codegen.families import family
+from codegen.ninja import LOG_SUFFIX
 from codegen.render import template_dir
 from core.build_report import BuildStatus
 from core.fa3_config import Fa3Config

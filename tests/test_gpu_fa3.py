@@ -42,7 +42,7 @@ from core.problem import Problem
 from core.records import MeasureStatus
 from fa2tune.settings import get_settings
 from measure.jobs import BenchJob, MeasureOptions
-from measure.loader import Layout
+from measure.params import Layout
 from measure.timing import TimingOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -184,7 +184,8 @@ def _run_configs(configs: list[Fa3Config], problems: list[Problem], cache: Path)
     """Build ``configs`` and check each on every (problem, layout); fail listing every miss."""
     import torch
 
-    from measure.loader import Layout, LoadedKernel, ensure_context
+    from measure.loader import LoadedKernel, ensure_context
+    from measure.params import Layout
     from measure.reference import make_inputset
     from measure.verify import check_output, poison
 

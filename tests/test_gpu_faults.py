@@ -318,7 +318,8 @@ def context() -> None:
 def test_loader_launches_in_process(context: None, cubins: dict[str, Path], layout: str) -> None:
     import torch
 
-    from measure.loader import LoadedKernel, grid_for, make_params, synchronize
+    from measure.loader import LoadedKernel, grid_for, synchronize
+    from measure.params import make_params
     from measure.reference import make_inputset
     from measure.verify import check_output, poison
 
@@ -343,7 +344,7 @@ def test_loader_launches_in_process(context: None, cubins: dict[str, Path], layo
 def test_make_params_rejects_bad_tensors(context: None) -> None:
     import torch
 
-    from measure.loader import make_params
+    from measure.params import make_params
 
     def t(*shape: int) -> Any:
         return torch.zeros(shape, dtype=torch.float16, device="cuda")

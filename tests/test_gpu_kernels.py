@@ -57,7 +57,8 @@ def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: 
     import torch
 
     from codegen.build import build_configs
-    from measure.loader import Layout, LoadedKernel, ensure_context, grid_for, make_params
+    from measure.loader import LoadedKernel, ensure_context, grid_for
+    from measure.params import Layout, make_params
     from measure.reference import make_inputset
     from measure.verify import check_output, poison
 

@@ -20,7 +20,8 @@ import measure.tma as tma
 from core.config import KernelConfig
 from core.fa3_config import Fa3Config
 from core.problem import Problem
-from measure.loader import BoundLaunch, Fa2Params, extra_args, grid_for, host_prep, launch_geometry
+from measure.loader import BoundLaunch, extra_args, grid_for, host_prep, launch_geometry
+from measure.params import Fa2Params
 from measure.tma import TENSOR_MAP_BYTES, TensorMap, dims_and_strides, fa3_tensor_maps
 
 FA2 = KernelConfig.from_name("fa2_d128_fp16_full_br128_bc64_w4_s1_pad8")

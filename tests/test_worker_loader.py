@@ -10,7 +10,8 @@ from core.config import KernelConfig
 from core.problem import Problem
 from core.records import GpuInfo
 from measure.gpuinfo import arch_for, format_driver_api_version, parse_smi_csv
-from measure.loader import CudaError, Fa2Params, grid_for
+from measure.loader import CudaError, grid_for
+from measure.params import Fa2Params
 
 
 def test_fa2params_layout_matches_the_abi() -> None:

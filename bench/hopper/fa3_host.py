@@ -24,13 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from codegen.build import LOG_SUFFIX, build_configs, nvcc_flags  # noqa: E402
+from codegen.build import build_configs, nvcc_flags  # noqa: E402
 from codegen.fa3_space import ARCH, invalid_reasons  # noqa: E402
+from codegen.ninja import LOG_SUFFIX  # noqa: E402
 from codegen.render import template_dir  # noqa: E402
 from core.build_report import BuildReport  # noqa: E402
 from core.fa3_config import Fa3Config  # noqa: E402
 from fa2tune.settings import get_settings  # noqa: E402
-from measure.loader import BoundLaunch, Layout, LoadedKernel  # noqa: E402
+from measure.loader import BoundLaunch, LoadedKernel  # noqa: E402
+from measure.params import Layout  # noqa: E402
 
 if TYPE_CHECKING:
     import torch

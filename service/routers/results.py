@@ -9,8 +9,9 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 
 from core.records import MeasureStatus
+from db.dump_format import TransferError, parse_dump
 from db.results import MAX_PAGE
-from db.transfer import IngestSummary, TransferError, ingest, parse_dump
+from db.transfer import IngestSummary, ingest
 from service.deps import IndexHolderDep, IngestAuth, StoreDep
 from service.params import MAX_GPU_NAME, MAX_N, HeadDimQuery
 from service.schemas import ErrorOut, IngestOut, ResultOut, ResultPageOut, ValidationErrorOut
