@@ -27,7 +27,7 @@ from pathlib import Path
 
 from codegen.families import family_of
 from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry
-from codegen.ninja import compile_entries as _compile  # a seam: tests replace it
+from codegen.ninja import compile_entries
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
 from codegen.render import template_dir as default_template_dir
 from codegen.render import template_hash, write_if_changed
@@ -386,7 +386,7 @@ def build_batch(
     seconds = 0.0
     for target, entries in pending.items():
         flags = [*nvcc_flags(target), "-I", str(tdir)]
-        seconds += _compile(entries, nvcc_exe, flags, cache_root / target, n_jobs, timeout_s)
+        seconds += compile_entries(entries, nvcc_exe, flags, cache_root / target, n_jobs, timeout_s)
 
     by_config = dict(unbuildable)
     for c, plan in plans.items():

@@ -48,7 +48,7 @@ def load_shipped_results(store: Store, files: Sequence[Traversable | Path] | Non
         Measurements added (0 when every file was already ingested).
 
     Raises:
-        db.transfer.TransferError: a shipped file is invalid (nothing of it is written).
+        db.dump_format.TransferError: a shipped file is invalid (nothing of it is written).
     """
     added = 0
     for file in shipped_files() if files is None else files:

@@ -202,7 +202,7 @@ def test_job_that_never_finishes_is_a_failure(fake: Fake, monkeypatch: pytest.Mo
     def no_compile(*args: object, **kwargs: object) -> float:
         return 0.0
 
-    monkeypatch.setattr(build_mod, "_compile", no_compile)
+    monkeypatch.setattr(build_mod, "compile_entries", no_compile)
     r = fake.build([cfg()]).reports[0]
     assert r.status == BuildStatus.COMPILE_FAILED
     assert r.error is not None and "did not finish" in r.error
