@@ -26,8 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from codegen.families import family_of
-from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry
-from codegen.ninja import compile_entries
+from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry, compile_entries
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
 from codegen.render import template_dir as default_template_dir
 from codegen.render import template_hash, write_if_changed
