@@ -6,7 +6,12 @@ the reason, where torch, cuda-bindings or a visible CUDA GPU is missing.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
+
+from core.config import Dtype
+from core.problem import Problem
 
 
 def gpu_skip_reason() -> str | None:
@@ -32,4 +37,25 @@ def gpu_marks() -> list[pytest.MarkDecorator]:
     return [
         pytest.mark.gpu,
         pytest.mark.skipif(reason is not None, reason=f"GPU tests: {reason}"),
+    ]
+
+
+def shape_problems(
+    d: int, dtype: Dtype, causal: bool, shapes: Iterable[tuple[int, ...]]
+) -> list[Problem]:
+    """Problems from ``(batch, heads, kv_heads, nq, nk)`` shapes (Nq = Nk and Hkv = H stored
+    as None, as the campaign does)."""
+    return [
+        Problem(
+            gpu="test",
+            d=d,
+            n=nq,
+            nk=nk if nk != nq else None,
+            batch=b,
+            heads=h,
+            kv_heads=hkv if hkv != h else None,
+            dtype=dtype,
+            causal=causal,
+        )
+        for b, h, hkv, nq, nk in shapes
     ]

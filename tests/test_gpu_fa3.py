@@ -27,12 +27,12 @@ from __future__ import annotations
 import random
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from gpu_support import gpu_skip_reason
+from gpu_support import gpu_skip_reason, shape_problems
 
 from codegen.fa3_space import HEAD_DIMS, enumerate_space, seed_configs
 from core.build_report import BuildReport
@@ -75,25 +75,6 @@ ALL_SHAPES = SQUARE_SHAPES + RAGGED_SHAPES + SAMPLE_SHAPES
 LAYOUTS: tuple[Layout, ...] = ("bnhd", "bhnd")
 DTYPES: tuple[Dtype, ...] = ("fp16", "bf16")
 FAST = TimingOptions(warmup=2, target_ms=10.0, min_reps=3, max_reps=50, flush_l2=False)
-
-
-def _problems(
-    d: int, dtype: Dtype, causal: bool, shapes: Iterable[tuple[int, ...]]
-) -> list[Problem]:
-    return [
-        Problem(
-            gpu="test",
-            d=d,
-            n=nq,
-            nk=nk if nk != nq else None,
-            batch=b,
-            heads=h,
-            kv_heads=hkv if hkv != h else None,
-            dtype=dtype,
-            causal=causal,
-        )
-        for b, h, hkv, nq, nk in shapes
-    ]
 
 
 def _build(configs: list[Fa3Config], cache: Path) -> list[BuildReport]:
@@ -145,7 +126,7 @@ def test_worker_measures_seed_configs(
     """Seeds of (D, dtype, mask) on every shape (layouts alternating), each job verified and
     timed by the GpuJobHandler in the worker child (inputs and reference reused per problem)."""
     reports = _build(seed_configs(d, dtype, causal), cache)
-    problems = _problems(d, dtype, causal, ALL_SHAPES)
+    problems = shape_problems(d, dtype, causal, ALL_SHAPES)
     failures: list[str] = []
     measured = 0
     for i, problem in enumerate(problems):
@@ -231,7 +212,7 @@ def _run_configs(configs: list[Fa3Config], problems: list[Problem], cache: Path)
 def test_sample_configs(d: int, dtype: Dtype, causal: bool, cache: Path) -> None:
     """Seed configs plus a random sample of the space: every head dim, both dtypes, every
     shape (odd N, N=1, Nq != Nk both ways, GQA/MQA), both layouts, LSE."""
-    _run_configs(_sample(d, dtype, causal), _problems(d, dtype, causal, ALL_SHAPES), cache)
+    _run_configs(_sample(d, dtype, causal), shape_problems(d, dtype, causal, ALL_SHAPES), cache)
 
 
 @pytest.mark.slow
@@ -241,7 +222,7 @@ def test_every_config(d: int, causal: bool, cache: Path) -> None:
     """The whole space for D 64 and 128, fp16 (as the fa2 tier): ~1900 configs in all."""
     configs = enumerate_space(d, "fp16", causal)
     assert configs
-    _run_configs(configs, _problems(d, "fp16", causal, SQUARE_SHAPES + RAGGED_SHAPES), cache)
+    _run_configs(configs, shape_problems(d, "fp16", causal, SQUARE_SHAPES + RAGGED_SHAPES), cache)
 
 
 # ------------------------------------------------------------------------------------------

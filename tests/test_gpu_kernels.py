@@ -15,11 +15,10 @@ Run on a GPU machine: ``pytest -m gpu tests/test_gpu_kernels.py``.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
 from typing import Any, cast
 
 import pytest
-from gpu_support import gpu_marks
+from gpu_support import gpu_marks, shape_problems
 
 from codegen.space import enumerate_space, seed_configs
 from core.config import Dtype, KernelConfig
@@ -31,25 +30,6 @@ pytestmark = gpu_marks()
 SQUARE_SHAPES = [(1, 2, 2, n, n) for n in (1, 17, 64, 1000, 4096)]
 RAGGED_SHAPES = [(2, 2, 2, 300, 1000), (1, 2, 2, 1000, 300)]
 SAMPLE_SHAPES = [(2, 4, 2, 257, 257), (1, 4, 1, 100, 700), (1, 2, 2, 700, 100), (1, 2, 2, 1, 33)]
-
-
-def _problems(
-    d: int, dtype: Dtype, causal: bool, shapes: Iterable[tuple[int, ...]]
-) -> list[Problem]:
-    return [
-        Problem(
-            gpu="test",
-            d=d,
-            n=nq,
-            nk=nk if nk != nq else None,
-            batch=b,
-            heads=h,
-            kv_heads=hkv if hkv != h else None,
-            dtype=dtype,
-            causal=causal,
-        )
-        for b, h, hkv, nq, nk in shapes
-    ]
 
 
 def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: list[str]) -> None:
@@ -102,7 +82,9 @@ def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: 
 def test_every_config_fp16(d: int, causal: bool) -> None:
     configs = enumerate_space(d, "fp16", causal)
     assert configs
-    _run_configs(configs, _problems(d, "fp16", causal, SQUARE_SHAPES + RAGGED_SHAPES), ["bnhd"])
+    _run_configs(
+        configs, shape_problems(d, "fp16", causal, SQUARE_SHAPES + RAGGED_SHAPES), ["bnhd"]
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -126,4 +108,4 @@ def test_sample_configs(d: int, dtype: str, causal: bool) -> None:
     rng = random.Random(f"{d}{dtype}{causal}")
     sample = rng.sample(space, min(8, len(space)))
     configs = sorted(set(seed_configs(d, dt, causal)) | set(sample))
-    _run_configs(configs, _problems(d, dt, causal, SAMPLE_SHAPES), ["bnhd", "bhnd"])
+    _run_configs(configs, shape_problems(d, dt, causal, SAMPLE_SHAPES), ["bnhd", "bhnd"])
