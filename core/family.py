@@ -12,7 +12,7 @@ templates, space rules, launch geometry and header parts of a family are registe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
+from dataclasses import fields
 from typing import Any, Protocol, TypeAlias
 
 from core.config import Dtype, KernelConfig
@@ -117,12 +117,7 @@ def config_from_params(
     unknown = sorted(set(params) - own)
     if unknown:
         raise ValueError(f"{family} configs have no parameter(s) {', '.join(unknown)}")
-    required = {
-        f.name
-        for f in fields(cls)
-        if f.name in own and f.default is MISSING and f.default_factory is MISSING
-    }
-    missing = sorted(required - set(params))
+    missing = sorted(own - set(params))  # stored parameters are complete: no default stands in
     if missing:
         raise ValueError(f"{family} config parameters missing: {', '.join(missing)}")
     return cls.from_dict({"d": d, "dtype": dtype, "causal": causal, **params})

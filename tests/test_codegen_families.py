@@ -43,6 +43,7 @@ def test_config_round_trips_through_name_and_stored_params() -> None:
         (lambda: family("fa9"), "unknown kernel family 'fa9'"),
         (lambda: config_from_name("fa9_d128"), "its prefix names no kernel family"),
         (lambda: config_from_params("fa2", 64, "fp16", False, {"br": 64}), "missing: bc"),
+        (lambda: config_from_params("fa3", 64, "fp16", False, {"block_m": 64}), "block_n"),
         (
             lambda: config_from_params("fa2", 64, "fp16", False, {**CFG.params(), "tile": 1}),
             "no parameter",
