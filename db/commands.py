@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from core.config import DTYPES
+from codegen import fa3_space
+from core.config import DTYPES, HEAD_DIMS
 from db.dump_format import TransferError
 from db.results import BestResult
 from db.shipped import load_shipped_results
@@ -24,6 +25,30 @@ from db.transfer import export, ingest_file, to_json
 from fa2tune.settings import get_settings
 
 logger = logging.getLogger(__name__)
+
+MAX_N = 2**31 - 1  # the kernel's sequence lengths, batch and heads are int32 (Fa2Params)
+# Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.fa3_space.HEAD_DIMS).
+SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(sorted({*HEAD_DIMS, *fa3_space.HEAD_DIMS}))
+
+
+def _check_d(d: int) -> int:
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise typer.BadParameter(
+            f"{d} is not a supported head dim; use one of "
+            f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} "
+            f"(fa2: {', '.join(map(str, HEAD_DIMS))}; "
+            f"fa3: {', '.join(map(str, fa3_space.HEAD_DIMS))})",
+            param_hint="--d",
+        )
+    return d
+
+
+def _cannot_write(path: Path, exc: OSError) -> OSError:
+    """The error for a file that cannot be written, worded for the CLI's one line."""
+    why = exc.strerror or str(exc)
+    if isinstance(exc, FileExistsError) and exc.filename and not Path(exc.filename).is_dir():
+        why = f"{exc.filename} is not a directory"  # mkdir(exist_ok=True) on a file
+    return OSError(f"cannot write {path}: {why}")
 
 
 def _open_store() -> Store:
@@ -78,12 +103,25 @@ def _best_table(result: BestResult) -> Table:
 
 def best(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. H200 or 'NVIDIA H200'")],
-    d: Annotated[int, typer.Option("--d", help="head dimension", min=1)],
-    n: Annotated[int, typer.Option("--n", help="sequence length (queries = keys)", min=1)],
+    d: Annotated[
+        int,
+        typer.Option(
+            "--d",
+            help=f"head dimension ({', '.join(map(str, SUPPORTED_HEAD_DIMS))})",
+            callback=_check_d,
+        ),
+    ],
+    n: Annotated[
+        int, typer.Option("--n", help="sequence length (queries = keys)", min=1, max=MAX_N)
+    ],
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="causal mask")] = False,
-    batch: Annotated[int | None, typer.Option("--batch", help="only this batch size")] = None,
-    heads: Annotated[int | None, typer.Option("--heads", help="only this head count")] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", help="only this batch size", min=1, max=MAX_N)
+    ] = None,
+    heads: Annotated[
+        int | None, typer.Option("--heads", help="only this head count", min=1, max=MAX_N)
+    ] = None,
     exact: Annotated[
         bool, typer.Option("--exact", help="no fallback to the nearest tuned N")
     ] = False,
@@ -129,7 +167,10 @@ def dump(
             data = export(store, gpu)
             typer.echo(to_json(data))
         else:
-            data = dump_results(store, output, gpu)
+            try:
+                data = dump_results(store, output, gpu)
+            except OSError as exc:  # the CLI prints it as one line (fa2tune.cli)
+                raise _cannot_write(output, exc) from exc
     where = "standard output" if output is None else str(output)
     typer.echo(
         f"dumped {len(data.measurements)} measurements, {len(data.builds)} builds, "

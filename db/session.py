@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
+class DatabaseOpenError(Exception):
+    """The database named by a URL cannot be opened (before any connection is tried)."""
+
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 _WAL_RETRY_S = 0.05
@@ -133,6 +138,9 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
 
     Returns:
         The engine.
+
+    Raises:
+        DatabaseOpenError: the directory of a SQLite file cannot be created.
     """
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -142,7 +150,15 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
         else:
             path = _sqlite_file(parsed)
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    why = exc.strerror or str(exc)
+                    if isinstance(exc, FileExistsError):  # exist_ok=True: a file is in the way
+                        why = f"{exc.filename} is not a directory"
+                    raise DatabaseOpenError(
+                        f"cannot create the database's directory {path.parent}: {why}"
+                    ) from exc
         engine = create_engine(parsed, **kwargs)
         _install_sqlite_events(engine)
         return engine

@@ -7,19 +7,136 @@ This module only assembles the typer application; the work lives in ``codegen.co
 from __future__ import annotations
 
 import logging
+import re
+import sqlite3
+import sys
+import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import make_url
 
 from codegen import commands as codegen_commands
 from db import commands as db_commands
+from db.session import DatabaseOpenError
 from fa2tune.settings import get_settings, override_settings
 from measure import commands as measure_commands
 from service import commands as service_commands
 from tuner import tune_cli
 
+# SQLite's own words for the usual ways a file fails to be a usable database, and what they
+# mean to someone who just typed --db.
+_SQLITE_HINTS = {
+    "unable to open database file": "cannot open the database file (missing or unwritable "
+    "directory, or not a file?)",
+    "file is not a database": "the file is not an SQLite database",
+    "database disk image is malformed": "the SQLite file is damaged (database disk image is "
+    "malformed)",
+    "attempt to write a readonly database": "the database is read-only (attempt to write a "
+    "readonly database)",
+}
+
+
+def _shown_url(url: str) -> str:
+    """``url`` as it may be printed: without its password."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (sa_exc.ArgumentError, ValueError):
+        return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _database_problem(exc: BaseException) -> str:
+    """The words for a database error, without the URL."""
+    if isinstance(exc, sa_exc.NoSuchModuleError):
+        scheme = str(exc).rpartition(":")[2].strip() or "?"
+        return (
+            f"unknown database URL scheme {scheme!r} "
+            "(use sqlite:///PATH or postgresql://USER@HOST/DB)"
+        )
+    if isinstance(exc, sa_exc.ArgumentError):
+        return f"not a database URL ({_one_line(str(exc))}; use sqlite:///PATH or postgresql://...)"
+    if isinstance(exc, sa_exc.DBAPIError):
+        orig = exc.orig
+        text = _one_line(str(orig)) or type(orig).__name__
+        if isinstance(orig, sqlite3.Error):
+            text = _SQLITE_HINTS.get(text, text)
+        return text
+    if isinstance(exc, sqlite3.Error):
+        text = _one_line(str(exc))
+        return _SQLITE_HINTS.get(text, text)
+    lines = str(exc).splitlines()  # SQLAlchemy's own errors end in a "Background" link line
+    return _one_line(lines[0] if lines else "") or type(exc).__name__
+
+
+def _alembic_error() -> type[Exception] | None:
+    # Only when alembic is loaded (it cannot have raised otherwise): importing it logs at INFO.
+    module = sys.modules.get("alembic.util.exc")
+    error = getattr(module, "CommandError", None)
+    return error if isinstance(error, type) and issubclass(error, Exception) else None
+
+
+def describe_error(exc: BaseException, db_url: str | None) -> str | None:
+    """One line for a database, file-system or connection error; None for anything else.
+
+    Args:
+        exc: the exception a sub-command raised.
+        db_url: the database URL the command was given (named in database errors).
+    """
+    where = f"database {_shown_url(db_url)}" if db_url is not None else "database"
+    alembic_error = _alembic_error()
+    if isinstance(exc, DatabaseOpenError):
+        return f"{where}: {exc}"
+    if isinstance(exc, sa_exc.SQLAlchemyError | sqlite3.Error):
+        return f"{where}: {_database_problem(exc)}"
+    if alembic_error is not None and isinstance(exc, alembic_error):
+        return f"{where}: schema migration failed: {_one_line(str(exc))}"
+    if isinstance(exc, OverflowError):
+        return f"value out of range: {_one_line(str(exc))}"
+    if isinstance(exc, OSError):
+        if exc.filename is not None:
+            names = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 else "")
+            return f"{names}: {exc.strerror or exc}"
+        return _one_line(str(exc)) or type(exc).__name__
+    return None
+
+
+class _CleanErrors(typer.core.TyperGroup):
+    """The one error path of the CLI: database, file-system and connection errors end the
+    command with one line on stderr and exit status 1 (the traceback too with ``-v``).
+
+    Usage errors keep typer's handling (exit status 2); other exceptions are bugs and keep
+    their traceback.
+    """
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            from fa2tune.settings import get_settings
+
+            try:
+                db_url: str | None = get_settings().db_url
+            except Exception:  # a bad setting must not hide the error being reported
+                db_url = None
+            message = describe_error(exc, db_url)
+            if message is None:
+                raise
+            if ctx.params.get("verbose"):
+                typer.echo(traceback.format_exc().rstrip(), err=True)
+            command = " ".join(filter(None, ("fa2tune", ctx.invoked_subcommand)))
+            typer.echo(f"{command}: {message}", err=True)
+            raise typer.Exit(code=1) from None
+
+
 app = typer.Typer(
+    cls=_CleanErrors,
     name="fa2tune",
     help=(
         "Autotune FlashAttention-2 forward kernels on this GPU, store the results, "

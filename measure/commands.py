@@ -11,6 +11,8 @@ import typer
 
 log = logging.getLogger(__name__)
 
+MAX_N = 2**31 - 1  # Fa2Params' lengths, batch and heads are int32
+
 
 def bench(
     config: Annotated[
@@ -19,14 +21,18 @@ def bench(
             "--config", help="kernel config name, e.g. fa2_d128_fp16_full_br128_bc64_w4_s1_pad8"
         ),
     ],
-    n: Annotated[int, typer.Option("--n", min=1, help="query length (and key length)")] = 4096,
+    n: Annotated[
+        int, typer.Option("--n", min=1, max=MAX_N, help="query length (and key length)")
+    ] = 4096,
     nk: Annotated[
-        int | None, typer.Option("--nk", min=1, help="key length when it differs from --n")
+        int | None,
+        typer.Option("--nk", min=1, max=MAX_N, help="key length when it differs from --n"),
     ] = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="batch size")] = 2,
-    heads: Annotated[int, typer.Option("--heads", min=1, help="query heads")] = 16,
+    batch: Annotated[int, typer.Option("--batch", min=1, max=MAX_N, help="batch size")] = 2,
+    heads: Annotated[int, typer.Option("--heads", min=1, max=MAX_N, help="query heads")] = 16,
     kv_heads: Annotated[
-        int | None, typer.Option("--kv-heads", min=1, help="key/value heads (GQA); default --heads")
+        int | None,
+        typer.Option("--kv-heads", min=1, max=MAX_N, help="key/value heads (GQA); default --heads"),
     ] = None,
     layout: Annotated[
         str, typer.Option("--layout", help="tensor layout: bnhd ([B,N,H,D]) or bhnd ([B,H,N,D])")

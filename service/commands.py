@@ -20,6 +20,14 @@ from service.header import UnknownGpuError, export_header
 log = logging.getLogger(__name__)
 
 
+def _cannot_write(path: Path, exc: OSError) -> OSError:
+    """The error for a file that cannot be written, worded for the CLI's one line."""
+    why = exc.strerror or str(exc)
+    if isinstance(exc, FileExistsError) and exc.filename and not Path(exc.filename).is_dir():
+        why = f"{exc.filename} is not a directory"  # mkdir(exist_ok=True) on a file
+    return OSError(f"cannot write {path}: {why}")
+
+
 def serve(
     host: Annotated[
         str | None, typer.Option("--host", help="bind address (env FA2TUNE_HOST; 127.0.0.1)")
@@ -126,6 +134,9 @@ def export(
     if to_stdout:
         sys.stdout.write(text)
         return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text, encoding="utf-8")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:  # the CLI prints it as one line (fa2tune.cli)
+        raise _cannot_write(output, exc) from exc
     log.info("wrote %s (%d lines)", output, text.count("\n"))
