@@ -11,6 +11,10 @@ rather than the client library (on a 2-core machine client and server share the 
     # everything in one go: seed a temp DB, start `fa2tune serve` on loopback, load it
     python bench/loadtest.py --spawn --requests 20000 --concurrency 32
 
+    # mixed load: /v1/best while 4 clients fetch /v1/export/header and 16 page through
+    # /v1/results?limit=1000 (the figures are those of /v1/best; the others are reported too)
+    python bench/loadtest.py --spawn --mixed --requests 20000 --concurrency 16
+
     # against a server you started yourself
     python bench/loadtest.py seed /tmp/fa2.db   # then: fa2tune --db sqlite:////tmp/fa2.db serve
     python bench/loadtest.py --url http://127.0.0.1:8000 --requests 20000
@@ -24,8 +28,10 @@ import hashlib
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -172,27 +178,33 @@ class Stats:
     statuses: dict[int, int] = field(default_factory=dict)
 
 
+async def _get(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str
+) -> tuple[int, bytes]:
+    """One GET on a keep-alive connection (the server sends Content-Length)."""
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return status, await reader.readexactly(length)
+
+
 async def _raw_worker(
     host: str, port: int, paths: list[str], queue: asyncio.Queue[int], stats: Stats
 ) -> None:
     """One keep-alive connection issuing requests back to back."""
-    reader, writer = await asyncio.open_connection(host, port)
+    reader, writer = await asyncio.open_connection(host, port, limit=2**26)
     try:
         while True:
             try:
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            request = f"GET {paths[i]} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
             start = time.perf_counter()
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head.split(b" ", 2)[1])
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            body = await reader.readexactly(length)
+            status, body = await _get(reader, writer, host, paths[i])
             elapsed = time.perf_counter() - start
             stats.latencies.append(elapsed)
             stats.statuses[status] = stats.statuses.get(status, 0) + 1
@@ -218,14 +230,121 @@ async def _httpx_worker(
             stats.errors += 1
 
 
-async def _load(url: str, paths: list[str], concurrency: int, client: str) -> tuple[Stats, float]:
+_NEXT_OFFSET = re.compile(rb'"next_offset":(\d+|null)')
+
+
+async def _background_worker(
+    host: str, port: int, paths: list[str], stop: Any, stats: Stats
+) -> None:
+    """Slow-endpoint load: one keep-alive connection cycling through ``paths`` until stopped.
+
+    For ``/v1/results`` pages it follows ``next_offset`` (starting over at the end).
+    """
+    reader, writer = await asyncio.open_connection(host, port, limit=2**26)
+    try:
+        i = 0
+        path = paths[0]
+        while not stop.is_set():
+            start = time.perf_counter()
+            status, body = await _get(reader, writer, host, path)
+            stats.latencies.append(time.perf_counter() - start)
+            stats.statuses[status] = stats.statuses.get(status, 0) + 1
+            if status != 200:
+                stats.errors += 1
+            i += 1
+            path = paths[i % len(paths)]
+            if path.startswith("/v1/results") and status == 200:
+                # A regex, not json.loads: the client must not spend the CPU it shares with
+                # the server on decoding pages it does not look at.
+                match = _NEXT_OFFSET.search(body)
+                next_offset = match.group(1) if match else b"null"
+                base = path.split("&offset=")[0]
+                path = base if next_offset == b"null" else f"{base}&offset={int(next_offset)}"
+    finally:
+        writer.close()
+
+
+def _background_process(
+    url: str, background: dict[str, tuple[int, list[str]]], stop: Any, out: Any
+) -> None:
+    """Run the slow-endpoint clients in their own process (so their work does not slow the
+    client loop that times ``/v1/best``) until ``stop`` is set; put their stats on ``out``."""
+    parsed = urllib.parse.urlsplit(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+
+    async def go() -> dict[str, Stats]:
+        stats: dict[str, Stats] = {}
+        tasks = []
+        for name, (clients, paths) in background.items():
+            stats[name] = Stats()
+            for k in range(clients):
+                rotated = paths[k % len(paths) :] + paths[: k % len(paths)]
+                tasks.append(_background_worker(host, port, rotated, stop, stats[name]))
+        await asyncio.gather(*tasks)
+        return stats
+
+    out.put(asyncio.run(go()))
+
+
+# (clients, paths) per slow endpoint in --mixed mode, as in issue 15.
+MIXED_HEADER_CLIENTS = 4
+MIXED_RESULTS_CLIENTS = 16
+
+
+def mixed_paths() -> dict[str, tuple[int, list[str]]]:
+    """Background load of ``--mixed``: the header of each GPU, and result pages of 1000."""
+    header = ["/v1/export/header?" + urllib.parse.urlencode({"gpu": g}) for g, *_ in GPUS]
+    return {
+        "export_header": (MIXED_HEADER_CLIENTS, header),
+        "results_limit_1000": (MIXED_RESULTS_CLIENTS, ["/v1/results?limit=1000"]),
+    }
+
+
+async def _load(
+    url: str,
+    paths: list[str],
+    concurrency: int,
+    client: str,
+    background: dict[str, tuple[int, list[str]]] | None = None,
+    background_stats: dict[str, Stats] | None = None,
+) -> tuple[Stats, float]:
     parsed = urllib.parse.urlsplit(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(len(paths)):
         queue.put_nowait(i)
     stats = Stats()
+    proc = None
+    if background:
+        ctx = multiprocessing.get_context("spawn")
+        stop, out = ctx.Event(), ctx.Queue()
+        proc = ctx.Process(target=_background_process, args=(url, background, stop, out))
+        proc.start()
+        await asyncio.sleep(2.0)  # let the slow endpoints get going first
     start = time.perf_counter()
+    try:
+        await _foreground(url, host, port, paths, queue, concurrency, client, stats)
+    finally:
+        wall = time.perf_counter() - start
+        if proc is not None:
+            stop.set()
+            result = out.get(timeout=120)
+            proc.join(timeout=30)
+            if background_stats is not None:
+                background_stats.update(result)
+    return stats, wall
+
+
+async def _foreground(
+    url: str,
+    host: str,
+    port: int,
+    paths: list[str],
+    queue: asyncio.Queue[int],
+    concurrency: int,
+    client: str,
+    stats: Stats,
+) -> None:
     if client == "httpx":
         import httpx
 
@@ -238,23 +357,40 @@ async def _load(url: str, paths: list[str], concurrency: int, client: str) -> tu
         await asyncio.gather(
             *(_raw_worker(host, port, paths, queue, stats) for _ in range(concurrency))
         )
-    return stats, time.perf_counter() - start
+
+
+def _pct(lat: list[float], p: float) -> float:
+    return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1e3 if lat else math.nan
 
 
 def run_load(
-    url: str, requests: int, concurrency: int, *, warmup: int, client: str, seed_: int
+    url: str,
+    requests: int,
+    concurrency: int,
+    *,
+    warmup: int,
+    client: str,
+    seed_: int,
+    mixed: bool = False,
 ) -> dict[str, Any]:
-    """Warm up, then time ``requests`` requests; returns the figures."""
+    """Warm up, then time ``requests`` requests; returns the figures.
+
+    With ``mixed``, the slow endpoints are loaded at the same time (:func:`mixed_paths`).
+    """
     rng = random.Random(seed_)
     if warmup:
         asyncio.run(_load(url, make_paths(warmup, rng), concurrency, client))
-    stats, wall = asyncio.run(_load(url, make_paths(requests, rng), concurrency, client))
+    background = mixed_paths() if mixed else None
+    background_stats: dict[str, Stats] = {}
+    stats, wall = asyncio.run(
+        _load(url, make_paths(requests, rng), concurrency, client, background, background_stats)
+    )
     lat = sorted(stats.latencies)
 
     def pct(p: float) -> float:
-        return lat[min(len(lat) - 1, int(p / 100 * len(lat)))] * 1e3
+        return _pct(lat, p)
 
-    return {
+    figures: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "url": url,
         "client": client,
@@ -271,6 +407,18 @@ def run_load(
         "statuses": {str(k): v for k, v in sorted(stats.statuses.items())},
         "cpus": os.cpu_count(),
     }
+    for name, bg in background_stats.items():
+        bg_lat = sorted(bg.latencies)
+        figures.setdefault("background", {})[name] = {
+            "clients": (background or {})[name][0],
+            "requests": len(bg_lat),
+            "requests_per_s": round(len(bg_lat) / wall, 1),
+            "p50_ms": round(_pct(bg_lat, 50), 1),
+            "p99_ms": round(_pct(bg_lat, 99), 1),
+            "errors": bg.errors,
+            "statuses": {str(k): v for k, v in sorted(bg.statuses.items())},
+        }
+    return figures
 
 
 # ---------------------------------------------------------------------------- server
@@ -328,11 +476,11 @@ def spawn_and_load(args: argparse.Namespace) -> dict[str, Any]:
             cpu0, client0 = _cpu_seconds(proc.pid), time.process_time()
             figures = run_load(
                 url, args.requests, args.concurrency,
-                warmup=args.warmup, client=args.client, seed_=args.seed,
+                warmup=args.warmup, client=args.client, seed_=args.seed, mixed=args.mixed,
             )  # fmt: skip
             cpu1, client1 = _cpu_seconds(proc.pid), time.process_time()
             total = args.requests + args.warmup
-            if cpu0 is not None and cpu1 is not None:
+            if cpu0 is not None and cpu1 is not None and not args.mixed:
                 figures["server_cpu_us_per_request"] = round((cpu1 - cpu0) / total * 1e6, 1)
             figures["client_cpu_us_per_request"] = round((client1 - client0) / total * 1e6, 1)
             return figures
@@ -356,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw")
     parser.add_argument("--access-log", action="store_true", help="--spawn: keep access logs")
     parser.add_argument("--seed", type=int, default=1, help="request mix seed")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help=f"load /v1/best while {MIXED_HEADER_CLIENTS} clients fetch /v1/export/header and "
+        f"{MIXED_RESULTS_CLIENTS} page through /v1/results?limit=1000",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--target-rps", type=float, default=2000.0)
     parser.add_argument("--target-p99-ms", type=float, default=20.0)
@@ -374,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
 
     figures = spawn_and_load(args) if args.spawn else run_load(
         args.url, args.requests, args.concurrency,
-        warmup=args.warmup, client=args.client, seed_=args.seed,
+        warmup=args.warmup, client=args.client, seed_=args.seed, mixed=args.mixed,
     )  # fmt: skip
     if args.json:
         log.info("%s", json.dumps(figures, indent=2))
@@ -386,6 +540,13 @@ def main(argv: list[str] | None = None) -> int:
             figures["requests_per_s"], figures["p50_ms"], figures["p90_ms"], figures["p99_ms"],
             figures["max_ms"], figures["errors"], figures["statuses"],
         )  # fmt: skip
+        for name, bg in figures.get("background", {}).items():
+            log.info(
+                "meanwhile %s (%d clients): %d requests, %.1f req/s, p50 %.0f ms, p99 %.0f ms, "
+                "errors %d %s",
+                name, bg["clients"], bg["requests"], bg["requests_per_s"], bg["p50_ms"],
+                bg["p99_ms"], bg["errors"], bg["statuses"],
+            )  # fmt: skip
         if "server_cpu_us_per_request" in figures:
             log.info(
                 "CPU per request: server %.0f us, client %.0f us (%d CPUs, load average %.1f)",
