@@ -39,6 +39,20 @@ class Settings(BaseSettings):
     ingest_token: str | None = Field(
         default=None, description="bearer token for POST /v1/results; writes refused when unset"
     )
+    service_threads: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="service: requests served at a time per slow endpoint group (header "
+        "export, result pages); more wait, so /v1/best keeps the CPU",
+    )
+    ingest_max_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="service: largest POST /v1/results body (a parsed body takes about 7x its "
+        "size in memory); larger files go through `fa2tune ingest`",
+    )
     nvcc: str = Field(default="nvcc", description="the nvcc executable")
     build_jobs: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="parallel nvcc jobs"

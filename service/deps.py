@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the store, the best-config index, settings and the ingest token.
+"""FastAPI dependencies: the store, the best-config index, settings, the ingest token, and
+the thread limits and response caches of the slow endpoints.
 
 The dependencies are ``async`` on purpose: they only read ``app.state``, and sync
 dependencies would each cost a thread-pool hop on the hot ``/v1/best`` path.
@@ -7,8 +8,13 @@ dependencies would each cost a thread-pool hop on the hot ``/v1/best`` path.
 from __future__ import annotations
 
 import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Annotated
 
+from anyio import CapacityLimiter
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -39,7 +45,91 @@ async def get_app_settings() -> Settings:
     return get_settings()
 
 
+class ByteLRU:
+    """A thread-safe LRU of rendered response bodies, bounded by their total size.
+
+    Args:
+        max_bytes: the most the cached values may add up to; a larger value is not cached.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> bytes | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: bytes) -> None:
+        if len(value) > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._size -= len(old)
+            self._items[key] = value
+            self._size += len(value)
+            while self._size > self.max_bytes:
+                _, evicted = self._items.popitem(last=False)
+                self._size -= len(evicted)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass
+class SlowEndpoints:
+    """What keeps the expensive endpoints from starving ``/v1/best``.
+
+    * Admission: at most ``threads`` requests per group (header export, result pages) and
+      one ingest are inside the app at a time, from routing to the last byte sent
+      (:class:`service.main.SlowGate`); the others wait, costing nothing. Bounding only the
+      worker threads would not do: on two cores, rendering cached pages back to back
+      (validation, routing, sending 650 kB) took most of the event loop's time.
+    * Their blocking work (database reads, rendering, JSON parsing) runs in worker threads.
+    * Rendered headers and result pages are cached, keyed by their parameters and the index
+      generation (:attr:`service.index.IndexHolder.generation`), which changes whenever the
+      store does.
+    """
+
+    export: CapacityLimiter
+    results: CapacityLimiter
+    ingest: CapacityLimiter
+    headers: ByteLRU
+    pages: ByteLRU
+
+    @classmethod
+    def create(cls, threads: int) -> SlowEndpoints:
+        return cls(
+            export=CapacityLimiter(threads),
+            results=CapacityLimiter(threads),
+            ingest=CapacityLimiter(1),  # one body in memory at a time: memory stays bounded
+            headers=ByteLRU(64 * 1024 * 1024),
+            pages=ByteLRU(64 * 1024 * 1024),
+        )
+
+    def limiter(self, method: str, path: str) -> CapacityLimiter | None:
+        """The admission limit of a request, None for the cheap endpoints."""
+        if path == "/v1/export/header":
+            return self.export
+        if path == "/v1/results":
+            return self.ingest if method == "POST" else self.results
+        return None
+
+
+async def get_slow_endpoints(request: Request) -> SlowEndpoints:
+    """The app's :class:`SlowEndpoints`."""
+    slow: SlowEndpoints = request.app.state.slow
+    return slow
+
+
 StoreDep = Annotated[Store, Depends(get_store)]
+SlowDep = Annotated[SlowEndpoints, Depends(get_slow_endpoints)]
 IndexHolderDep = Annotated[IndexHolder, Depends(get_index_holder)]
 IndexDep = Annotated[BestIndex, Depends(get_index)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]

@@ -71,6 +71,7 @@ class BestFastPath:
         n_text = params.get("n", "")
         dtype = params.get("dtype", "fp16")
         causal = _BOOLS.get(params.get("causal", "false"))
+        exact = _BOOLS.get(params.get("exact", "false"))
         if (
             gpu is None
             or not 1 <= len(gpu) <= MAX_GPU_NAME
@@ -80,6 +81,7 @@ class BestFastPath:
             or len(n_text) > 10
             or dtype not in _DTYPES
             or causal is None
+            or exact is None
         ):
             return None
         d, n = int(d_text), int(n_text)
@@ -89,4 +91,6 @@ class BestFastPath:
             entry = self.holder.current().lookup(gpu.strip(), d, n, dtype, causal)
         except NotTunedError:
             return None  # the route words the 404
+        if exact and entry.n != n:
+            return None  # likewise
         return entry.body(n)

@@ -24,7 +24,7 @@ from service.schemas import BestOut, TunedSetOut
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int, str, bool]  # (normalised GPU, D, dtype, causal)
-Fingerprint = tuple[tuple[str, str, int], ...]
+Fingerprint = tuple[tuple[str, str, int, int], ...]
 
 
 class NotTunedError(LookupError):
@@ -124,16 +124,27 @@ class BestIndex:
     def tuned_problems(self) -> int:
         return sum(len(t.ns) for t in self.tables.values())
 
-    def lookup(self, gpu: str, d: int, n: int, dtype: str, causal: bool) -> Entry:
-        """The winner for a request, exact or at the nearest tuned N.
+    def lookup(
+        self, gpu: str, d: int, n: int, dtype: str, causal: bool, *, exact: bool = False
+    ) -> Entry:
+        """The winner for a request, exact or (unless ``exact``) at the nearest tuned N.
 
         Raises:
-            NotTunedError: the GPU, its head dim, or the dtype/mask has no results.
+            NotTunedError: the GPU, its head dim, or the dtype/mask has no results; or, with
+                ``exact``, N itself was not tuned.
         """
         key = gpu_key(gpu)
         table = self.tables.get((key, d, dtype, causal))
         if table is not None:
-            return table.nearest(n)
+            entry = table.nearest(n)
+            if exact and entry.n != n:
+                mask = "causal" if causal else "full"
+                raise NotTunedError(
+                    f"N={n} not tuned for D={d} {dtype} {mask} on {entry.result.gpu} "
+                    "(exact=true: no nearest-N fallback); tuned Ns: "
+                    + ", ".join(map(str, table.ns))
+                )
+            return entry
         tuned = self.gpus.get(key)
         if tuned is None:
             known = ", ".join(sorted(g.name for g in self.gpus.values())) or "none"
@@ -154,8 +165,16 @@ class BestIndex:
 
 
 def _fingerprint(store: Store) -> Fingerprint:
-    """Cheap change detector: OK measurement counts per GPU (one aggregate query)."""
-    return tuple(sorted((g.name, g.compute_capability, g.ok_measurements) for g in store.gpus()))
+    """Cheap change detector: measurement counts per GPU, all and OK (one aggregate query).
+
+    Failed measurements do not change the index, but they do change ``/v1/results``, whose
+    cached pages are keyed by :attr:`IndexHolder.generation`.
+    """
+    return tuple(
+        sorted(
+            (g.name, g.compute_capability, g.measurements, g.ok_measurements) for g in store.gpus()
+        )
+    )
 
 
 class IndexHolder:
@@ -169,6 +188,14 @@ class IndexHolder:
         self._store = store
         self._index: BestIndex | None = None
         self._lock = threading.Lock()
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """Bumped on every rebuild, i.e. whenever the store may have changed (an ingest
+        through the service, or other writers seen by :meth:`refresh_if_changed`); caches
+        of anything derived from the store key on it."""
+        return self._generation
 
     @property
     def store(self) -> Store:
@@ -184,6 +211,7 @@ class IndexHolder:
         with self._lock:
             index = BestIndex.build(self._store)
             self._index = index
+            self._generation += 1
         log.info(
             "best-config index: %d GPUs, %d tuned problems", len(index.gpus), index.tuned_problems
         )

@@ -15,20 +15,24 @@ from typing import Any
 
 from fastapi import FastAPI, Request, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, RedirectResponse
 from sqlalchemy.exc import OperationalError
-from starlette.types import ASGIApp
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from db.dump_format import DumpFile
 from db.shipped import load_shipped_results
 from db.store import Store
 from fa2tune import __version__
 from fa2tune.settings import get_settings
+from service.deps import SlowEndpoints
 from service.fastpath import BestFastPath
 from service.index import IndexHolder
 from service.routers import best, export, gpus, health, results
+from service.schemas import ErrorOut, ValidationErrorOut
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +62,33 @@ class Fa2TuneApp(FastAPI):
     fast_path_holder: IndexHolder | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
-        stack = super().build_middleware_stack()
+        stack: ASGIApp = SlowGate(super().build_middleware_stack(), self.state.slow)
         if self.fast_path_holder is None:
             return stack
         return BestFastPath(stack, self.fast_path_holder)
+
+
+class SlowGate:
+    """Admission control for the expensive endpoints (:class:`service.deps.SlowEndpoints`).
+
+    A request for one of them enters the app only with a token of its group's limiter and
+    keeps it until its response is sent; the rest wait here, outside everything, so that
+    ``/v1/best`` keeps the event loop however many clients fetch headers or pages.
+    """
+
+    def __init__(self, app: ASGIApp, slow: SlowEndpoints) -> None:
+        self.app = app
+        self.slow = slow
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limiter = (
+            self.slow.limiter(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        )
+        if limiter is None:
+            await self.app(scope, receive, send)
+            return
+        async with limiter:
+            await self.app(scope, receive, send)
 
 
 def create_app(
@@ -106,6 +133,7 @@ def create_app(
             if owns_store:
                 store.close()
 
+    slow = SlowEndpoints.create(get_settings().service_threads)
     app = Fa2TuneApp(
         title="fa2tune",
         version=__version__,
@@ -114,11 +142,13 @@ def create_app(
     )
     app.state.store = store
     app.state.index = holder
+    app.state.slow = slow
     for module in (health, best, gpus, results, export):
         app.include_router(module.router)
     app.fast_path_holder = holder if fast_path else None
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(OperationalError, _database_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
@@ -176,6 +206,25 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     )
 
 
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Any:
+    """FastAPI's handler, except that a 405's ``Allow`` lists what the OpenAPI document
+    lists for the path.
+
+    Starlette answers 405 from the first route whose path matches, so with ``GET`` and
+    ``POST /v1/results`` as two routes, ``OPTIONS`` or ``PUT`` would be told ``Allow: GET``.
+    """
+    if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+        paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+        operations = paths.get(request.url.path)
+        if operations:
+            methods = sorted(m.upper() for m in operations if m.upper() in _HTTP_METHODS)
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(methods)}
+    return await http_exception_handler(request, exc)
+
+
+_HTTP_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"))
+
+
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("database error on %s %s: %s", request.method, request.url.path, exc)
     return JSONResponse(
@@ -202,5 +251,11 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         for name, definition in dump.pop("$defs", {}).items():
             components.setdefault(name, definition)
         components["DumpFile"] = dump
+        # Routes that document JSON errors by reference (service.routers.json_error).
+        for model in (ErrorOut, ValidationErrorOut):
+            definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, sub in definition.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components.setdefault(model.__name__, definition)
         app.openapi_schema = schema
     return app.openapi_schema

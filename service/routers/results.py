@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from core.records import MeasureStatus
-from db.dump_format import TransferError, parse_dump
+from db.dump_format import DumpFile, TransferError, parse_dump
 from db.results import MAX_PAGE
+from db.store import Store
 from db.transfer import IngestSummary, ingest
-from service.deps import IndexHolderDep, IngestAuth, StoreDep
+from service.deps import (
+    IndexHolderDep,
+    IngestAuth,
+    SettingsDep,
+    SlowDep,
+    SlowEndpoints,
+    StoreDep,
+)
 from service.params import MAX_GPU_NAME, MAX_N, HeadDimQuery
 from service.schemas import ErrorOut, IngestOut, ResultOut, ResultPageOut, ValidationErrorOut
 
@@ -20,7 +29,20 @@ log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1", tags=["results"])
 
-MAX_INGEST_BYTES = 256 * 1024 * 1024  # a full campaign dump is a few MB; this is a guard
+
+@dataclass(frozen=True)
+class PageQuery:
+    """One page's parameters and the index generation: the key of the page cache."""
+
+    gpu: str | None
+    d: int | None
+    n: int | None
+    dtype: str | None
+    causal: bool | None
+    status: str | None
+    offset: int
+    limit: int
+    generation: int
 
 
 @router.get(
@@ -29,8 +51,9 @@ MAX_INGEST_BYTES = 256 * 1024 * 1024  # a full campaign dump is a few MB; this i
     summary="List measurements",
     responses={status.HTTP_422_UNPROCESSABLE_CONTENT: {"model": ValidationErrorOut}},
 )
-def list_results(
-    store: StoreDep,
+async def list_results(
+    holder: IndexHolderDep,
+    slow: SlowDep,
     gpu: Annotated[
         str | None,
         Query(min_length=1, max_length=MAX_GPU_NAME, description="GPU name, any spelling"),
@@ -44,27 +67,60 @@ def list_results(
     ] = None,
     offset: Annotated[int, Query(ge=0, le=2**62, description="rows to skip")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows per page")] = 100,
-) -> ResultPageOut:
+) -> Response:
     """Measurements matching the filters, ordered by GPU and problem, fastest first; follow
-    ``next_offset`` for the next page."""
-    page = store.results(
-        gpu.strip() if gpu else None,
-        d,
-        n,
+    ``next_offset`` for the next page.
+
+    Pages are read and rendered in a worker thread, a bounded number of requests at a time,
+    and cached until the database changes (an ingest here, or within about a minute when
+    other writers add measurements)."""
+    key = PageQuery(
+        gpu=gpu.strip() if gpu else None,
+        d=d,
+        n=n,
         dtype=dtype,
         causal=causal,
         status=status_.value if status_ is not None else None,
         offset=offset,
         limit=limit,
+        generation=holder.generation,
+    )
+    body = slow.pages.get(key)
+    if body is None:
+        body = await run_in_threadpool(_render_page, holder.store, slow, key)
+    return Response(content=body, media_type="application/json")
+
+
+def _render_page(store: Store, slow: SlowEndpoints, key: PageQuery) -> bytes:
+    """A page's JSON, from the cache when a request that waited ahead of this one rendered
+    it already."""
+    body = slow.pages.get(key)
+    if body is not None:
+        return body
+    page = store.results(
+        key.gpu,
+        key.d,
+        key.n,
+        dtype=key.dtype,
+        causal=key.causal,
+        status=key.status,
+        offset=key.offset,
+        limit=key.limit,
     )
     end = page.offset + len(page.items)
-    return ResultPageOut(
-        total=page.total,
-        offset=page.offset,
-        limit=page.limit,
-        next_offset=end if end < page.total else None,
-        items=[ResultOut.of(r) for r in page.items],
+    body = (
+        ResultPageOut(
+            total=page.total,
+            offset=page.offset,
+            limit=page.limit,
+            next_offset=end if end < page.total else None,
+            items=[ResultOut.of(r) for r in page.items],
+        )
+        .model_dump_json()
+        .encode()
     )
+    slow.pages.put(key, body)
+    return body
 
 
 _DUMP_BODY = {
@@ -93,21 +149,36 @@ _DUMP_BODY = {
         },
     },
 )
-async def ingest_results(request: Request, store: StoreDep, holder: IndexHolderDep) -> IngestOut:
+async def ingest_results(
+    request: Request,
+    store: StoreDep,
+    holder: IndexHolderDep,
+    settings: SettingsDep,
+) -> IngestOut:
     """Ingest a ``fa2tune dump`` file; needs ``Authorization: Bearer <FA2TUNE_INGEST_TOKEN>``.
 
     The whole file is validated before anything is written, and it is written in one
     transaction. Ingest is idempotent: measurements already present are counted as
     ``skipped``, so re-posting a file adds nothing. The best-config index is rebuilt after.
+
+    The body may be at most ``FA2TUNE_INGEST_MAX_BYTES`` (16 MiB by default; larger files go
+    through ``fa2tune ingest``): a larger one is refused with 413 as soon as its declared
+    length or the bytes received so far exceed that, without reading the rest. Ingests run
+    one at a time.
     """
     # The body is read here, after authentication, rather than declared as a model
-    # parameter: FastAPI would decode it before running the token check.
-    body = await _read_limited(request, MAX_INGEST_BYTES)
+    # parameter: FastAPI would decode it before running the token check. One ingest at a
+    # time holds a body (and its parsed form, about 7x its size) in memory: the admission
+    # limit of service.main.SlowGate.
+    body = await _read_limited(request, settings.ingest_max_bytes)
     try:
-        dump = await run_in_threadpool(parse_dump, body)
+        dump: DumpFile = await run_in_threadpool(parse_dump, body)
     except TransferError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    finally:
+        del body
     summary: IngestSummary = await run_in_threadpool(ingest, store, dump)
+    del dump
     if summary.added:
         await run_in_threadpool(holder.refresh)
     log.info("POST /v1/results: %d added, %d skipped", summary.added, summary.skipped)
@@ -115,6 +186,13 @@ async def ingest_results(request: Request, store: StoreDep, holder: IndexHolderD
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:
+    """The request body, read chunk by chunk as the server receives it.
+
+    Raises:
+        HTTPException: 413 when the declared Content-Length or the bytes received so far
+            exceed ``limit`` (nothing more is read; the server drops the rest); 422 for an
+            empty body.
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body over {limit} bytes")
