@@ -47,7 +47,7 @@ class Settings(BaseSettings):
         "export, result pages); more wait, so /v1/best keeps the CPU",
     )
     ingest_max_bytes: int = Field(
-        default=16 * 1024 * 1024,
+        default=8 * 1024 * 1024,
         ge=1024,
         le=256 * 1024 * 1024,
         description="service: largest POST /v1/results body (a parsed body takes about 7x its "

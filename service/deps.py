@@ -109,8 +109,8 @@ class SlowEndpoints:
             export=CapacityLimiter(threads),
             results=CapacityLimiter(threads),
             ingest=CapacityLimiter(1),  # one body in memory at a time: memory stays bounded
-            headers=ByteLRU(64 * 1024 * 1024),
-            pages=ByteLRU(64 * 1024 * 1024),
+            headers=ByteLRU(16 * 1024 * 1024),
+            pages=ByteLRU(16 * 1024 * 1024),
         )
 
     def limiter(self, method: str, path: str) -> CapacityLimiter | None:

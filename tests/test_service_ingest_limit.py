@@ -91,7 +91,7 @@ def test_body_under_the_cap_is_read_and_parsed(app: FastAPI) -> None:
 
 
 def test_ingest_cap_setting_bounds() -> None:
-    assert Settings().ingest_max_bytes == 16 * 1024 * 1024
+    assert Settings().ingest_max_bytes == 8 * 1024 * 1024
     with pytest.raises(ValueError):
         Settings(ingest_max_bytes=2**40)
 

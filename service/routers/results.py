@@ -161,7 +161,7 @@ async def ingest_results(
     transaction. Ingest is idempotent: measurements already present are counted as
     ``skipped``, so re-posting a file adds nothing. The best-config index is rebuilt after.
 
-    The body may be at most ``FA2TUNE_INGEST_MAX_BYTES`` (16 MiB by default; larger files go
+    The body may be at most ``FA2TUNE_INGEST_MAX_BYTES`` (8 MiB by default; larger files go
     through ``fa2tune ingest``): a larger one is refused with 413 as soon as its declared
     length or the bytes received so far exceed that, without reading the rest. Ingests run
     one at a time.
