@@ -16,12 +16,17 @@ are :mod:`db.transfer`'s.
 
 from __future__ import annotations
 
+import itertools
+import json
+import math
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -33,15 +38,31 @@ from pydantic import (
 )
 
 from core.build_report import BuildStatus
-from core.config import Dtype
+from core.config import HEAD_DIMS, Dtype
 from core.family import AnyConfig, config_from_name, config_from_params
 from core.gpu_name import normalize_gpu_name
+from core.problem import Problem as ProblemSpec
 from core.records import MeasureStatus
 from db.models import utcnow
 
 FORMAT: Final = "fa2tune-results"
 FORMAT_VERSION: Final = 2  # 2: configs carry their kernel family and its params
 _MAX_ERRORS_SHOWN = 10
+
+#: The largest value of an ``Integer`` column (32-bit signed on PostgreSQL), and the kernel's
+#: limit on sequence lengths, batch and heads (``Fa2Params`` holds them as int32).
+INT32_MAX: Final = 2**31 - 1
+#: The largest value of a ``BigInteger`` column (64-bit signed).
+INT64_MAX: Final = 2**63 - 1
+#: The longest time a measurement may report, in milliseconds (over 16 minutes per launch).
+MAX_MS: Final = 1e6
+#: The highest throughput a measurement may imply, in TFLOP/s (10 PFLOP/s: ten times a B200).
+MAX_TFLOPS: Final = 1e4
+#: How far a recorded ``tflops`` may be from the one its median gives (relative).
+TFLOPS_TOLERANCE: Final = 1e-3
+#: The longest compile time a build may report, in seconds.
+MAX_COMPILE_SECONDS: Final = 1e6
+MAX_GPU_NAME: Final = 128  # the gpus.name column
 
 GpuKey = tuple[str, str]
 BuildKey = tuple[str, str, str]
@@ -52,6 +73,132 @@ class TransferError(ValueError):
     """A results file that cannot be ingested; the message says why, readably."""
 
 
+# ---------------------------------------------------------------------- field rules
+# Each rule is stated in the field's JSON schema (a description, and a pattern/bounds where
+# JSON Schema can say it), which POST /v1/results publishes as the DumpFile schema, and is
+# enforced by the validator next to it with a message that says what is wrong.
+
+#: What single-line text must not contain: control characters (C0 with NUL and newline, DEL,
+#: C1), line and paragraph separators, zero-width and bidirectional format characters (which
+#: reorder what a reader sees in a comment) and lone surrogates. One class, used both as the
+#: validator and as the ``pattern`` the JSON schema states, so the two agree.
+_CONTROL = (
+    r"\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064"
+    r"\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff"
+)
+_PRINTABLE_PATTERN = f"^[^{_CONTROL}]*$"
+_NOT_PRINTABLE = re.compile(f"[{_CONTROL}]")
+
+
+def _printable(value: str) -> str:
+    """One line of printable text (see :data:`_CONTROL`)."""
+    bad = _NOT_PRINTABLE.search(value)
+    if bad is not None:
+        raise ValueError(
+            f"must be printable text on one line; contains {bad[0]!r} (U+{ord(bad[0]):04X})"
+        )
+    return value
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold NUL; anything else (newlines in a compiler log) is fine.
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+def _gpu_name(value: str) -> str:
+    _printable(value)
+    value = value.strip()
+    if not value:
+        raise ValueError("must not be blank")
+    if not normalize_gpu_name(value):
+        raise ValueError(
+            f"{value!r} names no GPU: it needs a letter or digit besides a leading 'NVIDIA' "
+            "(GPU names are matched by their letters and digits)"
+        )
+    return value
+
+
+def _error_figure(value: float | None) -> float | None:
+    if value is not None and not math.isnan(value) and value < 0:
+        raise ValueError(f"must not be negative (got {value})")
+    return value
+
+
+def _head_dim(value: int) -> int:
+    if value not in HEAD_DIMS:
+        raise ValueError(
+            f"must be a supported head dim ({', '.join(map(str, HEAD_DIMS))}), got {value}"
+        )
+    return value
+
+
+def _json_object(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None:
+        try:
+            json.dumps(value, allow_nan=False)
+        except ValueError:
+            raise ValueError("must be standard JSON (no NaN or Infinity)") from None
+    return value
+
+
+#: A GPU name as its driver reports it (stored stripped of surrounding blanks).
+GpuName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_GPU_NAME,
+        description=(
+            "GPU name as the driver reports it: at most 128 characters, printable on one line "
+            "(no control characters such as NUL or newline, no line separators, zero-width or "
+            "bidirectional format characters), not blank, and with a letter or "
+            "digit besides a leading 'NVIDIA'. Names are matched by their letters and "
+            "digits, case-insensitively, without a leading 'NVIDIA': 'NVIDIA H200', "
+            "'nvidia-h200' and 'H200' are one GPU."
+        ),
+        json_schema_extra={"pattern": f"^[^{_CONTROL}]*[0-9A-Za-z][^{_CONTROL}]*$"},
+    ),
+    AfterValidator(_gpu_name),
+]
+
+
+def _text(max_length: int, description: str, *, min_length: int = 0) -> Any:
+    """A bounded single-line printable string field."""
+    return Field(
+        min_length=min_length,
+        max_length=max_length,
+        description=f"{description} (at most {max_length} printable characters, one line)",
+        json_schema_extra={"pattern": _PRINTABLE_PATTERN},
+    )
+
+
+Printable = Annotated[str, AfterValidator(_printable)]
+NoNul = Annotated[str, AfterValidator(_no_nul)]
+ErrorFigure = Annotated[
+    float | None,
+    Field(
+        default=None,
+        description="non-negative; NaN or Infinity (as the strings) for a wrong result",
+        json_schema_extra={"minimum": 0},
+    ),
+    AfterValidator(_error_figure),
+]
+HeadDim = Annotated[
+    int,
+    Field(description="head dim", json_schema_extra={"enum": list(HEAD_DIMS)}),
+    AfterValidator(_head_dim),
+]
+
+
+def _int32(minimum: int, description: str, default: Any = ...) -> Any:
+    return Field(default, ge=minimum, le=INT32_MAX, description=description)
+
+
+_CC_PATTERN = r"^[0-9]{1,3}\.[0-9]{1,3}$"
+_ARCH_PATTERN = r"^sm_[0-9]{2,4}[a-z]?$"
+
+
 class _Record(BaseModel):
     # Unknown fields are errors: a typo must not silently drop data. Non-finite error figures
     # (a wrong result's max error can be inf or NaN) travel as the strings "Infinity"/"NaN",
@@ -60,15 +207,22 @@ class _Record(BaseModel):
 
 
 class GpuRecord(_Record):
-    """A GPU as the dump's producer last saw it."""
+    """A GPU as the dump's producer last saw it.
 
-    name: str = Field(min_length=1, max_length=128)
-    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
-    sm_count: int = Field(ge=0)  # 0 for replayed, not measured, devices
-    driver_version: str = Field(max_length=64)
-    cuda_version: str = Field(max_length=64)
-    memory_bytes: int = Field(default=0, ge=0)
-    smem_optin_bytes: int = Field(default=0, ge=0)
+    GPUs whose names give the same key (``core.gpu_name.normalize_gpu_name``) and the same
+    compute capability are one GPU: the first record of them in the file is the one stored."""
+
+    name: GpuName
+    compute_capability: str = Field(
+        pattern=_CC_PATTERN, description='e.g. "9.0"', json_schema_extra={"maxLength": 7}
+    )
+    sm_count: int = _int32(0, "multiprocessors; 0 for replayed, not measured, devices")
+    driver_version: Printable = _text(64, "driver version")
+    cuda_version: Printable = _text(64, "CUDA version")
+    memory_bytes: int = Field(
+        default=0, ge=0, le=INT64_MAX, description="device memory in bytes (64-bit)"
+    )
+    smem_optin_bytes: int = _int32(0, "opt-in shared memory per block, bytes", 0)
 
     @property
     def key(self) -> GpuKey:
@@ -82,8 +236,8 @@ class ConfigRecord(_Record):
     ``d``/``dtype``/``causal``; they are read as family ``fa2`` with those as ``params``.
     """
 
-    family: str = Field(default="fa2", min_length=1, max_length=16)
-    d: int = Field(ge=1)
+    family: Printable = Field(default="fa2", min_length=1, max_length=16)
+    d: HeadDim
     dtype: Dtype
     causal: bool
     params: dict[str, StrictInt | StrictBool | str]
@@ -121,20 +275,28 @@ class ConfigRecord(_Record):
 class BuildRecord(_Record):
     """A build with ptxas's report (cubin paths are machine-local and not carried)."""
 
-    config_name: str
+    config_name: Printable = _text(128, "the config's name; must match config")
     config: ConfigRecord
-    arch: str = Field(pattern=r"^sm_\d+[a-z]?$")
+    arch: str = Field(pattern=_ARCH_PATTERN, max_length=16, description='e.g. "sm_90a"')
     status: BuildStatus
-    registers: int | None = Field(default=None, ge=0)
-    spill_stores: int = Field(default=0, ge=0)
-    spill_loads: int = Field(default=0, ge=0)
-    stack_bytes: int = Field(default=0, ge=0)
-    static_smem: int = Field(default=0, ge=0)
-    compile_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    source_hash: str = Field(min_length=1, max_length=64)
-    nvcc_version: str = Field(max_length=256)
-    flags: list[str] = Field(default_factory=list)
-    error: str | None = None
+    registers: int | None = _int32(0, "registers per thread (ptxas)", None)
+    spill_stores: int = _int32(0, "spill store bytes (ptxas)", 0)
+    spill_loads: int = _int32(0, "spill load bytes (ptxas)", 0)
+    stack_bytes: int = _int32(0, "stack frame bytes (ptxas)", 0)
+    static_smem: int = _int32(0, "static shared memory bytes (ptxas)", 0)
+    compile_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_COMPILE_SECONDS,
+        allow_inf_nan=False,
+        description="wall time of the build, seconds (finite)",
+    )
+    source_hash: Printable = _text(64, "hash of sources and flags", min_length=1)
+    nvcc_version: Printable = _text(256, "compiler release")
+    flags: list[Annotated[Printable, Field(max_length=1024)]] = Field(
+        default_factory=list, max_length=1024, description="nvcc flags (printable, one line each)"
+    )
+    error: NoNul | None = Field(default=None, description="build log of a failure (no NUL)")
 
     @model_validator(mode="after")
     def _name_matches_config(self) -> Self:
@@ -151,9 +313,9 @@ class BuildRecord(_Record):
 class BuildRef(_Record):
     """A measurement's reference to a build in the same file."""
 
-    config_name: str
-    arch: str
-    source_hash: str
+    config_name: Printable = _text(128, "the build's config name")
+    arch: str = Field(pattern=_ARCH_PATTERN, max_length=16)
+    source_hash: Printable = _text(64, "the build's source hash", min_length=1)
 
     @field_validator("config_name")
     @classmethod
@@ -171,16 +333,17 @@ class BuildRef(_Record):
 
 
 class ProblemRecord(_Record):
-    """A problem on a GPU; ``nk`` and ``kv_heads`` are explicit."""
+    """A problem on a GPU; ``nk`` and ``kv_heads`` are explicit; ``heads`` must be a multiple
+    of ``kv_heads``. Lengths, batch and heads are the kernel's int32."""
 
-    gpu: str = Field(min_length=1, max_length=128)
-    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
-    d: int = Field(ge=1)
-    n: int = Field(ge=1)
-    nk: int = Field(ge=1)
-    batch: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: int = Field(ge=1)
+    gpu: GpuName
+    compute_capability: str = Field(pattern=_CC_PATTERN, json_schema_extra={"maxLength": 7})
+    d: HeadDim
+    n: int = _int32(1, "query sequence length")
+    nk: int = _int32(1, "key sequence length")
+    batch: int = _int32(1, "batch size")
+    heads: int = _int32(1, "query heads")
+    kv_heads: int = _int32(1, "key/value heads (a divisor of heads)")
     dtype: Dtype
     causal: bool
 
@@ -211,44 +374,74 @@ class ProblemRecord(_Record):
         )
 
 
-_Time = Field(default=None, gt=0, allow_inf_nan=False)
+def _time(description: str) -> Any:
+    return Field(
+        default=None,
+        gt=0,
+        le=MAX_MS,
+        allow_inf_nan=False,
+        description=f"{description}, milliseconds: finite, > 0 and <= {MAX_MS:g}",
+    )
 
 
 class MeasurementRecord(_Record):
-    """One measurement; error figures may be NaN/inf (wrong results), times may not."""
+    """One measurement; error figures may be NaN/inf (wrong results), times may not.
+
+    Rules across fields: an OK measurement has ``median_ms``; ``p10_ms <= median_ms <=
+    p90_ms`` where present; ``tflops``, when given with ``median_ms``, is the median's
+    throughput on the problem (4·B·H·N·Nk·D FLOPs, halved for causal, within 0.1%), and that
+    throughput is at most 10000 TFLOP/s; the build's d, dtype and causal are the problem's."""
 
     problem: ProblemRecord
     build: BuildRef
     status: MeasureStatus
-    median_ms: float | None = _Time
-    p10_ms: float | None = _Time
-    p90_ms: float | None = _Time
-    reps: int = Field(default=0, ge=0)
-    tflops: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    max_abs_err: float | None = None
-    rel_err: float | None = None
-    ref_err: float | None = None
-    driver_registers: int | None = Field(default=None, ge=0)
-    driver_local_bytes: int | None = Field(default=None, ge=0)
-    error: str | None = None
-    extra: dict[str, Any] | None = None
-    driver_version: str = Field(max_length=64)
-    cuda_version: str = Field(max_length=64)
-    sm_clock_mhz: int | None = Field(default=None, ge=0)
-    mem_clock_mhz: int | None = Field(default=None, ge=0)
-    trial_number: int | None = Field(default=None, ge=0)
-    created_at: datetime
+    median_ms: float | None = _time("median kernel time per launch")
+    p10_ms: float | None = _time("10th percentile time (<= median_ms)")
+    p90_ms: float | None = _time("90th percentile time (>= median_ms)")
+    reps: int = _int32(0, "timed launches", 0)
+    tflops: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TFLOPS,
+        allow_inf_nan=False,
+        description="throughput of median_ms on the problem, TFLOP/s",
+    )
+    max_abs_err: ErrorFigure = None
+    rel_err: ErrorFigure = None
+    ref_err: ErrorFigure = None
+    driver_registers: int | None = _int32(0, "registers per thread (driver)", None)
+    driver_local_bytes: int | None = _int32(0, "local memory bytes per thread (driver)", None)
+    error: NoNul | None = Field(default=None, description="what went wrong (no NUL)")
+    extra: dict[str, Any] | None = Field(
+        default=None, description="free-form details (standard JSON: no NaN or Infinity)"
+    )
+    driver_version: Printable = _text(64, "driver version when measured")
+    cuda_version: Printable = _text(64, "CUDA version when measured")
+    sm_clock_mhz: int | None = _int32(0, "SM clock when measured, MHz", None)
+    mem_clock_mhz: int | None = _int32(0, "memory clock when measured, MHz", None)
+    trial_number: int | None = _int32(0, "the tuner's trial number", None)
+    created_at: datetime = Field(description="when measured (UTC when no offset is given)")
+
+    @field_validator("extra")
+    @classmethod
+    def _standard_json(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return _json_object(value)
 
     @field_validator("created_at")
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
         # Naive timestamps are taken as UTC, which is what fa2tune writes.
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        try:
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except OverflowError:  # year 9999 with a negative offset, year 1 with a positive
+            raise ValueError(f"{value.isoformat()} is out of range in UTC") from None
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.status == MeasureStatus.OK and self.median_ms is None:
             raise ValueError("an OK measurement needs median_ms")
+        self._times_ordered()
+        self._throughput_agrees()
         config = self.build.config
         p = self.problem
         if (config.d, config.dtype, config.causal) != (p.d, p.dtype, p.causal):
@@ -257,6 +450,33 @@ class MeasurementRecord(_Record):
                 f"(d={p.d}, dtype={p.dtype}, causal={p.causal})"
             )
         return self
+
+    def _times_ordered(self) -> None:
+        named = [("p10_ms", self.p10_ms), ("median_ms", self.median_ms), ("p90_ms", self.p90_ms)]
+        present = [(name, value) for name, value in named if value is not None]
+        for (lo_name, lo), (hi_name, hi) in itertools.pairwise(present):
+            if lo > hi:
+                raise ValueError(f"{lo_name} ({lo}) must not exceed {hi_name} ({hi})")
+
+    def _throughput_agrees(self) -> None:
+        if self.median_ms is None:
+            return
+        p = self.problem
+        spec = ProblemSpec(
+            gpu="", d=p.d, n=p.n, nk=p.nk, batch=p.batch, heads=p.heads,
+            kv_heads=p.kv_heads, dtype=p.dtype, causal=p.causal,
+        )  # fmt: skip
+        implied = spec.tflops(self.median_ms)
+        if implied > MAX_TFLOPS:
+            raise ValueError(
+                f"median_ms ({self.median_ms}) implies {implied:.4g} TFLOP/s on this problem, "
+                f"over the {MAX_TFLOPS:g} TFLOP/s any GPU can do"
+            )
+        if self.tflops is not None and abs(self.tflops - implied) > TFLOPS_TOLERANCE * implied:
+            raise ValueError(
+                f"tflops ({self.tflops}) is not the throughput of median_ms ({self.median_ms}) "
+                f"on this problem ({implied:.6g} TFLOP/s): one measurement's figures must agree"
+            )
 
     @property
     def key(self) -> tuple[ProblemKey, BuildKey, datetime, float | None]:

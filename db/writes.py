@@ -83,7 +83,13 @@ def _build_values(report: BuildReport) -> dict[str, Any]:
 
 
 def upsert_gpu(engine: Engine, info: GpuInfo) -> int:
-    """:meth:`db.store.Store.upsert_gpu`: one row per (name key, compute capability)."""
+    """:meth:`db.store.Store.upsert_gpu`: one row per (name key, compute capability).
+
+    Raises:
+        ValueError: the name has no key (blank, or only "NVIDIA"): no query could find it.
+    """
+    if not normalize_gpu_name(info.name):
+        raise ValueError(f"GPU name {info.name!r} has no letters or digits to match it by")
     now = utcnow()
     values = {
         "name": info.name.strip(),

@@ -142,7 +142,7 @@ def test_header_filters(seeded_store: tuple[Store, Seeded]) -> None:
     assert all(KernelConfig.from_name(n).d == 64 for n in names)
     assert all(KernelConfig.from_name(n).dtype == "fp16" for n in names)
     assert "inline constexpr int kDefaultCount = 2;" in text
-    assert 'fa2tune export --gpu "NVIDIA H200" --d 64 --dtype fp16' in text
+    assert "fa2tune export --gpu 'NVIDIA H200' --d 64 --dtype fp16" in text
     # A head dim without tuned results still gets its default (and says so).
     text = export_header(store, "H200", [32], generated_at=WHEN)
     assert "No tuned results for D=32: defaults only." in text
