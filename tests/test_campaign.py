@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import optuna
@@ -50,6 +50,7 @@ def _campaign(
     replay: ReplayMeasure | None = None,
     sampler: str = "tpe",
     progress: object = None,
+    clock: Callable[[], float] = time.monotonic,
     **kwargs: object,
 ) -> CampaignSummary:
     options = CampaignOptions(
@@ -67,6 +68,7 @@ def _campaign(
             problems=problems,
             measure_fn=measure_fn,  # type: ignore[arg-type]
             progress=progress,  # type: ignore[arg-type]
+            clock=clock,
         )
 
 
@@ -455,15 +457,28 @@ def test_default_space_follows_the_gpus_shared_memory() -> None:
     assert all(c.smem_bytes <= 48 * 1024 for c in small_space_fn(problem))
 
 
-class _SlowFor:
-    """A replay that takes ``seconds`` per measurement of one problem, none for the others."""
+class _FakeClock:
+    """The campaign's clock: advanced only by the measurements, never by the machine."""
 
-    def __init__(self, replay: ReplayMeasure, slow: Problem, seconds: float) -> None:
-        self.replay, self.slow, self.seconds = replay, slow, seconds
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _SlowFor:
+    """A replay whose measurements of one problem take ``seconds`` each on ``clock``, those
+    of the others none."""
+
+    def __init__(
+        self, replay: ReplayMeasure, slow: Problem, seconds: float, clock: _FakeClock
+    ) -> None:
+        self.replay, self.slow, self.seconds, self.clock = replay, slow, seconds, clock
 
     def __call__(self, report: BuildReport, problem: Problem) -> MeasureResult:
         if problem == self.slow:
-            time.sleep(self.seconds)
+            self.clock.now += self.seconds
         return self.replay(report, problem)
 
 
@@ -480,20 +495,25 @@ class _Finishes(_Recorder):
 @pytest.mark.slow
 def test_unused_budget_goes_back_to_problems_cut_short(tmp_path: Path) -> None:
     """With --trials and --time-budget, a problem whose even share ran out before its trials
-    continues with the time the problems after it did not need."""
+    continues with the time the problems after it did not need.
+
+    The budget runs on a fake clock that only the slow problem's measurements advance (0.5 s
+    each), so the outcome is the same on an idle or a busy machine."""
     problems = problems_for([512, 1024])
     table = synthetic_table(problems)
     replay = ReplayMeasure(table)
     rec = _Finishes()
+    clock = _FakeClock()
     trials = 10
     summary = _campaign(
         tmp_path, table, problems, trials=trials, time_budget_s=6.0, replay=replay,
-        measure_fn=_SlowFor(replay, problems[0], 0.5), progress=rec,
+        measure_fn=_SlowFor(replay, problems[0], 0.5, clock), progress=rec, clock=clock,
     )  # fmt: skip
     assert len(rec.trials) == 3, rec.trials
     first, fast, again = rec.trials
-    assert first[0] == 0 and first[1] < trials  # its 3 s share allowed at most 6 slow trials
-    assert fast == (1, trials)  # the fast problem finished early...
-    assert again[0] == 0 and again[1] > first[1]  # ...and its time went back to problem 0
-    assert summary.problems[0].trials == again[1]
+    assert first == (0, 6)  # its 3 s share allowed 6 measurements of 0.5 s
+    assert fast == (1, trials)  # the fast problem finished without using its 3 s...
+    assert again == (0, trials)  # ...which went back to problem 0: 4 more trials
+    assert summary.problems[0].trials == trials
+    assert clock.now == 1000.0 + 0.5 * trials  # problem 0 measured once per GPU trial
     assert rec.calls[-3:] == ["problem_started 0", "problem_finished 0", "campaign_finished"]

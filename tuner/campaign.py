@@ -36,7 +36,9 @@ Resume
     Studies live in the database, so re-running the same command continues them: the
     samplers see all earlier trials, the budget counts them, and the store's measured pairs
     are never measured again. A ``kill -9`` loses at most the trials in flight; their
-    RUNNING rows are failed and re-queued by the heartbeat (see :func:`search.open_storage`).
+    RUNNING rows are failed and re-queued (see :func:`search.fail_stale_trials`) when the
+    resumed campaign opens their study: at once for a dead process of this machine, else
+    once their heartbeat (or, without one, their start) is older than the grace period.
 
 This module never measures on its own (``measure_fn`` does), never reads the environment and
 never writes SQL (the :class:`~db.store.Store` does).
@@ -182,6 +184,7 @@ def run_campaign(
     seeds_fn: SeedFn | None = None,
     build_fn: BuildFn | None = None,
     progress: CampaignObserver | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> CampaignSummary:
     """Tune every problem with its own study, compiling ahead of the GPU.
 
@@ -201,6 +204,8 @@ def run_campaign(
         build_fn: compiles a batch of configs; default :func:`codegen.build.build_configs`
             for ``options.arch`` with the settings' cache directory and jobs.
         progress: receives progress events; None logs only.
+        clock: the time source of ``time_budget_s`` (deadlines and shares), in seconds; tests
+            pass a fake one that advances with the measurements, not with the machine.
 
     Returns:
         The summary; ``interrupted`` is True when a ``KeyboardInterrupt`` stopped the
@@ -213,7 +218,7 @@ def run_campaign(
     observer: CampaignObserver = progress if progress is not None else NullObserver()
     trials, time_budget_s = options.trials, options.time_budget_s
     started = time.monotonic()
-    deadline = started + time_budget_s if time_budget_s is not None else None
+    deadline = clock() + time_budget_s if time_budget_s is not None else None
     storage = search.open_storage(
         storage_url,
         heartbeat_interval=options.heartbeat_interval,
@@ -234,6 +239,7 @@ def run_campaign(
         in_flight_wait_s=2.0 * options.grace_period + options.heartbeat_interval,
         wasted_limit=options.wasted_limit,
         rng=random.Random(options.seed),
+        clock=clock,
     )
     spaces: dict[tuple[int, str, bool], search.SearchSpace] = {}
     for problem in problems:
@@ -260,8 +266,9 @@ def run_campaign(
         for index, problem in enumerate(problems):
             problem_deadline = None
             if deadline is not None:
-                share = (deadline - time.monotonic()) / (len(problems) - index)
-                problem_deadline = time.monotonic() + max(0.0, share)
+                now = clock()
+                share = (deadline - now) / (len(problems) - index)
+                problem_deadline = now + max(0.0, share)
             run = _open_problem(
                 ctx, options, index, problem, storage, spaces[_group(problem)], seeds_fn,
                 problem_deadline,
@@ -276,10 +283,11 @@ def run_campaign(
         # exhausted) goes back to the ones their share cut short, split evenly again.
         short = [run for run in runs if deadline is not None and not run.complete()]
         for k, run in enumerate(short):
-            left = deadline - time.monotonic() if deadline is not None else 0.0
+            now = clock()
+            left = deadline - now if deadline is not None else 0.0
             if left < _MIN_EXTRA_S:
                 break
-            run.deadline = time.monotonic() + left / (len(short) - k)
+            run.deadline = now + left / (len(short) - k)
             log.info("%s: %.0f s of unused budget to continue", run.study.study_name, left)
             observer.problem_started(run.index, run.problem, trials, run.deadline)
             quiet.run = run
@@ -373,6 +381,8 @@ def _open_problem(
     seed = _seed_for(options.seed, problem.study_name, options.worker_index)
     sampler = search.make_sampler(ctx.sampler, space, seed)
     study = search.open_study(problem, storage, sampler)
+    # Trials a killed run left RUNNING: failed and re-queued before anything counts them.
+    search.fail_stale_trials(study)
     bound = search.bind_space(study, space)
     if bound is not space:
         # The study was created with other choices: the grid must enumerate those.

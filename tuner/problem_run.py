@@ -38,14 +38,13 @@ import os
 import random
 import socket
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
 import optuna
-from optuna.exceptions import ExperimentalWarning, TrialPruned
+from optuna.exceptions import TrialPruned
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from core.build_report import BuildReport, BuildStatus
@@ -134,6 +133,8 @@ class CampaignContext:
     in_flight_wait_s: float
     wasted_limit: int
     rng: random.Random
+    #: The campaign's clock for deadlines and time shares (seconds, monotonic).
+    clock: Callable[[], float] = time.monotonic
     build_ids: dict[str, int] = field(default_factory=dict)
     build_wait_s: float = 0.0
     measure_s: float = 0.0
@@ -186,6 +187,8 @@ class ProblemRun:
     # ---------------------------------------------------------------- the objective
 
     def objective(self, trial: Trial) -> float:
+        # Whose trial this is: a campaign resumed after a kill fails it at once.
+        trial.set_user_attr(search.ATTR_OWNER, search.trial_owner(trial.number))
         config = self.space.suggest(trial)
         if config is None:
             self._mark(trial, TrialRole.INVALID, search.STATUS_INVALID)
@@ -332,8 +335,8 @@ class ProblemRun:
 
         Configs measured right now by lower-numbered trials count as spent; if they fill the
         budget, wait for them (they may end as a free build rejection) rather than overshoot.
-        Stale trials of a killed process are failed meanwhile (after the grace period); a
-        RUNNING trial that never sent a heartbeat cannot be failed that way, so the wait is
+        Stale trials of a killed process are failed meanwhile (:func:`search.fail_stale_trials`:
+        at once for a dead process of this machine, else after the grace period); the wait is
         bounded by ``in_flight_wait_s`` too.
         """
         if self.trials is None:
@@ -358,9 +361,7 @@ class ProblemRun:
                     self.ctx.in_flight_wait_s,
                 )
                 return True
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ExperimentalWarning)
-                optuna.storages.fail_stale_trials(self.study)
+            search.fail_stale_trials(self.study)
             time.sleep(_POLL_S * 4)
 
     # ---------------------------------------------------------------- after each trial
@@ -396,7 +397,7 @@ class ProblemRun:
 
     def done(self, scan: _Scan | None = None) -> bool:
         """True when the problem needs no more trials from this process (now)."""
-        if self.deadline is not None and time.monotonic() >= self.deadline:
+        if self.deadline is not None and self.ctx.clock() >= self.deadline:
             return True
         return self.complete(scan)
 
@@ -421,7 +422,7 @@ class ProblemRun:
         """
         while not self.done():
             timeout = (
-                max(0.0, self.deadline - time.monotonic()) if self.deadline is not None else None
+                max(0.0, self.deadline - self.ctx.clock()) if self.deadline is not None else None
             )
             self.study.optimize(
                 self.objective,

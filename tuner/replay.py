@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shutil
 import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -483,6 +485,53 @@ def in_campaign_order(problems: Iterable[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.dtype, p.causal, p.d, p.n, p.batch, p.heads))
 
 
+#: Name prefix of the scratch folders (in the system's temp directory), before the owner's PID.
+SCRATCH_PREFIX: Final = "fa2tune-replay-"
+_SCRATCH_RE: Final = re.compile(rf"{SCRATCH_PREFIX}(\d+)-[^/]+")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's process
+        return True
+    return True
+
+
+def remove_stale_scratch(temp_dir: str | Path | None = None) -> list[Path]:
+    """Delete the scratch folders of replay runs whose process is gone (killed with
+    ``kill -9``, so its ``finally`` never ran).
+
+    A folder is named ``fa2tune-replay-<pid>-<random>``; one whose PID is alive is kept
+    (a running replay, or a recycled PID: then it goes at a later run).
+
+    Args:
+        temp_dir: where to look; default the system's temp directory.
+
+    Returns:
+        The folders deleted.
+    """
+    where = Path(temp_dir if temp_dir is not None else tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(where.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        m = _SCRATCH_RE.fullmatch(entry.name)
+        if m is None or not entry.is_dir() or entry.is_symlink() or _alive(int(m[1])):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        if not entry.exists():
+            log.info("removed %s, left behind by a killed replay", entry)
+            removed.append(entry)
+    return removed
+
+
 def run_replay_campaign(
     table: ReplayTable | ReplayMeasure,
     options: CampaignOptions,
@@ -494,6 +543,7 @@ def run_replay_campaign(
     seeds_fn: SeedFn | None = None,
     measure_fn: MeasureFn | None = None,
     progress: CampaignObserver | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> CampaignSummary:
     """Run :func:`tuner.campaign.run_campaign` answered from a replay table: no GPU, no nvcc.
 
@@ -507,9 +557,11 @@ def run_replay_campaign(
             latency or strictness, or to read afterwards what it built and measured).
         options: how to search.
         store: where builds and measurements are recorded: a :class:`Store` (left open), a
-            database URL (opened and closed here), or None for a scratch SQLite file deleted
-            afterwards (replayed outcomes are not measurements: they go to a real database
-            only when asked to).
+            database URL (opened and closed here; its studies resume on a rerun), or None for
+            a scratch SQLite folder deleted afterwards, so a rerun starts over (replayed
+            outcomes are not measurements: they go to a real database only when asked to).
+            A scratch folder a killed run left behind is deleted by the next run
+            (:func:`remove_stale_scratch`).
         storage_url: the optuna storage; default the store's database (see
             :func:`search.resolve_storage_url`), or a scratch SQLite file with a scratch store.
         problems: what to tune, in order; default the table's problems in campaign order
@@ -520,6 +572,7 @@ def run_replay_campaign(
         measure_fn: verifies and times one build; default the replay (pass a wrapper around
             it to add latency or failures).
         progress: receives progress events; None logs only.
+        clock: the time source of the time budget (see :func:`run_campaign`).
 
     Returns:
         The campaign's summary.
@@ -556,6 +609,7 @@ def run_replay_campaign(
             seeds_fn=seeds_fn or (lambda p: seed_configs(p.d, p.dtype, p.causal)),
             build_fn=replay.build,
             progress=progress,
+            clock=clock,
         )
 
     if isinstance(store, Store):
@@ -564,8 +618,9 @@ def run_replay_campaign(
     if isinstance(store, str):
         with Store.from_url(store) as opened:
             return campaign(opened, storage_url or search.resolve_storage_url(store))
+    remove_stale_scratch()
     with (
-        tempfile.TemporaryDirectory(prefix="fa2tune-replay-") as scratch,
+        tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch,
         Store.from_url(f"sqlite:///{scratch}/results.db") as scratch_store,
     ):
         return campaign(scratch_store, storage_url or f"sqlite:///{scratch}/studies.db")

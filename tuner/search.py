@@ -52,12 +52,26 @@ marks a killed process's RUNNING trials as failed after ``grace_period`` seconds
 more, so a ``kill -9`` loses at most the trials that were in flight. The heartbeat only runs
 under :meth:`optuna.study.Study.optimize`, which is why the campaign drives studies through it
 rather than ask/tell.
+
+Optuna's heartbeat alone leaves two kinds of stale trials RUNNING for good: one whose process
+died before its first heartbeat (optuna creates the trial, and a multivariate sampler draws
+its parameters, before the heartbeat thread starts; optuna never fails a trial without a
+heartbeat), and one that nobody looks at again after its grace period (optuna checks a study
+only while optimising it, so a resume that passes a problem within the grace period, as a
+replay does, leaves it). :func:`fail_stale_trials` handles both: every trial records its
+process (:func:`trial_owner`), so a campaign resumed on the same machine fails, and re-queues,
+the trials of a dead process at once; a trial without heartbeat is failed once it is older
+than the grace period; and the campaign runs the check when it opens each study.
 """
 
 from __future__ import annotations
 
+import copy
+import datetime
 import logging
+import os
 import re
+import socket
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -67,11 +81,11 @@ from typing import Any, Final
 
 import optuna
 from optuna.distributions import CategoricalChoiceType
-from optuna.exceptions import ExperimentalWarning
+from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
 from optuna.samplers import BaseSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, Trial, TrialState
-from sqlalchemy import event, inspect, text
+from sqlalchemy import bindparam, event, inspect, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from core.config import KernelConfig
@@ -102,6 +116,7 @@ ATTR_TFLOPS: Final = "tflops"
 ATTR_REASON: Final = "reason"
 ATTR_SEED: Final = "seed_config"
 ATTR_SPILL_BYTES: Final = "spill_bytes"  # of an untimed SPILLS outcome
+ATTR_OWNER: Final = "owner"  # the process running the trial, see trial_owner()
 STUDY_ATTR_CHOICES: Final = "fa2tune.choices"
 STUDY_ATTR_SEEDED: Final = "fa2tune.seeded"
 
@@ -529,6 +544,150 @@ def _tune_sqlite(storage: RDBStorage) -> None:
     event.listen(storage.engine, "connect", on_connect)
     event.listen(storage.engine, "begin", on_begin)
     storage.engine.dispose()  # reconnect through the listeners
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), else None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def trial_owner(number: int) -> dict[str, object]:
+    """The ``owner`` user attribute of trial ``number`` run by this process.
+
+    It names the host, PID namespace, PID and process start time (so that a recycled PID
+    is not taken for the owner) and the trial's number (a trial re-queued by the retry
+    callback inherits the user attributes of the failed one, whose owner is not its own).
+    """
+    pid = os.getpid()
+    return {
+        "host": socket.gethostname(),
+        "pidns": _pid_namespace(),
+        "pid": pid,
+        "start": _process_start(pid),
+        "trial": number,
+    }
+
+
+def owner_is_dead(trial: FrozenTrial) -> bool:
+    """True when the process that ran ``trial`` is known to have ended: it ran on this host,
+    in this PID namespace, and no process with its PID and start time exists. False when
+    alive, or when it cannot be told (another host or container, no owner recorded)."""
+    owner = trial.user_attrs.get(ATTR_OWNER)
+    if not isinstance(owner, dict) or owner.get("trial") != trial.number:
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if owner.get("host") != socket.gethostname() or owner.get("pidns") != _pid_namespace():
+        return False
+    start = _process_start(pid)
+    if start is not None:  # a process with that PID: the owner if it started then
+        return owner.get("start") is not None and owner.get("start") != start
+    if Path("/proc/self/stat").exists():
+        return True  # Linux, and no such process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: alive, another user's
+        return False
+    return False
+
+
+def _with_heartbeat(storage: RDBStorage, trial_ids: Sequence[int]) -> set[int]:
+    """The trials among ``trial_ids`` that have recorded a heartbeat."""
+    if not trial_ids:
+        return set()
+    query = text("SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
+        bindparam("ids", expanding=True)
+    )
+    with storage.engine.connect() as conn:
+        return {int(row) for row in conn.execute(query, {"ids": list(trial_ids)}).scalars()}
+
+
+def _rdb_of(study: optuna.Study) -> RDBStorage | None:
+    """The RDB storage under ``study`` (optuna wraps it in a cache), if it is one."""
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # optuna.storages._CachedStorage
+    return backend if isinstance(backend, RDBStorage) else None
+
+
+def stale_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The RUNNING trials of ``study`` that no live process is running.
+
+    Stale are: a trial whose heartbeat is older than the storage's grace period (optuna's
+    rule), a trial of a dead process of this machine (:func:`owner_is_dead`), and a trial
+    that never sent a heartbeat and started more than a grace period ago. Empty when the
+    storage has no heartbeat (then no process's liveness is known).
+    """
+    storage = _rdb_of(study)
+    if storage is None or storage.heartbeat_interval is None:
+        return []
+    grace = storage.grace_period or 2 * storage.heartbeat_interval
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if not running:
+        return []
+    by_heartbeat = set(storage._get_stale_trial_ids(study._study_id))
+    beating = _with_heartbeat(storage, [t._trial_id for t in running])
+    old = datetime.datetime.now() - datetime.timedelta(seconds=grace)
+    return [
+        t
+        for t in running
+        if t._trial_id in by_heartbeat
+        or owner_is_dead(t)
+        or (
+            t._trial_id not in beating
+            and t.datetime_start is not None
+            and t.datetime_start.replace(tzinfo=None) < old
+        )
+    ]
+
+
+def fail_stale_trials(study: optuna.Study) -> list[int]:
+    """Fail the stale RUNNING trials of ``study`` (:func:`stale_trials`) and hand each to
+    the storage's stale-trial callback (:func:`open_storage`'s re-queues it).
+
+    Optuna's :func:`optuna.storages.fail_stale_trials`, which covers only trials with an old
+    heartbeat, runs before every trial of ``optimize``; this runs where the campaign opens a
+    study and while it waits for in-flight trials.
+
+    Returns:
+        The numbers of the trials this call failed (another process may fail some first).
+    """
+    storage = study._storage
+    failed: list[int] = []
+    for trial in stale_trials(study):
+        try:
+            if storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial._trial_id)
+        except UpdateFinishedTrialError:
+            pass  # finished meanwhile, or failed by another process
+    rdb = _rdb_of(study)
+    callback = rdb.get_heartbeat_stale_trial_callback() if rdb is not None else None
+    numbers = []
+    for trial_id in failed:
+        frozen = copy.deepcopy(storage.get_trial(trial_id))
+        numbers.append(frozen.number)
+        if callback is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                callback(study, frozen)
+    if numbers:
+        log.info("%s: failed stale trials %s of dead processes", study.study_name, numbers)
+    return numbers
 
 
 def open_study(

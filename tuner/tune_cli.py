@@ -11,7 +11,8 @@ Example (the default campaign: D 64 and 128, six lengths, fp16, full and causal,
 
 Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); durations
 are ``90``, ``90s``, ``10m``, ``1h30m``. Bad input exits with status 2. Re-running the same
-command resumes its studies.
+command resumes its studies (in replay mode when the global ``--db`` names the database:
+``fa2tune --db sqlite:///replay.db tune --replay table.json``).
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ def resolve_budget(
 
 
 def tune(
+    ctx: typer.Context,
     d: Annotated[
         str | None, typer.Option("--d", help="head dims, comma-separated", show_default=DEFAULT_D)
     ] = None,
@@ -252,7 +254,12 @@ def tune(
         Path | None,
         typer.Option(
             "--replay",
-            help="answer from a recorded table (JSON) instead of the GPU; uses a scratch DB",
+            help=(
+                "answer from a recorded table (JSON) instead of the GPU. With the global --db "
+                "the results and studies go to that database and rerunning the command "
+                "resumes them; without it, to a scratch database deleted at exit (FA2TUNE_DB_URL "
+                "is not used), so each run starts over"
+            ),
         ),
     ] = None,
     summary_json: Annotated[
@@ -272,7 +279,7 @@ def tune(
         seed=seed,
     )
     if replay is not None:
-        summary = _tune_replay(replay, d, n, dtype, causal, options)
+        summary = _tune_replay(replay, d, n, dtype, causal, options, _global_db(ctx))
     else:
         ds = parse_int_list(d or DEFAULT_D, "--d", allowed=HEAD_DIMS)
         ns = parse_int_list(n or DEFAULT_N, "--n")
@@ -391,6 +398,14 @@ def _select(
     return lambda value: value in allowed
 
 
+def _global_db(ctx: typer.Context | None) -> str | None:
+    """The ``--db`` given on the command line (``fa2tune --db URL tune``), if any."""
+    if ctx is None:
+        return None
+    db = ctx.find_root().params.get("db")
+    return db if isinstance(db, str) else None
+
+
 def _tune_replay(
     path: Path,
     d: str | None,
@@ -398,6 +413,7 @@ def _tune_replay(
     dtype: str | None,
     causal: str | None,
     options: CampaignOptions,
+    db_url: str | None = None,
 ) -> CampaignSummary:
     from tuner.replay import in_campaign_order, load_replay_table, run_replay_campaign
 
@@ -421,7 +437,12 @@ def _tune_replay(
     dtypes: set[Dtype] = {p.dtype for p in problems}
     log.info("replaying %d problems (%s) from %s", len(problems), ", ".join(dtypes), path)
     _quiet_optuna()
+    if db_url is not None:
+        log.info("replay results and studies go to %s", db_url)
     with RichProgress() as progress:
-        # No store given: a scratch one, as replayed results are not measurements and never go
-        # to the real database.
-        return run_replay_campaign(table, options, problems=problems, progress=progress)
+        # Without --db a scratch store: replayed results are not measurements and go to a
+        # real database only when one is named on the command line (not from the
+        # environment's FA2TUNE_DB_URL).
+        return run_replay_campaign(
+            table, options, store=db_url, problems=problems, progress=progress
+        )
