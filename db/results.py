@@ -36,7 +36,7 @@ class BestResult:
         from_n: the N the result was measured at (== n; differs from the request when
             ``exact`` is False).
         median_ms, p10_ms, p90_ms: kernel time per launch, milliseconds.
-        tflops: throughput as recorded by the tuner.
+        tflops: throughput of this median on the measured problem (derived, not the stored figure).
         max_abs_err, rel_err: accuracy against the float32 reference.
         arch, registers, spill_stores, spill_loads, stack_bytes, static_smem, source_hash,
             nvcc_version: the build.
