@@ -1,0 +1,117 @@
+"""Attention call shapes and the distance that picks the nearest tuned shape.
+
+A tuned result is measured at one shape; users call many. When the exact shape was not tuned,
+the store, the service and the exported header all answer with the tuned shape nearest under
+:func:`shape_distance` (the C++ twin lives in ``codegen/templates/fa2_dispatch.cuh``; a
+compile-tier test holds the two to the same answers). The distance sums four log ratios, each
+a property a kernel's best tile choice depends on:
+
+* query length ``nq`` and key length ``nk`` (tile tails, causal work, pipeline depth);
+* the grid fill: query blocks of a nominal :data:`NOMINAL_BLOCK_ROWS` rows × heads × batch
+  over the GPU's SM count, clamped to [1/SMs, :data:`MAX_WAVES`] so that shapes which fill the
+  GPU many times over count as alike (their best tiles stop depending on the grid);
+* the GQA group ``q_heads / kv_heads`` (how many query heads share one K/V head).
+
+For the campaign's square problems at one batch and head count the two length terms are
+equal and the fill term grows with N, so the nearest shape is the nearest N on a log scale,
+as it was before shapes were keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: Query rows of the nominal block the grid-fill term counts (the common FA2/FA3 tile height).
+NOMINAL_BLOCK_ROWS = 128
+
+#: Grid fills at or above this many waves count as equal.
+MAX_WAVES = 8.0
+
+#: The kernels' int32 limit on lengths, batch and heads.
+MAX_DIM = 2**31 - 1
+
+
+class ShapeError(ValueError):
+    """A shape no kernel can run: a zero length, or heads not a multiple of KV heads."""
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """One attention call's shape (head dim, dtype and mask are keys of their own).
+
+    Attributes:
+        nq: query rows per (batch, head).
+        nk: key rows per (batch, KV head).
+        batch: batch size.
+        heads: query heads.
+        kv_heads: key/value heads; ``heads`` is a multiple of it (GQA/MQA when smaller).
+    """
+
+    nq: int
+    nk: int
+    batch: int
+    heads: int
+    kv_heads: int
+
+    def __post_init__(self) -> None:
+        for name in ("nq", "nk", "batch", "heads", "kv_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ShapeError(f"{name} must be an integer, got {value!r}")
+            if not 1 <= value <= MAX_DIM:
+                raise ShapeError(f"{name} must be between 1 and {MAX_DIM}, got {value}")
+        if self.heads % self.kv_heads:
+            raise ShapeError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    def describe(self) -> str:
+        gqa = f"/{self.kv_heads}kv" if self.kv_heads != self.heads else ""
+        return f"B={self.batch} H={self.heads}{gqa} Nq={self.nq} Nk={self.nk}"
+
+
+def grid_fill(shape: Shape, sm_count: int) -> float:
+    """Waves of nominal query blocks the shape launches on ``sm_count`` SMs, clamped."""
+    blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
+    sms = max(sm_count, 1)
+    return min(max(blocks / sms, 1.0 / sms), MAX_WAVES)
+
+
+def shape_distance(asked: Shape, tuned: Shape, sm_count: int) -> float:
+    """How far a tuned shape's best config is from serving ``asked`` well (0 = same shape).
+
+    The sum of |log ratio| of Nq, Nk, :func:`grid_fill` and the GQA group.
+    """
+    return (
+        abs(math.log(asked.nq / tuned.nq))
+        + abs(math.log(asked.nk / tuned.nk))
+        + abs(math.log(grid_fill(asked, sm_count) / grid_fill(tuned, sm_count)))
+        + abs(math.log(asked.group / tuned.group))
+    )
+
+
+def nearest_key(asked: Shape, tuned: Shape, sm_count: int) -> tuple[float, int, int, int, int]:
+    """Sort key of a tuned shape: distance first, then the larger shape (longer, bigger) wins.
+
+    The tie-break keeps the old rule for square problems (equal log distance: the larger N).
+    """
+    return (
+        shape_distance(asked, tuned, sm_count),
+        -tuned.nq,
+        -tuned.nk,
+        -tuned.batch * tuned.heads,
+        tuned.kv_heads,
+    )
+
+
+def nearest_shape(asked: Shape, tuned: list[Shape], sm_count: int) -> Shape | None:
+    """The tuned shape nearest to ``asked`` (``asked`` itself when tuned); None when none."""
+    if not tuned:
+        return None
+    return min(tuned, key=lambda t: nearest_key(asked, t, sm_count))
