@@ -7,14 +7,16 @@ compile-tier test holds the two to the same answers). The distance sums four log
 a property a kernel's best tile choice depends on:
 
 * query length ``nq`` and key length ``nk`` (tile tails, causal work, pipeline depth);
-* the grid fill: query blocks of a nominal :data:`NOMINAL_BLOCK_ROWS` rows × heads × batch
+* the grid fill: query blocks of a nominal :data:`NOMINAL_BLOCK_ROWS` rows x heads x batch
   over the GPU's SM count, clamped to [1/SMs, :data:`MAX_WAVES`] so that shapes which fill the
   GPU many times over count as alike (their best tiles stop depending on the grid);
 * the GQA group ``q_heads / kv_heads`` (how many query heads share one K/V head).
 
 For the campaign's square problems at one batch and head count the two length terms are
 equal and the fill term grows with N, so the nearest shape is the nearest N on a log scale,
-as it was before shapes were keys.
+as it was before shapes were keys, up to the fill term's block rounding and clamp, which can
+move the boundary a little off the geometric midpoint of two tuned Ns (``/v1/best?n=`` alone
+keeps the exact per-N rule).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ They open the database named by the settings (``FA2TUNE_DB_URL`` or the global `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -16,6 +17,8 @@ from rich.table import Table
 
 from codegen import fa3_space
 from core.config import DTYPES, HEAD_DIMS
+from core.shape import Shape
+from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS, ShapeParamError, resolve_shape
 from db.dump_format import TransferError
 from db.results import BestResult
 from db.shipped import load_shipped_results
@@ -59,14 +62,26 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _best_table(result: BestResult) -> Table:
+def _measured_shape(result: BestResult) -> Shape:
+    return Shape(result.n, result.nk, result.batch, result.heads, result.kv_heads)
+
+
+def _best_table(result: BestResult, asked: Shape | None = None) -> Table:
     config = result.config
     mask = "causal" if result.causal else "full"
-    where = (
-        f"N={result.n}"
-        if result.exact
-        else f"N={result.from_n} (nearest tuned N; exact N not tuned)"
-    )
+    if asked is None:
+        where = (
+            f"N={result.n}"
+            if result.exact
+            else f"N={result.from_n} (nearest tuned N; exact N not tuned)"
+        )
+    elif result.exact:
+        where = f"{_measured_shape(result).describe()} (the shape asked)"
+    else:
+        where = (
+            f"{_measured_shape(result).describe()} (nearest tuned shape, distance "
+            f"{result.distance:.3f}; asked {asked.describe()})"
+        )
     table = Table(title=f"best on {result.gpu}", show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
@@ -112,44 +127,95 @@ def best(
         ),
     ],
     n: Annotated[
-        int, typer.Option("--n", help="sequence length (queries = keys)", min=1, max=MAX_N)
-    ],
+        int | None,
+        typer.Option(
+            "--n",
+            help="sequence length (queries = keys); with a shape option, the query length",
+            min=1,
+            max=MAX_N,
+        ),
+    ] = None,
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="causal mask")] = False,
+    nq: Annotated[
+        int | None,
+        typer.Option("--nq", help="query length of the shape (default: --n)", min=1, max=MAX_N),
+    ] = None,
+    nk: Annotated[
+        int | None,
+        typer.Option(
+            "--nk", help="key length of the shape (default: the query length)", min=1, max=MAX_N
+        ),
+    ] = None,
     batch: Annotated[
-        int | None, typer.Option("--batch", help="only this batch size", min=1, max=MAX_N)
+        int | None,
+        typer.Option(
+            "--batch", help=f"batch size of the shape (default: {DEFAULT_BATCH})", min=1, max=MAX_N
+        ),
     ] = None,
     heads: Annotated[
-        int | None, typer.Option("--heads", help="only this head count", min=1, max=MAX_N)
+        int | None,
+        typer.Option(
+            "--heads", help=f"query heads of the shape (default: {DEFAULT_HEADS})", min=1, max=MAX_N
+        ),
+    ] = None,
+    kv_heads: Annotated[
+        int | None,
+        typer.Option(
+            "--kv-heads",
+            help="key/value heads of the shape, a divisor of --heads (default: --heads)",
+            min=1,
+            max=MAX_N,
+        ),
     ] = None,
     exact: Annotated[
-        bool, typer.Option("--exact", help="no fallback to the nearest tuned N")
+        bool, typer.Option("--exact", help="no fallback to the nearest tuned N (or shape)")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
-    """Show the fastest correct config measured for a GPU and problem."""
+    """Show the fastest correct config measured for a GPU and problem.
+
+    With --n alone: measured at N (queries = keys), else at the nearest tuned N. With any of
+    --nq, --nk, --batch, --heads, --kv-heads: for that whole shape, measured at it, else at
+    the nearest tuned shape (the distance of /v1/best).
+    """
     if dtype not in DTYPES:
         raise typer.BadParameter(f"must be one of {', '.join(DTYPES)}", param_hint="--dtype")
+    try:
+        shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
+    except ShapeParamError as exc:
+        raise typer.BadParameter(str(exc), param_hint=f"--{exc.param.replace('_', '-')}") from None
     with _open_store() as store:
         try:
             load_shipped_results(store)
         except TransferError as exc:  # a broken package must not hide the user's own results
             logger.error("shipped results not loaded: %s", exc)
-        lookup = store.best if exact else store.best_or_nearest
-        result = lookup(gpu, d, n, dtype, causal, batch=batch, heads=heads)
+        if shape is None:
+            assert n is not None  # resolve_shape requires --n or --nq
+            lookup = store.best if exact else store.best_or_nearest
+            result = lookup(gpu, d, n, dtype, causal)
+        else:
+            result = store.best_for_shape(gpu, d, dtype, causal, shape, exact=exact)
     if result is None:
         mask = "causal" if causal else "non-causal"
+        if shape is None:
+            what, fallback = f"N={n}", " at any N"
+        else:
+            what, fallback = shape.describe(), " at any shape"
         typer.echo(
-            f"no successful measurement for {gpu} D={d} N={n} {dtype} {mask}"
-            f"{'' if exact else ' at any N'}; tune it first (fa2tune tune) "
+            f"no successful measurement for {gpu} D={d} {what} {dtype} {mask}"
+            f"{'' if exact else fallback}; tune it first (fa2tune tune) "
             "or ingest results (fa2tune ingest)",
             err=True,
         )
         raise typer.Exit(code=1)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=2))
+        data = result.to_dict()
+        if shape is not None:
+            data["shape"] = dataclasses.asdict(shape)
+        typer.echo(json.dumps(data, indent=2))
     else:
-        Console().print(_best_table(result))
+        Console().print(_best_table(result, shape))
 
 
 def dump(

@@ -1,10 +1,11 @@
 """The store's read side: the SQL behind every question asked of the results database.
 
 Holds the module-level queries :class:`db.store.Store` exposes as methods (``best``,
-``best_or_nearest``, ``results``, ``gpus``, ``measured_pairs``, ``outcome``, ``spill_bytes``;
-their contracts are documented on the ``Store``), the helpers they share, and the two row
-helpers other readers use: :func:`build_config` (a build row's config, also used by
-:mod:`db.transfer`) and :func:`problem_flops`.
+``best_or_nearest``, ``best_for_shape``, ``shape_winners``, ``results``, ``gpus``,
+``measured_pairs``, ``outcome``, ``spill_bytes``; their contracts are documented on the
+``Store``), the helpers they share, and the row helpers other readers use:
+:func:`build_config` (a build row's config, also used by :mod:`db.transfer`),
+:func:`problem_flops`, :func:`problem_shape` and :func:`effective_sm_count`.
 
 Contract: every query takes the engine of a database whose schema is at head, runs in one
 read-only :func:`db.session.session_scope`, writes nothing, and returns values from
@@ -14,8 +15,10 @@ through :func:`core.gpu_name.normalize_gpu_name`, as :mod:`db.writes` stores the
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Select, exists, func, select
@@ -25,21 +28,33 @@ from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.records import MeasureStatus
+from core.shape import MAX_DIM, Shape, ShapeError, nearest_shape, shape_distance
 from db.models import Build, Gpu, Measurement, Problem
 from db.results import MAX_PAGE, BestResult, GpuSummary, ResultPage, ResultRow, StoredOutcome
 from db.session import session_scope
 
 __all__ = [
+    "DEFAULT_SM_COUNT",
     "best",
+    "best_for_shape",
     "best_or_nearest",
     "build_config",
+    "effective_sm_count",
     "gpus",
     "measured_pairs",
     "outcome",
     "problem_flops",
+    "problem_shape",
     "results",
+    "shape_winners",
     "spill_bytes",
 ]
+
+logger = logging.getLogger(__name__)
+
+#: SMs assumed when a GPU's recorded ``sm_count`` is not positive (an old or hand-written
+#: dump): the H200's and H100 SXM's 132, the GPUs fa2tune ships results for.
+DEFAULT_SM_COUNT = 132
 
 
 def build_config(build: Build) -> AnyConfig:
@@ -64,7 +79,7 @@ def problem_flops(problem: Problem) -> float:
 
 
 def _best_result(
-    gpu: Gpu, problem: Problem, build: Build, m: Measurement, *, exact: bool
+    gpu: Gpu, problem: Problem, build: Build, m: Measurement, *, exact: bool, distance: float = 0.0
 ) -> BestResult:
     assert m.median_ms is not None  # only OK rows with a median are ranked
     # The throughput is the one the ranking used (this problem's FLOPs over this median), not
@@ -107,7 +122,25 @@ def _best_result(
         measurement_id=m.id,
         build_id=build.id,
         problem_id=problem.id,
+        distance=distance,
     )
+
+
+def effective_sm_count(counts: Iterable[int]) -> int:
+    """The SM count the shape distance uses for a GPU recorded as ``counts`` (one per GPU row
+    of the name: a name may be stored under several compute capabilities): the largest
+    positive one, else :data:`DEFAULT_SM_COUNT`."""
+    return max((c for c in counts if c > 0), default=DEFAULT_SM_COUNT)
+
+
+def problem_shape(problem: Problem) -> Shape | None:
+    """A problem row's shape; None for a row no kernel could run (never written by fa2tune's
+    own writers, which validate, but a store is not trusted to hold only those)."""
+    try:
+        return Shape(problem.n, problem.nk, problem.batch, problem.heads, problem.kv_heads)
+    except ShapeError as exc:
+        logger.warning("problem %d skipped for shape lookups: %s", problem.id, exc)
+        return None
 
 
 def measured_pairs(engine: Engine, problem_id: int) -> set[str]:
@@ -188,7 +221,12 @@ def _problems_query(
 
 
 def _best_of(
-    s: Session, problems: Sequence[Problem], *, exact: bool, family: str | None = None
+    s: Session,
+    problems: Sequence[Problem],
+    *,
+    exact: bool,
+    family: str | None = None,
+    distance: float = 0.0,
 ) -> BestResult | None:
     """Fastest OK measurement per problem (an index lookup each), then the best problem.
 
@@ -217,7 +255,8 @@ def _best_of(
         assert m.median_ms is not None
         rank = (-problem_flops(problem) / m.median_ms, m.median_ms, m.id)
         if winner is None or rank < winner[:3]:
-            winner = (*rank, _best_result(problem.gpu, problem, build, m, exact=exact))
+            result = _best_result(problem.gpu, problem, build, m, exact=exact, distance=distance)
+            winner = (*rank, result)
     return winner[3] if winner is not None else None
 
 
@@ -271,7 +310,120 @@ def best_or_nearest(
             return None
         nearest = min(tuned, key=lambda t: (abs(math.log(t / n)), -t))
         problems = s.scalars(query.where(Problem.n == nearest).order_by(Problem.id)).all()
-        return _best_of(s, problems, exact=False)
+        found = _best_of(s, problems, exact=False)
+        if found is None:
+            return None
+        # The distance of the asked N x N at the winner's batch and heads, so that it reads
+        # the same as best_for_shape's.
+        winner = next(p for p in problems if p.id == found.problem_id)
+        measured = problem_shape(winner)
+        asked_nk = nk if nk is not None else n
+        if measured is None or not 1 <= asked_nk <= MAX_DIM or n > MAX_DIM:
+            return found
+        asked = Shape(n, asked_nk, found.batch, found.heads, found.kv_heads)
+        sm_count = _sm_count(s, winner.gpu.name_key)
+        return dataclasses.replace(found, distance=shape_distance(asked, measured, sm_count))
+
+
+def _sm_count(s: Session, name_key: str) -> int:
+    """:func:`effective_sm_count` of every GPU row stored under ``name_key``."""
+    return effective_sm_count(s.scalars(select(Gpu.sm_count).where(Gpu.name_key == name_key)))
+
+
+def _shape_candidates(
+    gpu: str, d: int, dtype: str, causal: bool, family: str | None
+) -> Select[Any]:
+    """The problems of one GPU/D/dtype/mask with an OK measurement (of ``family``'s builds
+    when given), each with its GPU loaded."""
+    has_ok = (
+        select(Measurement.id)
+        .join(Build, Build.id == Measurement.build_id)
+        .where(
+            Measurement.problem_id == Problem.id,
+            Measurement.status == MeasureStatus.OK.value,
+            Measurement.median_ms.is_not(None),
+            *([Build.family == family] if family is not None else []),
+        )
+        .exists()
+    )
+    return (
+        select(Problem)
+        .join(Gpu, Gpu.id == Problem.gpu_id)
+        .options(contains_eager(Problem.gpu))
+        .where(
+            Gpu.name_key == normalize_gpu_name(gpu),
+            Problem.d == d,
+            Problem.dtype == dtype,
+            Problem.causal == causal,
+            has_ok,
+        )
+        .order_by(Problem.id)
+    )
+
+
+def best_for_shape(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    shape: Shape,
+    *,
+    exact: bool = False,
+    family: str | None = None,
+) -> BestResult | None:
+    """:meth:`db.store.Store.best_for_shape`: the exact shape, else the nearest tuned one."""
+    with session_scope(engine) as s:
+        problems = s.scalars(_shape_candidates(gpu, d, dtype, causal, family)).unique().all()
+        shaped = [(p, problem_shape(p)) for p in problems]
+        hits = [p for p, sh in shaped if sh == shape]
+        if hits:
+            return _best_of(s, hits, exact=True, family=family)
+        tuned = sorted({sh for _, sh in shaped if sh is not None})
+        if exact or not tuned:
+            return None
+        sm_count = _sm_count(s, normalize_gpu_name(gpu))
+        nearest = nearest_shape(shape, tuned, sm_count)
+        assert nearest is not None  # tuned is not empty
+        chosen = [p for p, sh in shaped if sh == nearest]
+        return _best_of(
+            s,
+            chosen,
+            exact=False,
+            family=family,
+            distance=shape_distance(shape, nearest, sm_count),
+        )
+
+
+def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
+    """:meth:`db.store.Store.shape_winners`: one winner per tuned shape, with its SM count."""
+    with session_scope(engine) as s:
+        has_ok = exists().where(
+            Measurement.problem_id == Problem.id,
+            Measurement.status == MeasureStatus.OK.value,
+            Measurement.median_ms.is_not(None),
+        )
+        problems = s.scalars(
+            select(Problem)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))
+            .where(has_ok)
+            .order_by(Problem.id)
+        ).all()
+        sm_counts: dict[str, list[int]] = {}
+        for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
+            sm_counts.setdefault(name_key, []).append(count)
+        groups: dict[tuple[str, int, str, bool, Shape], list[Problem]] = {}
+        for p in problems:
+            sh = problem_shape(p)
+            if sh is not None:
+                groups.setdefault((p.gpu.name_key, p.d, p.dtype, p.causal, sh), []).append(p)
+        out: list[tuple[BestResult, int]] = []
+        for key, group in groups.items():
+            found = _best_of(s, group, exact=True)
+            if found is not None:
+                out.append((found, effective_sm_count(sm_counts[key[0]])))
+        return out
 
 
 def gpus(engine: Engine) -> list[GpuSummary]:

@@ -1,8 +1,8 @@
 """The store's answers as plain values: what a read of the results database returns.
 
-Holds :class:`BestResult` (``best``/``best_or_nearest``), :class:`GpuSummary` (``gpus``),
-:class:`ResultRow` and :class:`ResultPage` (``results``, at most :data:`MAX_PAGE` rows a page)
-and :class:`StoredOutcome` (``outcome``).
+Holds :class:`BestResult` (``best``/``best_or_nearest``/``best_for_shape``),
+:class:`GpuSummary` (``gpus``), :class:`ResultRow` and :class:`ResultPage` (``results``, at
+most :data:`MAX_PAGE` rows a page) and :class:`StoredOutcome` (``outcome``).
 
 Contract: frozen values detached from any session (safe to keep after the session closes, to
 pickle, to hand to another thread); ``to_dict`` gives JSON-ready dicts (datetimes as ISO 8601,
@@ -32,9 +32,13 @@ class BestResult:
         gpu: GPU name as the driver reports it (e.g. ``"NVIDIA H200"``).
         compute_capability: e.g. ``"9.0"``.
         d, n, nk, batch, heads, kv_heads, dtype, causal: the problem it was measured on.
-        exact: True when the problem's N is the one asked for.
+        exact: True when the problem's N (for ``best_for_shape``: its whole shape) is the
+            one asked for.
         from_n: the N the result was measured at (== n; differs from the request when
             ``exact`` is False).
+        distance: :func:`core.shape.shape_distance` from the asked shape to the measured one
+            (0.0 when ``exact``); for the per-N lookups the asked shape is N x N at the
+            measured problem's batch and heads.
         median_ms, p10_ms, p90_ms: kernel time per launch, milliseconds.
         tflops: throughput of this median on the measured problem (derived, not the stored figure).
         max_abs_err, rel_err: accuracy against the float32 reference.
@@ -81,6 +85,8 @@ class BestResult:
     measurement_id: int
     build_id: int
     problem_id: int
+    # Last and defaulted: results built before shapes were asked for stay constructible.
+    distance: float = 0.0
 
     @property
     def config_name(self) -> str:

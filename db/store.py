@@ -6,7 +6,8 @@ module-level functions split by job:
 
 - :mod:`db.writes`: the write side (``upsert_gpu``, ``record_build``, ``problem_id``,
   ``record_measurement``), each in its own write transaction;
-- :mod:`db.queries`: the read side (``best``, ``best_or_nearest``, ``results``, ``gpus``,
+- :mod:`db.queries`: the read side (``best``, ``best_or_nearest``, ``best_for_shape``,
+  ``shape_winners``, ``results``, ``gpus``,
   ``measured_pairs``, ``outcome``, ``spill_bytes``), read-only;
 - :mod:`db.results`: the values the reads return (:class:`~db.results.BestResult`,
   :class:`~db.results.GpuSummary`, :class:`~db.results.ResultPage`,
@@ -26,6 +27,7 @@ from core.build_report import BuildReport
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult
+from core.shape import Shape
 from db import queries, writes
 from db.results import BestResult, GpuSummary, ResultPage, StoredOutcome
 from db.session import init_db, make_engine
@@ -199,8 +201,9 @@ class Store:
         """:meth:`best`, or else the best at the nearest N tuned for this GPU/D/dtype/causal.
 
         Nearness is by ratio (``|log(N_tuned / n)|``) because tuned lengths are spaced
-        geometrically; a tie goes to the larger N. The result then has ``exact=False`` and
-        ``from_n`` set to the N it was measured at.
+        geometrically; a tie goes to the larger N. The result then has ``exact=False``,
+        ``from_n`` set to the N it was measured at and ``distance`` the shape distance from
+        N x N (at the winner's batch and heads) to the measured problem.
 
         Returns:
             The exact or nearest result, or None when nothing OK was measured at any N.
@@ -217,6 +220,44 @@ class Store:
             heads=heads,
             kv_heads=kv_heads,
         )
+
+    def best_for_shape(
+        self,
+        gpu: str,
+        d: int,
+        dtype: str,
+        causal: bool,
+        shape: Shape,
+        *,
+        exact: bool = False,
+        family: str | None = None,
+    ) -> BestResult | None:
+        """The best config for a whole call shape: measured at it, else at the nearest tuned one.
+
+        The candidates are this GPU/D/dtype/mask's problems with at least one OK
+        measurement (of ``family``'s builds when given). A problem of exactly ``shape`` wins
+        (``exact=True``, ``distance`` 0.0); otherwise, unless ``exact``, the one nearest
+        under :func:`core.shape.nearest_shape` with the GPU's recorded SM count
+        (:data:`db.queries.DEFAULT_SM_COUNT` when not positive). Within the chosen shape the
+        fastest OK median wins. ``from_n``, ``nk``, ``batch``, ``heads`` and ``kv_heads``
+        then say where the answer was measured and ``distance`` how far that is.
+
+        Returns:
+            The result, or None when nothing qualifies (with ``exact``: the shape itself was
+            not tuned).
+        """
+        return queries.best_for_shape(
+            self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family
+        )
+
+    def shape_winners(self) -> list[tuple[BestResult, int]]:
+        """The winner of every tuned problem (any shape, any family), each with its GPU's SM
+        count as :meth:`best_for_shape` uses it; what the service's shape index holds.
+
+        One result per (GPU name, D, dtype, causal, shape): GPU rows that share a name (by
+        :func:`normalize_gpu_name`) count as one GPU, as :meth:`best_for_shape` treats them.
+        """
+        return queries.shape_winners(self._engine)
 
     def gpus(self) -> list[GpuSummary]:
         """Every GPU in the database with its measurement counts, by name."""

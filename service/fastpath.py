@@ -7,6 +7,10 @@ with certainty (every parameter plainly valid and the index has a result) and ha
 everything else, untouched, to the FastAPI route, which stays the single source of truth
 for validation messages, 404s and the OpenAPI documentation. ``tests/test_service.py``
 checks that both paths give identical responses.
+
+A request with ``n`` alone takes the per-N path it always took; one with any shape parameter
+(:data:`SHAPE_PARAMS`) is resolved by :func:`core.shape_request.resolve_shape`, as the route
+does, and answered from the index's shape tables.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from urllib.parse import unquote_plus
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.config import HEAD_DIMS
+from core.shape import ShapeError
+from core.shape_request import resolve_shape
 from service.index import IndexHolder, NotTunedError
 from service.params import MAX_GPU_NAME, MAX_N
 
@@ -26,6 +32,7 @@ _DTYPES = frozenset(("fp16", "bf16"))
 # the FastAPI route.
 _BOOLS = {"false": False, "true": True, "0": False, "1": True}
 _HEADERS = [(b"content-type", b"application/json")]
+SHAPE_PARAMS = ("nq", "nk", "batch", "heads", "kv_heads")  # any of them asks for a shape
 
 
 class BestFastPath:
@@ -66,6 +73,8 @@ class BestFastPath:
             if key in params:
                 return None  # repeated parameter: let the route apply its rules
             params[key] = value
+        if not params.keys().isdisjoint(SHAPE_PARAMS):
+            return self._answer_shape(params)
         gpu = params.get("gpu")
         d_text = params.get("d", "")
         n_text = params.get("n", "")
@@ -76,9 +85,8 @@ class BestFastPath:
             gpu is None
             or not 1 <= len(gpu) <= MAX_GPU_NAME
             or not gpu.strip()
-            or not d_text.isdigit()
-            or not n_text.isdigit()
-            or len(n_text) > 10
+            or _int(d_text) is None
+            or _int(n_text) is None
             or dtype not in _DTYPES
             or causal is None
             or exact is None
@@ -94,3 +102,54 @@ class BestFastPath:
         if exact and entry.n != n:
             return None  # likewise
         return entry.body(n)
+
+    def _answer_shape(self, params: dict[str, str]) -> bytes | None:
+        """:meth:`answer` for a request with shape parameters."""
+        gpu = params.get("gpu")
+        dtype = params.get("dtype", "fp16")
+        causal = _BOOLS.get(params.get("causal", "false"))
+        exact = _BOOLS.get(params.get("exact", "false"))
+        d = _int(params.get("d", ""))
+        if (
+            gpu is None
+            or not 1 <= len(gpu) <= MAX_GPU_NAME
+            or not gpu.strip()
+            or d not in _HEAD_DIMS
+            or dtype not in _DTYPES
+            or causal is None
+            or exact is None
+        ):
+            return None
+        dims: dict[str, int | None] = {}
+        for name in ("n", *SHAPE_PARAMS):
+            text = params.get(name)
+            value = None if text is None else _int(text)
+            if text is not None and (value is None or not 1 <= value <= MAX_N):
+                return None
+            dims[name] = value
+        try:
+            shape = resolve_shape(
+                dims["n"],
+                nq=dims["nq"],
+                nk=dims["nk"],
+                batch=dims["batch"],
+                heads=dims["heads"],
+                kv_heads=dims["kv_heads"],
+            )
+            if shape is None:
+                return None  # not reached: a shape parameter is present
+            answer = self.holder.current().lookup_shape(
+                gpu.strip(), d, dtype, causal, shape, exact=exact
+            )
+        except (ShapeError, NotTunedError):
+            return None  # the route words the 422 or 404
+        return answer.body()
+
+
+def _int(text: str) -> int | None:
+    """A plain decimal of at most 10 digits (anything else is the route's to judge).
+
+    ASCII only: percent-decoding can yield digits such as "²" that ``str.isdigit`` accepts
+    and ``int`` rejects.
+    """
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else None

@@ -4,11 +4,17 @@ Built from the store once at start-up and again after every ingest (and when a p
 check sees new OK measurements from other writers), so a request is a dict lookup and a
 bisect, never a scan of the measurements. Each entry keeps its response body pre-rendered;
 only the requested ``n`` and ``exact`` are spliced in per request.
+
+Requests for a whole shape (``nq``, ``nk``, ``batch``, ``heads``, ``kv_heads``) are answered
+from a second table per key, every tuned shape with its winner (:meth:`Store.shape_winners`),
+searched with :func:`core.shape.nearest_shape` as :meth:`Store.best_for_shape` does; a key
+holds tens of shapes, so a linear scan is a few microseconds.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -16,10 +22,11 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from core.gpu_name import normalize_gpu_name
+from core.shape import Shape, nearest_shape, shape_distance
 from db.results import BestResult
 from db.store import Store
 from service.header import tuned_results
-from service.schemas import BestOut, TunedSetOut
+from service.schemas import BestOut, ShapeOut, TunedSetOut
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +87,67 @@ class Table:
 
 
 @dataclass(frozen=True)
+class ShapeEntry:
+    """The winner at one tuned shape, with its response body minus the per-request keys."""
+
+    shape: Shape
+    result: BestResult
+    body_tail: bytes  # as Entry.body_tail
+
+    def body(self, asked: Shape, distance: float) -> bytes:
+        """The ``/v1/best`` response body for a request for the shape ``asked``."""
+        exact = b"true" if asked == self.shape else b"false"
+        shape = ShapeOut.of(asked).model_dump_json().encode()
+        return b'{"n":%d,"exact":%s,"shape":%s,"distance":%s,%s' % (
+            asked.nq,
+            exact,
+            shape,
+            json.dumps(distance).encode(),
+            self.body_tail,
+        )
+
+
+@dataclass(frozen=True)
+class ShapeAnswer:
+    """A shape request's answer: the asked shape, the entry that answers it, how far it is."""
+
+    asked: Shape
+    entry: ShapeEntry
+    distance: float
+
+    @property
+    def exact(self) -> bool:
+        return self.entry.shape == self.asked
+
+    def body(self) -> bytes:
+        return self.entry.body(self.asked, self.distance)
+
+
+@dataclass(frozen=True)
+class ShapeTable:
+    """Every tuned shape of one key with its winner, and the SM count the distance uses."""
+
+    sm_count: int
+    entries: dict[Shape, ShapeEntry]
+    # Sorted, so that shapes tied on every term of nearest_key go as in the store's query.
+    shapes: list[Shape] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, sm_count: int, entries: dict[Shape, ShapeEntry]) -> ShapeTable:
+        return cls(sm_count=sm_count, entries=entries, shapes=sorted(entries))
+
+    def nearest(self, asked: Shape) -> ShapeAnswer:
+        """The entry at ``asked``, else at the nearest tuned shape (:func:`nearest_shape`)."""
+        hit = self.entries.get(asked)
+        if hit is not None:
+            return ShapeAnswer(asked=asked, entry=hit, distance=0.0)
+        shape = nearest_shape(asked, self.shapes, self.sm_count)
+        assert shape is not None  # a table is built only for keys with shapes
+        entry = self.entries[shape]
+        return ShapeAnswer(asked, entry, shape_distance(asked, shape, self.sm_count))
+
+
+@dataclass(frozen=True)
 class GpuTuned:
     """A GPU's display name and what is tuned for it."""
 
@@ -101,6 +169,7 @@ class BestIndex:
     gpus: dict[str, GpuTuned]
     built_at: datetime
     fingerprint: Fingerprint = ()
+    shapes: dict[Key, ShapeTable] = field(default_factory=dict)
 
     @classmethod
     def build(cls, store: Store) -> BestIndex:
@@ -118,7 +187,13 @@ class BestIndex:
             results.sort(key=lambda b: b.n)
             tables[key] = Table(ns=[b.n for b in results], entries=[_entry(b) for b in results])
             gpus[key[0]].tuned[key[1:]] = tables[key].ns
-        return cls(tables=tables, gpus=gpus, built_at=datetime.now(UTC), fingerprint=fingerprint)
+        return cls(
+            tables=tables,
+            gpus=gpus,
+            built_at=datetime.now(UTC),
+            fingerprint=fingerprint,
+            shapes=_shape_tables(store),
+        )
 
     @property
     def tuned_problems(self) -> int:
@@ -145,23 +220,65 @@ class BestIndex:
                     + ", ".join(map(str, table.ns))
                 )
             return entry
+        raise self._not_tuned(key, gpu, d, dtype, causal)
+
+    def lookup_shape(
+        self, gpu: str, d: int, dtype: str, causal: bool, shape: Shape, *, exact: bool = False
+    ) -> ShapeAnswer:
+        """The winner for a whole-shape request, exact or (unless ``exact``) at the nearest
+        tuned shape; :meth:`db.store.Store.best_for_shape`'s answer, from memory.
+
+        Raises:
+            NotTunedError: as :meth:`lookup`; or, with ``exact``, the shape was not tuned.
+        """
+        key = gpu_key(gpu)
+        table = self.shapes.get((key, d, dtype, causal))
+        if table is None:
+            raise self._not_tuned(key, gpu, d, dtype, causal)
+        answer = table.nearest(shape)
+        if exact and not answer.exact:
+            mask = "causal" if causal else "full"
+            near = answer.entry.shape
+            # The count and the nearest only: a key may hold many shapes.
+            raise NotTunedError(
+                f"shape {shape.describe()} not tuned for D={d} {dtype} {mask} on "
+                f"{answer.entry.result.gpu} (exact=true: no nearest-shape fallback); "
+                f"{len(table.entries)} tuned shapes, the nearest {near.describe()} "
+                f"(distance {answer.distance:.3g})"
+            )
+        return answer
+
+    def _not_tuned(self, key: str, gpu: str, d: int, dtype: str, causal: bool) -> NotTunedError:
+        """Why nothing answers (GPU, D, dtype, causal), naming what is there instead."""
         tuned = self.gpus.get(key)
         if tuned is None:
             known = ", ".join(sorted(g.name for g in self.gpus.values())) or "none"
-            raise NotTunedError(f"no results for GPU {gpu!r}; GPUs with results: {known}")
+            return NotTunedError(f"no results for GPU {gpu!r}; GPUs with results: {known}")
         ds = sorted({k[0] for k in tuned.tuned})
         if d not in ds:
-            raise NotTunedError(
+            return NotTunedError(
                 f"no results for D={d} on {tuned.name}; tuned head dims: " + ", ".join(map(str, ds))
             )
         variants = sorted(
             f"{t} {'causal' if c else 'full'}" for (dd, t, c) in tuned.tuned if dd == d
         )
         mask = "causal" if causal else "full"
-        raise NotTunedError(
+        return NotTunedError(
             f"no results for D={d} {dtype} {mask} on {tuned.name}; tuned for D={d}: "
             + ", ".join(variants)
         )
+
+
+def _shape_tables(store: Store) -> dict[Key, ShapeTable]:
+    """Every tuned shape's winner, grouped by key (:meth:`Store.shape_winners`)."""
+    grouped: dict[Key, dict[Shape, ShapeEntry]] = {}
+    sm_counts: dict[Key, int] = {}
+    for best, sm_count in store.shape_winners():
+        key = (gpu_key(best.gpu), best.d, best.dtype, best.causal)
+        shape = Shape(best.n, best.nk, best.batch, best.heads, best.kv_heads)
+        grouped.setdefault(key, {})[shape] = ShapeEntry(shape, best, _entry(best).body_tail)
+        sm_counts[key] = sm_count
+    return {key: ShapeTable.of(sm_counts[key], entries) for key, entries in grouped.items()}
 
 
 def _fingerprint(store: Store) -> Fingerprint:

@@ -8,6 +8,7 @@ from fastapi import Query
 from pydantic import AfterValidator
 
 from core.config import HEAD_DIMS
+from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
 
 MAX_GPU_NAME = 128  # the gpus.name column
 MAX_N = 2**31 - 1  # Fa2Params.nq is an int32
@@ -44,6 +45,35 @@ HeadDimQuery = Annotated[
 ]
 SeqLenQuery = Annotated[
     int, Query(ge=1, le=MAX_N, description="sequence length (queries = keys)", examples=[4096])
+]
+OptionalSeqLenQuery = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=MAX_N,
+        description="sequence length, queries = keys (the per-N answer); with any shape "
+        "parameter, the query length (as nq)",
+        examples=[4096],
+    ),
+]
+
+
+def _dim_query(description: str) -> object:
+    return Query(ge=1, le=MAX_N, description=description)
+
+
+NqQuery = Annotated[
+    int | None, _dim_query("query length of the shape asked for (default: n); n or nq is required")
+]
+NkQuery = Annotated[int | None, _dim_query("key length of the shape (default: nq)")]
+BatchQuery = Annotated[
+    int | None, _dim_query(f"batch size of the shape (default: {DEFAULT_BATCH})")
+]
+HeadsQuery = Annotated[
+    int | None, _dim_query(f"query heads of the shape (default: {DEFAULT_HEADS})")
+]
+KvHeadsQuery = Annotated[
+    int | None, _dim_query("key/value heads of the shape, a divisor of heads (default: heads)")
 ]
 DtypeQuery = Annotated[Literal["fp16", "bf16"], Query(description="element type")]
 CausalQuery = Annotated[bool, Query(description="causal (bottom-right aligned) mask")]

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.family import AnyConfig
+from core.shape import Shape
 from db.results import BestResult, GpuSummary, ResultRow
 
 
@@ -79,6 +80,26 @@ class MeasuredProblemOut(_Out):
     kv_heads: int
 
 
+class ShapeOut(_Out):
+    """The call shape asked for (with the defaults filled in)."""
+
+    nq: int = Field(description="query rows per (batch, head)")
+    nk: int = Field(description="key rows per (batch, KV head)")
+    batch: int
+    heads: int = Field(description="query heads")
+    kv_heads: int = Field(description="key/value heads (heads is a multiple)")
+
+    @classmethod
+    def of(cls, shape: Shape) -> ShapeOut:
+        return cls(
+            nq=shape.nq, nk=shape.nk, batch=shape.batch, heads=shape.heads, kv_heads=shape.kv_heads
+        )
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
 class BuildOut(_Out):
     """ptxas's resource report of the winning build."""
 
@@ -107,9 +128,27 @@ class ProvenanceOut(_Out):
 class BestOut(_Out):
     """The fastest correct config for a shape on a GPU."""
 
-    n: int = Field(description="the N asked for")
-    exact: bool = Field(description="true when measured at exactly this N")
-    from_n: int = Field(description="the N the answer was measured at (nearest on a log scale)")
+    n: int = Field(description="the N (with a shape: the Nq) asked for")
+    exact: bool = Field(
+        description="true when measured at exactly this N (with a shape: this whole shape)"
+    )
+    from_n: int = Field(
+        description="the N (Nq) the answer was measured at: the nearest tuned N on a log "
+        "scale, or with a shape the Nq of the nearest tuned shape"
+    )
+    # Absent, not null, on an answer for N alone, so old clients get the bodies they always got.
+    shape: ShapeOut | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the shape asked for, defaults filled in; only when a shape parameter "
+        "(nq, nk, batch, heads, kv_heads) was given",
+    )
+    distance: float | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="how far measured_problem is from shape (0 when exact): the sum of "
+        "|log ratio| of Nq, Nk, grid fill and GQA group; only with shape",
+    )
     gpu: str
     d: int
     dtype: Literal["fp16", "bf16"]
@@ -126,10 +165,13 @@ class BestOut(_Out):
     provenance: ProvenanceOut
 
     @classmethod
-    def of(cls, b: BestResult, n: int) -> BestOut:
+    def of(cls, b: BestResult, n: int, shape: Shape | None = None) -> BestOut:
+        """The answer to a request for ``n`` alone, or (``shape``) for a whole shape."""
         return cls(
-            n=n,
-            exact=n == b.n,
+            n=n if shape is None else shape.nq,
+            exact=n == b.n if shape is None else b.exact,
+            shape=None if shape is None else ShapeOut.of(shape),
+            distance=None if shape is None else b.distance,
             from_n=b.n,
             gpu=b.gpu,
             d=b.d,

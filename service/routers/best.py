@@ -5,10 +5,23 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi.exceptions import RequestValidationError
 
+from core.shape_request import ShapeParamError, resolve_shape
 from service.deps import IndexDep
 from service.index import NotTunedError
-from service.params import CausalQuery, DtypeQuery, GpuQuery, HeadDimQuery, SeqLenQuery
+from service.params import (
+    BatchQuery,
+    CausalQuery,
+    DtypeQuery,
+    GpuQuery,
+    HeadDimQuery,
+    HeadsQuery,
+    KvHeadsQuery,
+    NkQuery,
+    NqQuery,
+    OptionalSeqLenQuery,
+)
 from service.schemas import BestOut, ErrorOut, ValidationErrorOut
 
 router = APIRouter(prefix="/v1", tags=["best"])
@@ -22,7 +35,7 @@ router = APIRouter(prefix="/v1", tags=["best"])
         status.HTTP_404_NOT_FOUND: {
             "model": ErrorOut,
             "description": "the GPU, head dim or dtype/mask has no results; or, with "
-            "`exact=true`, N itself was not tuned",
+            "`exact=true`, N (or the shape) itself was not tuned",
         },
         status.HTTP_422_UNPROCESSABLE_CONTENT: {"model": ValidationErrorOut},
     },
@@ -31,25 +44,53 @@ async def best(
     index: IndexDep,
     gpu: GpuQuery,
     d: HeadDimQuery,
-    n: SeqLenQuery,
+    n: OptionalSeqLenQuery = None,
     dtype: DtypeQuery = "fp16",
     causal: CausalQuery = False,
     exact: Annotated[
         bool,
-        Query(description="only a result measured at N itself: no nearest-N fallback (404)"),
+        Query(
+            description="only a result measured at N (or the shape) itself: no nearest "
+            "fallback (404)"
+        ),
     ] = False,
+    nq: NqQuery = None,
+    nk: NkQuery = None,
+    batch: BatchQuery = None,
+    heads: HeadsQuery = None,
+    kv_heads: KvHeadsQuery = None,
 ) -> Response:
-    """The fastest correct config measured for (GPU, D, N, dtype, causal).
+    """The fastest correct config measured for (GPU, D, N, dtype, causal), or for a shape.
 
-    When N itself was not tuned, the answer is the winner at the nearest tuned N on a log
-    scale (``exact`` is false and ``from_n`` says which N); the timing and throughput are
-    those measured at ``from_n``. The response includes the full config, the measurement and
-    its provenance (driver, CUDA, nvcc, arch, source hash, time). With ``exact=true`` (the
-    CLI's ``--exact``) an untuned N is a 404 that lists the tuned Ns.
+    With ``n`` alone: when N itself was not tuned, the answer is the winner at the nearest
+    tuned N on a log scale (``exact`` is false and ``from_n`` says which N); the timing and
+    throughput are those measured at ``from_n``.
+
+    With any of ``nq``, ``nk``, ``batch``, ``heads``, ``kv_heads``: the answer is for that
+    whole shape (``nq`` defaults to ``n``, ``nk`` to ``nq``, ``batch`` to 2 and ``heads`` to
+    16, the campaign's, ``kv_heads`` to ``heads``), measured at it or else at the nearest
+    tuned shape; ``shape`` echoes the asked shape, ``measured_problem`` says where the
+    answer was measured and ``distance`` how far that is (the sum of |log ratio| of Nq, Nk,
+    grid fill and GQA group; 0 when exact).
+
+    The response includes the full config, the measurement and its provenance (driver,
+    CUDA, nvcc, arch, source hash, time). With ``exact=true`` (the CLI's ``--exact``) an
+    untuned N or shape is a 404.
     """
     try:
-        entry = index.lookup(gpu, d, n, dtype, causal, exact=exact)
+        shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
+    except ShapeParamError as exc:
+        kind = "missing" if exc.param == "n" and n is None else "value_error"
+        raise RequestValidationError(
+            [{"type": kind, "loc": ("query", exc.param), "msg": str(exc), "input": exc.value}]
+        ) from None
+    try:
+        if shape is None:
+            assert n is not None  # resolve_shape requires n or nq
+            entry = index.lookup(gpu, d, n, dtype, causal, exact=exact)
+            # Pre-rendered body (see service.index): no per-request model validation.
+            return Response(content=entry.body(n), media_type="application/json")
+        answer = index.lookup_shape(gpu, d, dtype, causal, shape, exact=exact)
     except NotTunedError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    # Pre-rendered body (see service.index): no per-request model validation/serialisation.
-    return Response(content=entry.body(n), media_type="application/json")
+    return Response(content=answer.body(), media_type="application/json")
