@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from codegen import fa3_space
+from codegen import fa3_space, splitkv_space
 from codegen.build import (
     BuildBatch,
     NvccNotFoundError,
@@ -32,6 +32,7 @@ from codegen.space import (
 from core.build_report import BuildReport, BuildStatus
 from core.config import Dtype, KernelConfig
 from core.family import AnyConfig, config_from_name
+from core.splitkv_config import SplitKvConfig
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +89,12 @@ def _check_arch(arch: str) -> str:
 
 
 def _est_registers(config: AnyConfig) -> int:
-    """The space's register estimate per thread (fa3: accumulators plus headroom)."""
+    """The space's register estimate per thread (fa3: accumulators plus headroom;
+    splitkv: accumulators)."""
     if isinstance(config, KernelConfig):
         return estimate_registers(config)
+    if isinstance(config, SplitKvConfig):
+        return splitkv_space.accumulator_regs(config)
     return fa3_space.accumulator_regs(config) + fa3_space.REG_HEADROOM
 
 

@@ -16,13 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from codegen import fa3_space
+from codegen import fa3_space, splitkv_space
 from codegen import space as fa2_space
 from codegen.render import render_instantiation
 from core.config import Dtype, KernelConfig
 from core.elements import element
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig, UnknownFamilyError, config_type
+from core.problem import Problem
+from core.shape import Shape
+from core.splitkv_config import SplitKvConfig
 
 Grid = tuple[int, int, int]
 
@@ -80,10 +83,12 @@ class Family:
         seeds: known-good configs a search starts from.
         default: the config used where nothing was tuned.
         render: the ``.cu`` text of one instantiation.
-        grid: launch grid for (config, nq, q_heads, batch).
+        grid: launch grid of a config on a call's shape.
         host_prep: dotted name (``module:function``) of the GPU stage's preparation of extra
             launch arguments, or None when the kernel takes only its ``Fa2Params``.
         header: this family's part of the exported header.
+        serves: whether a campaign searches the family on a problem (every family is correct
+            on every shape; this only keeps a family off problems it cannot win).
     """
 
     name: str
@@ -95,9 +100,10 @@ class Family:
     seeds: Callable[[int, Dtype, bool], list[AnyConfig]]
     default: Callable[[int, Dtype, bool], AnyConfig]
     render: Callable[[AnyConfig], str]
-    grid: Callable[[AnyConfig, int, int, int], Grid]
+    grid: Callable[[AnyConfig, Shape], Grid]
     header: HeaderPart
     host_prep: str | None = None
+    serves: Callable[[Problem], bool] = lambda problem: True
 
     @property
     def config_type(self) -> type[AnyConfig]:
@@ -127,9 +133,9 @@ class Family:
         return None
 
 
-def _fa2_grid(config: AnyConfig, nq: int, heads: int, batch: int) -> Grid:
+def _fa2_grid(config: AnyConfig, shape: Shape) -> Grid:
     assert isinstance(config, KernelConfig)
-    return (-(-nq // config.br), heads, batch)  # ceil(nq / br) query tiles
+    return (-(-shape.nq // config.br), shape.heads, shape.batch)  # ceil(nq / br) query tiles
 
 
 def _fa2_traits(config: AnyConfig) -> str:
@@ -180,8 +186,8 @@ def _fa3_config(config: AnyConfig) -> Fa3Config:
     return config
 
 
-def _fa3_grid(config: AnyConfig, nq: int, heads: int, batch: int) -> Grid:
-    return (-(-nq // _fa3_config(config).block_m), heads, batch)
+def _fa3_grid(config: AnyConfig, shape: Shape) -> Grid:
+    return (-(-shape.nq // _fa3_config(config).block_m), shape.heads, shape.batch)
 
 
 def _fa3_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -> list[AnyConfig]:
@@ -249,8 +255,73 @@ FA3 = Family(
     host_prep="measure.tma:fa3_tensor_maps",
 )
 
+
+def _splitkv_config(config: AnyConfig) -> SplitKvConfig:
+    assert isinstance(config, SplitKvConfig)
+    return config
+
+
+def _splitkv_grid(config: AnyConfig, shape: Shape) -> Grid:
+    # (row tiles x KV heads x batch, splits): batch x heads in x, whose limit is 2^31 - 1.
+    c = _splitkv_config(config)
+    row_tiles = -(-shape.group * shape.nq // c.rows)
+    return (row_tiles * shape.kv_heads * shape.batch, c.splits_for(shape.nk), 1)
+
+
+def _splitkv_space(
+    d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str
+) -> list[AnyConfig]:
+    return list(splitkv_space.enumerate_space(d, dtype, causal, smem_limit))
+
+
+def _splitkv_check(config: AnyConfig, smem_limit: int) -> tuple[bool, str]:
+    return splitkv_space.is_valid(_splitkv_config(config), smem_limit)
+
+
+def _splitkv_seeds(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
+    return list(splitkv_space.seed_configs(d, dtype, causal))
+
+
+def _splitkv_args(config: AnyConfig) -> tuple[object, ...]:
+    c = _splitkv_config(config)
+    causal = "true" if c.causal else "false"
+    return (c.d, element(c.dtype).cuda_type, causal, c.rows, c.block_n, c.warps, c.stages,
+            c.splits)  # fmt: skip
+
+
+def _splitkv_render(config: AnyConfig) -> str:
+    args = ", ".join(map(str, (config.name, *_splitkv_args(config))))
+    return f'#include "splitkv_fwd.cuh"\nSPLITKV_DEFINE_KERNEL({args})\n'
+
+
+def _splitkv_traits(config: AnyConfig) -> str:
+    return f"splitkv::Traits<{', '.join(map(str, _splitkv_args(config)))}>"
+
+
+SPLITKV = Family(
+    name="splitkv",
+    summary="split-KV decode forward: packed GQA rows, warps and blocks split the keys (sm_80+)",
+    templates=("splitkv_fwd.cuh",),
+    archs=FA2.archs,
+    space=_splitkv_space,
+    check=_splitkv_check,
+    seeds=_splitkv_seeds,
+    default=splitkv_space.default_config,
+    render=_splitkv_render,
+    grid=_splitkv_grid,
+    header=HeaderPart(
+        template="splitkv_launch.cuh",  # includes splitkv_fwd.cuh
+        traits=_splitkv_traits,
+        kernel="splitkv::fwd_kernel",
+        launcher="splitkv::launch",
+        kernel_params="const Fa2Params, float*, float*, int*",  # p, ws_o, ws_lse, ws_count
+    ),
+    host_prep="measure.splitkv:splitkv_workspace",
+    serves=splitkv_space.serves,
+)
+
 #: Every family, by name; the order is the order a campaign searches them in.
-FAMILIES: dict[str, Family] = {f.name: f for f in (FA2, FA3)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (FA2, FA3, SPLITKV)}
 
 
 def family(name: str) -> Family:

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeAlias
 
 from core.config import Dtype, KernelConfig
 from core.fa3_config import Fa3Config
+from core.splitkv_config import SplitKvConfig
 
 
 class FamilyConfig(Protocol):
@@ -52,10 +53,14 @@ class FamilyConfig(Protocol):
 
 
 #: Any family's config (a union as families are added; each satisfies :class:`FamilyConfig`).
-AnyConfig: TypeAlias = KernelConfig | Fa3Config
+AnyConfig: TypeAlias = KernelConfig | Fa3Config | SplitKvConfig
 
 #: Family name -> config type. A family's name is also its config names' prefix.
-CONFIG_TYPES: dict[str, type[AnyConfig]] = {"fa2": KernelConfig, "fa3": Fa3Config}
+CONFIG_TYPES: dict[str, type[AnyConfig]] = {
+    "fa2": KernelConfig,
+    "fa3": Fa3Config,
+    "splitkv": SplitKvConfig,
+}
 
 FAMILIES: tuple[str, ...] = tuple(CONFIG_TYPES)
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from core.family import AnyConfig
 from core.problem import Problem
+from core.shape import Shape
 from measure.params import Fa2Params, Layout, make_params
 
 if TYPE_CHECKING:
@@ -386,7 +387,10 @@ class LoadedKernel:
         """
         params = make_params(q, k, v, o, lse, scale, layout)
         extra = extra_args(config, q, k, v, layout)
-        grid, block = launch_geometry(config, params.nq, params.q_heads, params.batch)
+        grid, block = launch_geometry(
+            config, params.nq, params.q_heads, params.batch, nk=params.nk,
+            kv_heads=params.kv_heads,
+        )  # fmt: skip
         return self.bind(params, grid, block, config.smem_bytes, stream_handle, extra)
 
     def unload(self) -> None:
@@ -402,22 +406,37 @@ class LoadedKernel:
             log.debug("cuModuleUnload(%s): %s", self.symbol, exc)
 
 
-def launch_geometry(config: AnyConfig, nq: int, q_heads: int, batch: int) -> tuple[Dim3, Dim3]:
-    """``(grid, block)`` of ``config``'s kernel on ``nq`` query rows: its family's geometry.
+def launch_geometry(
+    config: AnyConfig,
+    nq: int,
+    q_heads: int,
+    batch: int,
+    *,
+    nk: int | None = None,
+    kv_heads: int | None = None,
+) -> tuple[Dim3, Dim3]:
+    """``(grid, block)`` of ``config``'s kernel on a call's shape: its family's geometry.
 
     ``fa2``: grid ``(ceil(nq / br), q_heads, batch)``, block ``(32 * warps, 1, 1)``;
     ``fa3``: grid ``(ceil(nq / block_m), q_heads, batch)``, block ``((block_m/64 + 1) * 128,
-    1, 1)``.
+    1, 1)``; ``splitkv``: grid ``(row tiles * kv_heads * batch, splits)`` (it needs ``nk`` and
+    ``kv_heads``, which default to ``nq`` and ``q_heads``).
     """
     from codegen.families import family_of
 
     fam = family_of(config)
-    return fam.grid(config, nq, q_heads, batch), fam.block(config)
+    shape = Shape(
+        nq, nq if nk is None else nk, batch, q_heads, q_heads if kv_heads is None else kv_heads
+    )
+    return fam.grid(config, shape), fam.block(config)
 
 
 def grid_for(config: AnyConfig, problem: Problem) -> tuple[Dim3, Dim3]:
     """Launch geometry of ``config`` on ``problem``: ``(grid, block)`` (:func:`launch_geometry`)."""
-    return launch_geometry(config, problem.n, problem.heads, problem.batch)
+    return launch_geometry(
+        config, problem.n, problem.heads, problem.batch, nk=problem.n_keys,
+        kv_heads=problem.n_kv_heads,
+    )  # fmt: skip
 
 
 @cache

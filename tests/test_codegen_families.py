@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.families import FA2, FA3, FAMILIES, families_for, family, family_of
+from codegen.families import FA2, FA3, FAMILIES, SPLITKV, families_for, family, family_of
 from codegen.space import fa2_default_config
 from core.config import KernelConfig
+from core.shape import Shape
 from core.family import (
     UnknownFamilyError,
     config_from_name,
@@ -18,7 +19,7 @@ CFG = KernelConfig(d=128, dtype="bf16", causal=True, br=128, bc=64, warps=4, sta
 
 
 def test_the_mma_sync_template_is_family_fa2() -> None:
-    assert list(FAMILIES) == ["fa2", "fa3"] and family("fa2") is FA2
+    assert list(FAMILIES) == ["fa2", "fa3", "splitkv"] and family("fa2") is FA2
     assert family_of(CFG) is FA2 and FA2.config_type is KernelConfig
     assert CFG.name.startswith("fa2_") and family_of_name(CFG.name) == "fa2"
     assert FA2.templates == ("fa2_fwd.cuh",)
@@ -70,13 +71,14 @@ def test_each_family_builds_for_the_newest_target_the_gpu_runs(
     cc: str, fa2_arch: str | None, fa3_arch: str | None
 ) -> None:
     assert (FA2.arch_for(cc), FA3.arch_for(cc)) == (fa2_arch, fa3_arch)
-    expected = [f for f, a in ((FA2, fa2_arch), (FA3, fa3_arch)) if a is not None]
-    assert families_for(cc) == expected
+    assert SPLITKV.arch_for(cc) == fa2_arch  # the same portable targets as fa2
+    pairs = ((FA2, fa2_arch), (FA3, fa3_arch), (SPLITKV, fa2_arch))
+    assert families_for(cc) == [f for f, a in pairs if a is not None]
 
 
 def test_fa2_launch_geometry() -> None:
-    assert FA2.grid(CFG, 1000, 16, 2) == (8, 16, 2)  # ceil(1000 / 128) query tiles
-    assert FA2.grid(CFG, 1, 3, 5) == (1, 3, 5)
+    assert FA2.grid(CFG, Shape(1000, 1000, 2, 16, 16)) == (8, 16, 2)  # ceil(1000 / 128)
+    assert FA2.grid(CFG, Shape(1, 7, 5, 3, 1)) == (1, 3, 5)
     assert FA2.block(CFG) == (128, 1, 1)
 
 

@@ -241,20 +241,25 @@ def run_campaign(
         rng=random.Random(options.seed),
         clock=clock,
     )
-    spaces: dict[tuple[int, str, bool], search.SearchSpace] = {}
+    # One space per distinct config list: problems of one (D, dtype, mask) share it unless a
+    # family serves only some of them (split-KV: decode shapes).
+    spaces: dict[tuple[AnyConfig, ...], search.SearchSpace] = {}
+    space_of: dict[Problem, search.SearchSpace] = {}
     for problem in problems:
         group = _group(problem)
-        if group not in spaces:
-            spaces[group] = search.SearchSpace.from_configs(space_fn(problem))
-            first = spaces[group].configs[0]
+        configs = tuple(space_fn(problem))
+        if configs not in spaces:
+            spaces[configs] = search.SearchSpace.from_configs(configs)
+            first = spaces[configs].configs[0]
             if (first.d, first.dtype, first.causal) != group:
                 raise ValueError(
                     f"space_fn gave {first.name} for problem {problem.study_name}: "
                     "configs must match the problem's D, dtype and mask"
                 )
             # Seeds first: they are every new study's first proposals.
-            seeds = [c for c in seeds_fn(problem) if c in spaces[group]]
-            builds.submit([*seeds, *spaces[group].configs])
+            seeds = [c for c in seeds_fn(problem) if c in spaces[configs]]
+            builds.submit([*seeds, *spaces[configs].configs])
+        space_of[problem] = spaces[configs]
 
     observer.campaign_started(problems, trials, time_budget_s)
     summaries: list[ProblemSummary] = []
@@ -270,7 +275,7 @@ def run_campaign(
                 share = (deadline - now) / (len(problems) - index)
                 problem_deadline = now + max(0.0, share)
             run = _open_problem(
-                ctx, options, index, problem, storage, spaces[_group(problem)], seeds_fn,
+                ctx, options, index, problem, storage, space_of[problem], seeds_fn,
                 problem_deadline,
             )  # fmt: skip
             runs.append(run)
@@ -328,8 +333,9 @@ def _defaults(
     """The production space, seeds and build for ``arch`` where none is given.
 
     The space is the union of every kernel family that runs on a GPU of ``arch``
-    (:func:`codegen.families.families_for`): on an sm_90 GPU the Hopper family's configs
-    beside the portable ones, searched by one study per problem.
+    (:func:`codegen.families.families_for`) and serves the problem (``Family.serves``: the
+    split-KV family only where the packed query rows are few): on an sm_90 GPU the Hopper
+    family's configs beside the portable ones, searched by one study per problem.
     """
     from codegen.space import ARCH_SMEM_LIMIT
 
@@ -339,12 +345,13 @@ def _defaults(
     families = families_for(f"{digits[:-1]}.{digits[-1]}")
 
     def default_space(p: Problem) -> Sequence[AnyConfig]:
-        return [c for f in families for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
+        serving = [f for f in families if f.serves(p)]
+        return [c for f in serving for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
 
     def default_seeds(p: Problem) -> Sequence[AnyConfig]:
         # Round-robin over the families, each family's default first, so that a short budget
         # still measures every family's best-known config before any family's second seed.
-        per_family = [_default_first(f, p) for f in families]
+        per_family = [_default_first(f, p) for f in families if f.serves(p)]
         return [c for group in zip_longest(*per_family) for c in group if c is not None]
 
     def default_build(configs: Sequence[AnyConfig]) -> Sequence[BuildReport]:

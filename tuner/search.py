@@ -93,6 +93,7 @@ from core.fa3_config import Fa3Config
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureStatus
+from core.splitkv_config import SplitKvConfig
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,15 @@ FA3_PARAM_NAMES: Final[tuple[str, ...]] = (
     "fa3_block_m", "fa3_block_n", "fa3_stages", "fa3_pv", "fa3_overlap", "fa3_pingpong",
     "fa3_regs",
 )  # fmt: skip
+SPLITKV_PARAM_NAMES: Final[tuple[str, ...]] = (
+    "skv_rows", "skv_block_n", "skv_warps", "skv_stages", "skv_splits",
+)  # fmt: skip
 #: Each family's optuna parameter names, in the order families are searched.
-FAMILY_PARAM_NAMES: Final[dict[str, tuple[str, ...]]] = {"fa2": PARAM_NAMES, "fa3": FA3_PARAM_NAMES}
+FAMILY_PARAM_NAMES: Final[dict[str, tuple[str, ...]]] = {
+    "fa2": PARAM_NAMES,
+    "fa3": FA3_PARAM_NAMES,
+    "splitkv": SPLITKV_PARAM_NAMES,
+}
 FAMILY_PARAM: Final = "family"
 CONFIG_PARAM: Final = "config"  # the grid sampler's one parameter over several families
 LAYOUTS: Final[tuple[str, ...]] = ("pad0", "pad8", "pad16", "swz")
@@ -176,6 +184,8 @@ def params_of(config: AnyConfig) -> dict[str, CategoricalChoiceType]:
             "fa3_pingpong": config.pingpong,
             "fa3_regs": config.consumer_regs,
         }
+    if isinstance(config, SplitKvConfig):
+        return {f"skv_{k}": v for k, v in config.params().items()}
     return {
         "br": config.br,
         "bc": config.bc,
@@ -277,7 +287,7 @@ class SearchSpace:
 
     def __contains__(self, config: object) -> bool:
         return (
-            isinstance(config, KernelConfig | Fa3Config)
+            isinstance(config, KernelConfig | Fa3Config | SplitKvConfig)
             and self.lookup(self.params_for(config)) == config
         )
 

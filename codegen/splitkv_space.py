@@ -1,0 +1,119 @@
+"""The split-KV (decode) family's space: which :class:`~core.splitkv_config.SplitKvConfig`
+values are valid.
+
+The rules restate the ``static_assert``\\s of ``splitkv::Traits``
+(codegen/templates/splitkv_fwd.cuh) so that every config the space yields compiles, plus a
+register estimate (the fp32 S and O accumulators of a warp's rows, and Q's fragments when
+they stay in registers) that keeps ptxas from spilling. Spills are still measured per build.
+
+The family is for calls whose packed query rows (GQA group x Nq) are few: decode and short
+chunks. :func:`serves` says which problems a campaign searches it on; it is correct on every
+shape (the GPU tests run it on long ones too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from core.config import Dtype
+from core.problem import Problem
+from core.splitkv_config import SplitKvConfig
+
+#: Head dims the template instantiates: whole 16-byte chunks that the XOR swizzle permutes.
+HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 160, 192, 224, 256)
+ROWS: tuple[int, ...] = (16, 32, 64)
+BLOCK_N: tuple[int, ...] = (16, 32, 64)
+WARPS: tuple[int, ...] = (1, 2, 4, 8)
+STAGES: tuple[int, ...] = (2, 3, 4)
+SPLITS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+MAX_SMEM_PER_BLOCK = 227 * 1024
+#: fp32 accumulator and Q-fragment registers a thread may keep; the rest of the 255 is left
+#: for addresses, softmax state and the fragments in flight.
+MAX_ACC_REGS = 160
+#: The campaign searches this family on problems with at most this many packed query rows
+#: per (batch, KV head); past it the split-Q families' tiles do the same work better.
+MAX_PACKED_ROWS = 256
+
+
+def accumulator_regs(config: SplitKvConfig) -> int:
+    """fp32 S and O accumulators per thread, plus Q's fragments when they stay in registers."""
+    q_in_regs = config.rows == 16 and config.d <= 128
+    return config.rows * (config.d + config.block_n) // 32 + (config.d // 4 if q_in_regs else 0)
+
+
+def invalid_reasons(config: SplitKvConfig, smem_limit: int = MAX_SMEM_PER_BLOCK) -> list[str]:
+    """Why ``config`` is outside the space; empty when it is valid."""
+    c = config
+    why: list[str] = []
+    if c.dtype not in ("fp16", "bf16"):
+        why.append(f"dtype {c.dtype!r} is not fp16 or bf16")
+    if c.d not in HEAD_DIMS:
+        why.append(f"head dim {c.d} is not one of {list(HEAD_DIMS)}")
+    if c.rows not in ROWS:
+        why.append(f"rows {c.rows} is not one of {list(ROWS)}")
+    if c.rows * c.d > 4096:
+        why.append(f"{c.rows} rows x D={c.d} is over the 4096 the O accumulator allows")
+    if c.block_n not in BLOCK_N:
+        why.append(f"block_n {c.block_n} is not one of {list(BLOCK_N)}")
+    if c.warps not in WARPS:
+        why.append(f"warps {c.warps} is not one of {list(WARPS)}")
+    if c.stages not in STAGES:
+        why.append(f"stages {c.stages} is not one of {list(STAGES)}")
+    if c.splits not in SPLITS:
+        why.append(f"splits {c.splits} is not one of {list(SPLITS)}")
+    if accumulator_regs(c) > MAX_ACC_REGS:
+        why.append(f"{accumulator_regs(c)} accumulator registers exceed {MAX_ACC_REGS}")
+    limit = min(smem_limit, MAX_SMEM_PER_BLOCK)
+    if c.smem_bytes > limit:
+        why.append(f"needs {c.smem_bytes} bytes of shared memory, over {limit}")
+    return why
+
+
+def is_valid(config: SplitKvConfig, smem_limit: int = MAX_SMEM_PER_BLOCK) -> tuple[bool, str]:
+    """``(True, "")`` for a config in the space, else ``(False, reasons)``."""
+    why = invalid_reasons(config, smem_limit)
+    return (not why, "; ".join(why))
+
+
+def enumerate_space(
+    d: int, dtype: Dtype = "fp16", causal: bool = False, smem_limit: int = MAX_SMEM_PER_BLOCK
+) -> list[SplitKvConfig]:
+    """Every valid config for one head dim, dtype and mask, sorted; empty for other head dims."""
+    if d not in HEAD_DIMS:
+        return []
+    candidates = (
+        SplitKvConfig(d, dtype, causal, r, n, w, s, k)
+        for r in ROWS
+        for n in BLOCK_N
+        for w in WARPS
+        for s in STAGES
+        for k in SPLITS
+    )
+    return sorted({c for c in candidates if not invalid_reasons(c, smem_limit)})
+
+
+def default_config(d: int, dtype: Dtype, causal: bool) -> SplitKvConfig:
+    """16 packed rows, 4 warps of 32-key tiles (16 for D > 128), 2 stages, up to 16 splits.
+
+    Raises:
+        ValueError: for a head dim outside :data:`HEAD_DIMS`.
+    """
+    if d not in HEAD_DIMS:
+        raise ValueError(f"head dim {d} is not one of {list(HEAD_DIMS)} for the splitkv family")
+    return SplitKvConfig(d, dtype, causal, 16, 32 if d <= 128 else 16, 4, 2, 16)
+
+
+def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[SplitKvConfig]:
+    """The default and its neighbours in the two choices that matter most: splits and depth."""
+    if d not in HEAD_DIMS:
+        return []
+    base = default_config(d, dtype, causal)
+    found = [base, replace(base, splits=32), replace(base, splits=4), replace(base, stages=3)]
+    found.append(replace(base, warps=8, block_n=16))
+    return sorted({c for c in found if not invalid_reasons(c)})
+
+
+def serves(problem: Problem) -> bool:
+    """Whether a campaign searches this family on ``problem``: few packed query rows."""
+    group = problem.heads // max(problem.n_kv_heads, 1)
+    return group * problem.n <= MAX_PACKED_ROWS

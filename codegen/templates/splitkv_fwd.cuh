@@ -1,0 +1,549 @@
+// fa2tune: split-KV forward for calls with few query rows per KV head (decode), sm_80+.
+//
+// Decode (Nq = 1 or a few speculative tokens) gives a split-Q kernel one block per
+// (batch, head): a handful of blocks on 132 SMs, each computing 63 dead rows of a 64-row tile.
+// This template turns the problem around:
+//
+// * Rows: the query heads of one GQA group and their Nq rows are packed into one block's rows
+//   (packed row r is query r / group of head kv_head * group + r % group), so each K/V tile is
+//   read once per KV head, not once per query head. Tiles are 16, 32 or 64 rows.
+// * Warps split the keys, not the rows: every warp holds the block's query rows and streams
+//   its own K/V tiles (tile j of the block's range goes to warp j % Warps) through its own
+//   cp.async ring of `Stages` buffers, synchronising with nothing but itself (__syncwarp).
+//   At the end the warps' (max, sum, O) are merged through shared memory.
+// * Blocks split the keys too: gridDim.y blocks share one (batch, KV head, row tile), each
+//   taking a contiguous range of key tiles. Each writes its normalised O and LSE to a float32
+//   workspace; the last block to finish (a per-tile counter, reset by that block so the
+//   workspace can be reused by the next launch on the same stream) merges the partials with
+//   their LSE weights into O and LSE. One launch, no separate combine kernel.
+//
+// Causal masking is bottom-right aligned (query i sees key j iff j <= i + nk - nq), as in
+// fa2_fwd.cuh; rows that see no key get O = 0 and LSE = -inf.
+//
+// Kernel arguments: Fa2Params, then float* ws_o, float* ws_lse, int* ws_count (sizes: see
+// workspace_bytes below and docs/splitkv_kernel.md). Grid: (row tiles * kv_heads * batch,
+// splits); row tiles = ceil(group * nq / Rows). Batch * heads lives in grid.x, so any batch
+// up to the int32 limits launches.
+#pragma once
+
+#include "fa2_fwd.cuh"  // Fa2Params and the mma/ldmatrix/cp.async wrappers
+
+namespace splitkv {
+
+using fa2::cp_async_16;
+using fa2::cp_async_commit;
+using fa2::cp_async_wait;
+using fa2::ElemOps;
+using fa2::fast_exp2;
+using fa2::ldmatrix_x4;
+using fa2::ldmatrix_x4_trans;
+using fa2::smem_u32;
+
+template <int D_, typename Elem_, bool Causal_, int Rows_, int Bc_, int Warps_, int Stages_,
+          int Splits_>
+struct Traits {
+  using Elem = Elem_;
+  static constexpr int D = D_;
+  static constexpr bool Causal = Causal_;
+  static constexpr int Rows = Rows_;
+  static constexpr int Bc = Bc_;
+  static constexpr int Warps = Warps_;
+  static constexpr int Stages = Stages_;
+  static constexpr int Splits = Splits_;  // most blocks per row tile; the host may use fewer
+
+  static constexpr int kThreads = 32 * Warps;
+  static constexpr int kMTiles = Rows / 16;
+  static constexpr int kSTiles = Bc / 8;
+  static constexpr int kOTiles = D / 8;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kTileElems = Bc * D;
+  static constexpr int kQBytes = Rows * D * 2;
+  static constexpr int kKVBytes = Warps * Stages * 2 * kTileElems * 2;
+  static constexpr int kMergeBytes = Warps * Rows * D * 4;  // each warp's O, float32
+  static constexpr int kAreaBytes = kKVBytes > kMergeBytes ? kKVBytes : kMergeBytes;
+  static constexpr int kStatBytes = (2 * Warps + 2) * Rows * 4;
+  static constexpr int kSmemBytes = kQBytes + kAreaBytes + kStatBytes;
+  static constexpr bool kQInRegs = kMTiles == 1 && D <= 128;  // else ldmatrix per k-step
+
+  static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim must be 32..256, multiple of 32");
+  static_assert(Rows == 16 || Rows == 32 || Rows == 64, "16, 32 or 64 packed rows");
+  static_assert(Rows * D <= 4096, "the O accumulator must fit in registers");
+  static_assert(Bc % 16 == 0 && Bc >= 16 && Bc <= 64, "Bc must be 16, 32, 48 or 64");
+  static_assert(Stages >= 1 && Stages <= 4, "1..4 K/V stages per warp");
+  static_assert(Warps >= 1 && Warps <= 8, "1..8 warps");
+  static_assert(Splits >= 1 && Splits <= 128, "1..128 splits");
+  static_assert(kAreaBytes >= Rows * Splits * 4, "merge weights reuse the merge area");
+
+  // Element offset of chunk c of row r: the XOR swizzle of fa2_fwd.cuh, so the 8 rows an
+  // ldmatrix phase reads sit in 8 different 16-byte bank groups.
+  static constexpr int kSwizzleMask = kChunks % 8 == 0 ? 7 : 3;  // chunk bits it permutes
+  static __device__ __forceinline__ int swizzle_term(int r) {
+    return kChunks % 8 == 0 ? (r & 7) : ((r >> 1) & 3);
+  }
+  static __device__ __forceinline__ int offset(int r, int c) {
+    return r * D + (c ^ swizzle_term(r)) * 8;
+  }
+};
+
+// Byte offsets of the chunks a lane's ldmatrix reads, for fragment rows row0 + 16 * i (same
+// swizzle term) and chunks 2 * ks + lane_chunk. The chunk splits into a high part that the
+// swizzle leaves alone (a compile-time immediate once ks is unrolled) and a low part, of which
+// only kVariants values occur per lane: kept in that many registers, instead of one address
+// per (i, ks) pair hoisted out of the key loop.
+template <class T>
+struct FragOffsets {
+  static constexpr int kVariants = (T::kSwizzleMask + 1) / 2;
+  int low[kVariants];
+  __device__ __forceinline__ FragOffsets(int row0, int lane_chunk) {
+    const int term = T::swizzle_term(row0);
+#pragma unroll
+    for (int j = 0; j < kVariants; ++j) low[j] = (((2 * j) | lane_chunk) ^ term) * 16;
+  }
+  // Bytes from the start of the fragment row to chunk 2 * ks + lane_chunk.
+  __device__ __forceinline__ int at(int ks) const {
+    return (2 * ks & ~T::kSwizzleMask) * 16 + low[ks % kVariants];
+  }
+};
+
+// Bytes of workspace a launch needs: partial O and LSE per (row tile, split) and one counter
+// per row tile. Zero with one split (the block writes O itself).
+template <class T>
+inline size_t workspace_bytes(const Fa2Params& p, int splits) {
+  if (splits <= 1) return 0;
+  const int64_t tiles = static_cast<int64_t>((p.q_heads / p.kv_heads) * p.nq + T::Rows - 1) /
+                        T::Rows * p.kv_heads * p.batch;
+  const int64_t partial = tiles * splits * T::Rows;
+  return static_cast<size_t>(partial * (T::D + 1) * 4 + tiles * 4);
+}
+
+// Splits a launch uses: the config's, but never more than there are key tiles.
+template <class T>
+inline int splits_for(const Fa2Params& p) {
+  const int tiles = (p.nk + T::Bc - 1) / T::Bc;
+  return tiles < T::Splits ? (tiles > 0 ? tiles : 1) : T::Splits;
+}
+
+template <class T>
+__device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__ ws_o,
+                                         float* __restrict__ ws_lse, int* __restrict__ ws_count) {
+  using Elem = typename T::Elem;
+  using Ops = ElemOps<Elem>;
+  constexpr int Rows = T::Rows, Bc = T::Bc, D = T::D, S = T::Stages, W = T::Warps;
+  constexpr int kMT = T::kMTiles, kST = T::kSTiles, kOT = T::kOTiles, kCh = T::kChunks;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
+  Elem* sKV = reinterpret_cast<Elem*>(smem_raw + T::kQBytes);         // [W][S][K|V][Bc][D]
+  float* sMerge = reinterpret_cast<float*>(smem_raw + T::kQBytes);    // [W][Rows][D] after
+  float* sMax = reinterpret_cast<float*>(smem_raw + T::kQBytes + T::kAreaBytes);  // [W][Rows]
+  float* sSum = sMax + W * Rows;                                      // [W][Rows]
+  float* sRowMax = sSum + W * Rows;                                   // [Rows], merged
+  float* sRowSum = sRowMax + Rows;                                    // [Rows], merged
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const int group = p.q_heads / p.kv_heads;
+  const int packed = group * p.nq;  // packed rows of one (batch, KV head)
+  const int m_tiles = (packed + Rows - 1) / Rows;
+  const int m_tile = blockIdx.x % m_tiles;
+  const int kv_head = (blockIdx.x / m_tiles) % p.kv_heads;
+  const int batch = blockIdx.x / m_tiles / p.kv_heads;
+  const int split = blockIdx.y;
+  const int splits = gridDim.y;
+  const int r0 = m_tile * Rows;
+  const int valid_rows = min(Rows, packed - r0);
+  const int diag = p.nk - p.nq;
+
+  int key_end = p.nk;
+  if constexpr (T::Causal) key_end = min(p.nk, (r0 + valid_rows - 1) / group + diag + 1);
+  const int n_tiles = key_end > 0 ? (key_end + Bc - 1) / Bc : 0;
+  const int per_split = (n_tiles + splits - 1) / splits;
+  const int t_begin = min(split * per_split, n_tiles);
+  const int t_end = min(t_begin + per_split, n_tiles);
+  const int my_tiles = t_end - t_begin > warp ? (t_end - t_begin - warp + W - 1) / W : 0;
+
+  // Q rows are gathered from `group` heads; rows past the end are zero-filled.
+  const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride;
+  for (int idx = tid; idx < Rows * kCh; idx += T::kThreads) {
+    const int r = idx / kCh, c = idx % kCh;
+    const int row = r0 + r;
+    const bool valid = r < valid_rows;
+    const Elem* src = valid ? q_base + (kv_head * group + row % group) * p.q_head_stride +
+                                  static_cast<int64_t>(row / group) * p.q_row_stride + c * 8
+                            : q_base;
+    cp_async_16(smem_u32(sQ + T::offset(r, c)), src, valid ? 16 : 0);
+  }
+  cp_async_commit();
+
+  const Elem* gK =
+      static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+  const Elem* gV =
+      static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  Elem* sK_warp = sKV + warp * S * 2 * T::kTileElems;
+
+  // This warp's i-th tile: K and V rows into ring slot i % S, keys past nk zero-filled. A lane
+  // copies chunk column `c` of rows r_lane, r_lane + kRowStep, ...: its global addresses
+  // advance by a fixed stride and its swizzled smem chunk takes few values (see FragOffsets).
+  constexpr int kRowStep = 32 % kCh == 0 ? 32 / kCh : 0;  // 0: chunks do not tile 32 lanes
+  const int c_lane = lane % kCh;
+  const int r_lane = lane / kCh;
+  // Rows r_lane + it * kRowStep: r_lane sits below kRowStep's bit, so the swizzle term of the
+  // row is r_lane's XOR it * kRowStep's, the latter a compile-time constant.
+  const int c_swz = c_lane ^ T::swizzle_term(r_lane);
+  const uint32_t sKV_warp = smem_u32(sK_warp);
+  auto load = [&](int i) {
+    if (i < my_tiles) {
+      const int key0 = (t_begin + warp + i * W) * Bc;
+      const uint32_t sK = sKV_warp + (i % S) * 2 * T::kTileElems * 2;
+      const uint32_t sV = sK + T::kTileElems * 2;
+      const int rows_left = p.nk - key0;
+      if constexpr (kRowStep > 0) {
+        const Elem* k_src = gK + (static_cast<int64_t>(key0) + r_lane) * p.k_row_stride + c_lane * 8;
+        const Elem* v_src = gV + (static_cast<int64_t>(key0) + r_lane) * p.v_row_stride + c_lane * 8;
+#pragma unroll
+        for (int it = 0; it < Bc / kRowStep; ++it) {
+          const int r = r_lane + it * kRowStep;
+          const bool valid = r < rows_left;
+          const uint32_t dst = (r * D + (c_swz ^ T::swizzle_term(it * kRowStep)) * 8) * 2;
+          cp_async_16(sK + dst, valid ? k_src : gK, valid ? 16 : 0);
+          cp_async_16(sV + dst, valid ? v_src : gV, valid ? 16 : 0);
+          k_src += kRowStep * p.k_row_stride;
+          v_src += kRowStep * p.v_row_stride;
+        }
+      } else {
+        const Elem* k_tile = gK + static_cast<int64_t>(key0) * p.k_row_stride;
+        const Elem* v_tile = gV + static_cast<int64_t>(key0) * p.v_row_stride;
+#pragma unroll
+        for (int it = 0; it < Bc * kCh / 32; ++it) {
+          const int idx = it * 32 + lane;
+          const int r = idx / kCh, c = idx % kCh;
+          const bool valid = r < rows_left;
+          const uint32_t dst = T::offset(r, c) * 2;
+          cp_async_16(sK + dst, valid ? k_tile + r * p.k_row_stride + c * 8 : gK, valid ? 16 : 0);
+          cp_async_16(sV + dst, valid ? v_tile + r * p.v_row_stride + c * 8 : gV, valid ? 16 : 0);
+        }
+      }
+    }
+    cp_async_commit();  // empty groups keep the wait count constant
+  };
+
+  for (int s = 0; s < S - 1; ++s) load(s);
+  cp_async_wait<(S > 1 ? S - 1 : 0)>();  // the Q group (the oldest) has landed
+  __syncthreads();
+
+  float o_acc[kMT][kOT][4];
+  float row_max[kMT][2];
+  float row_sum[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kOT; ++dt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o_acc[mt][dt][i] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = kNegInf;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int a_row = (lane % 8) + 8 * ((lane / 8) % 2);
+  const int k_row = (lane % 8) + 8 * (lane / 16);
+  const int v_row = (lane % 8) + 8 * ((lane / 8) % 2);
+
+  constexpr int kRowBytes = D * 2;
+  const FragOffsets<T> a_off(a_row, lane / 16), k_off(k_row, (lane / 8) % 2);
+  const FragOffsets<T> v_off(v_row, lane / 16);
+  const uint32_t sQ_a = smem_u32(sQ) + a_row * kRowBytes;
+  const uint32_t sK_b = sKV_warp + k_row * kRowBytes;
+  const uint32_t sV_b = sKV_warp + T::kTileElems * 2 + v_row * kRowBytes;
+
+  uint32_t q_frag[T::kQInRegs ? D / 16 : 1][4];
+  if constexpr (T::kQInRegs) {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(q_frag[ks], sQ_a + a_off.at(ks));
+  }
+
+  const int q_first = r0 / group;  // the block's first query row (causal diagonal test)
+  for (int i = 0; i < my_tiles; ++i) {
+    load(i + S - 1);
+    cp_async_wait<S - 1>();
+    __syncwarp();
+    const uint32_t slot = (i % S) * 2 * T::kTileElems * 2;
+    const int key0 = (t_begin + warp + i * W) * Bc;
+
+    float s_acc[kMT][kST][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kST; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[mt][nt][e] = 0.f;
+
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (T::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qa[mt][e] = q_frag[ks][e];
+        } else {
+          ldmatrix_x4(qa[mt], sQ_a + mt * 16 * kRowBytes + a_off.at(ks));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < kST / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, sK_b + slot + np * 16 * kRowBytes + k_off.at(ks));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          Ops::mma(s_acc[mt][2 * np], qa[mt], kb[0], kb[1]);
+          Ops::mma(s_acc[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    // Mask keys past nk and, when causal, past each row's diagonal.
+    if (key0 + Bc > p.nk || (T::Causal && key0 + Bc - 1 > q_first + diag)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q_row = (r0 + mt * 16 + g + 8 * h) / group;
+          const int limit = T::Causal ? min(p.nk, q_row + diag + 1) : p.nk;
+#pragma unroll
+          for (int nt = 0; nt < kST; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (key0 + nt * 8 + 2 * t + e >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+        }
+    }
+
+    // Online softmax, per warp (each warp keeps its own running max and sum).
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = row_max[mt][h];
+#pragma unroll
+        for (int nt = 0; nt < kST; ++nt)
+          mx = fmaxf(mx, fmaxf(s_acc[mt][nt][2 * h], s_acc[mt][nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
+        const float alpha =
+            row_max[mt][h] == kNegInf ? 0.f : fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
+        row_max[mt][h] = mx;
+        row_sum[mt][h] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < kOT; ++dt) {
+          o_acc[mt][dt][2 * h] *= alpha;
+          o_acc[mt][dt][2 * h + 1] *= alpha;
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kST; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pr = fast_exp2(fmaf(s_acc[mt][nt][2 * h + e], scale_log2, -m_scaled));
+            s_acc[mt][nt][2 * h + e] = pr;
+            sum += pr;
+          }
+        row_sum[mt][h] += sum;
+      }
+
+    // O += P V, P straight from the S accumulators (their layout is the A operand's).
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = Ops::pack(s_acc[mt][2 * kk][0], s_acc[mt][2 * kk][1]);
+        pa[mt][1] = Ops::pack(s_acc[mt][2 * kk][2], s_acc[mt][2 * kk][3]);
+        pa[mt][2] = Ops::pack(s_acc[mt][2 * kk + 1][0], s_acc[mt][2 * kk + 1][1]);
+        pa[mt][3] = Ops::pack(s_acc[mt][2 * kk + 1][2], s_acc[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, sV_b + slot + kk * 16 * kRowBytes + v_off.at(dp));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          Ops::mma(o_acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          Ops::mma(o_acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+    __syncwarp();  // every lane is done with slot i % S before load(i + S) refills it
+  }
+
+  // ---- Merge the warps: block row max, each warp's O rescaled to it, then summed.
+  cp_async_wait<0>();
+  __syncthreads();  // all warps are out of their K/V rings: the merge area may alias them
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = row_sum[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      row_sum[mt][h] = l;
+      if (t == 0) {
+        const int r = mt * 16 + g + 8 * h;
+        sMax[warp * Rows + r] = row_max[mt][h];
+        sSum[warp * Rows + r] = l;
+      }
+    }
+  __syncthreads();
+  for (int r = tid; r < Rows; r += T::kThreads) {  // merged max and sum of row r
+    float mx = kNegInf;
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, sMax[w * Rows + r]);
+    float l = 0.f;
+    if (mx != kNegInf)
+      for (int w = 0; w < W; ++w) {
+        const float m_w = sMax[w * Rows + r];
+        if (m_w != kNegInf) l += sSum[w * Rows + r] * fast_exp2((m_w - mx) * scale_log2);
+      }
+    sRowMax[r] = mx;
+    sRowSum[r] = l;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mt * 16 + g + 8 * h;
+      const float mx = sRowMax[r];
+      const float l = sRowSum[r];
+      // This warp's share, already divided by the merged sum: sMerge holds normalised O.
+      const float w = (row_max[mt][h] == kNegInf || l == 0.f)
+                          ? 0.f
+                          : fast_exp2((row_max[mt][h] - mx) * scale_log2) / l;
+      float* dst = sMerge + (warp * Rows + r) * D + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < kOT; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * 8) =
+            make_float2(o_acc[mt][dt][2 * h] * w, o_acc[mt][dt][2 * h + 1] * w);
+    }
+  __syncthreads();
+
+  // Sums over the warps of 8 consecutive columns of one row, into `out`.
+  auto merged_chunk = [&](int r, int c, float (&out)[8]) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = 0.f;
+    for (int w = 0; w < W; ++w) {
+      const float4* src = reinterpret_cast<const float4*>(sMerge + (w * Rows + r) * D + c * 8);
+      const float4 a = src[0], b = src[1];
+      out[0] += a.x, out[1] += a.y, out[2] += a.z, out[3] += a.w;
+      out[4] += b.x, out[5] += b.y, out[6] += b.z, out[7] += b.w;
+    }
+  };
+  auto row_lse = [&](int r) {
+    return sRowSum[r] > 0.f ? sRowMax[r] * p.softmax_scale + logf(sRowSum[r]) : kNegInf;
+  };
+  Elem* o_base = static_cast<Elem*>(p.o) + batch * p.o_batch_stride;
+  auto o_row = [&](int r) {  // packed row r of this tile -> its O row
+    const int row = r0 + r;
+    return o_base + (kv_head * group + row % group) * p.o_head_stride +
+           static_cast<int64_t>(row / group) * p.o_row_stride;
+  };
+  auto lse_at = [&](int r) -> float* {
+    const int row = r0 + r;
+    return p.lse + (static_cast<int64_t>(batch) * p.q_heads + kv_head * group + row % group) *
+                       p.nq + row / group;
+  };
+  auto store_chunk = [&](int r, int c, const float (&v)[8]) {
+    uint4 packed_out;
+    packed_out.x = Ops::pack(v[0], v[1]);
+    packed_out.y = Ops::pack(v[2], v[3]);
+    packed_out.z = Ops::pack(v[4], v[5]);
+    packed_out.w = Ops::pack(v[6], v[7]);
+    *reinterpret_cast<uint4*>(o_row(r) + c * 8) = packed_out;
+  };
+
+  if (splits == 1) {
+    for (int idx = tid; idx < valid_rows * kCh; idx += T::kThreads) {
+      float v[8];
+      merged_chunk(idx / kCh, idx % kCh, v);
+      store_chunk(idx / kCh, idx % kCh, v);
+    }
+    if (p.lse != nullptr)
+      for (int r = tid; r < valid_rows; r += T::kThreads) *lse_at(r) = row_lse(r);
+    return;
+  }
+
+  // ---- Several splits: publish this block's partial, the last block merges them all.
+  const int64_t part = (static_cast<int64_t>(blockIdx.x) * splits + split) * Rows;
+  for (int idx = tid; idx < valid_rows * kCh; idx += T::kThreads) {
+    float v[8];
+    merged_chunk(idx / kCh, idx % kCh, v);
+    float4* dst = reinterpret_cast<float4*>(ws_o + (part + idx / kCh) * D + (idx % kCh) * 8);
+    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  for (int r = tid; r < valid_rows; r += T::kThreads) ws_lse[part + r] = row_lse(r);
+  __threadfence();  // the partial is visible device-wide before the counter says so
+  __syncthreads();
+  __shared__ int last;
+  if (tid == 0) last = atomicAdd(ws_count + blockIdx.x, 1) == splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // and this block sees every other block's partial
+
+  // Merge weights exp(lse_s - lse) per (row, split), in the (now free) merge area.
+  float* sWeight = sMerge;  // [Rows][splits]
+  const int64_t part0 = static_cast<int64_t>(blockIdx.x) * splits * Rows;
+  for (int r = tid; r < valid_rows; r += T::kThreads) {
+    float mx = kNegInf;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(ws_lse + part0 + s * Rows + r));
+    float sum = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const float lse_s = __ldcg(ws_lse + part0 + s * Rows + r);
+      const float w = mx == kNegInf || lse_s == kNegInf ? 0.f : __expf(lse_s - mx);
+      sWeight[r * splits + s] = w;
+      sum += w;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    for (int s = 0; s < splits; ++s) sWeight[r * splits + s] *= inv;
+    if (p.lse != nullptr) *lse_at(r) = sum > 0.f ? mx + logf(sum) : kNegInf;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < valid_rows * kCh; idx += T::kThreads) {
+    const int r = idx / kCh, c = idx % kCh;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      const float w = sWeight[r * splits + s];
+      if (w == 0.f) continue;  // also skips partials of splits that saw no key
+      const float4* src =
+          reinterpret_cast<const float4*>(ws_o + (part0 + s * Rows + r) * D + c * 8);
+      const float4 a = __ldcg(src), b = __ldcg(src + 1);
+      v[0] += w * a.x, v[1] += w * a.y, v[2] += w * a.z, v[3] += w * a.w;
+      v[4] += w * b.x, v[5] += w * b.y, v[6] += w * b.z, v[7] += w * b.w;
+    }
+    store_chunk(r, c, v);
+  }
+  if (tid == 0) ws_count[blockIdx.x] = 0;  // ready for the next launch on this stream
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads)
+    fwd_kernel(const Fa2Params p, float* ws_o, float* ws_lse, int* ws_count) {
+  fwd_body<T>(p, ws_o, ws_lse, ws_count);
+}
+
+}  // namespace splitkv
+
+// One extern "C" kernel per config, named by the config, for loading from a cubin.
+#define SPLITKV_DEFINE_KERNEL(NAME, D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS)        \
+  using NAME##_traits = splitkv::Traits<D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS>;  \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                    \
+      NAME(const Fa2Params p, float* ws_o, float* ws_lse, int* ws_count) {                  \
+    splitkv::fwd_body<NAME##_traits>(p, ws_o, ws_lse, ws_count);                            \
+  }

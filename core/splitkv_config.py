@@ -1,0 +1,159 @@
+"""The split-KV (decode) family's config: one instantiation of ``SPLITKV_DEFINE_KERNEL``.
+
+Like the other families' configs, a :class:`SplitKvConfig` is frozen, its
+:attr:`~SplitKvConfig.name` carries every parameter (it is the extern "C" symbol and starts
+with the family, ``splitkv_``) and its :attr:`~SplitKvConfig.key` hashes the name. The space
+rules live in :mod:`codegen.splitkv_space`; the kernel is codegen/templates/splitkv_fwd.cuh
+and docs/splitkv_kernel.md describes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from core.config import ELEMENT_BYTES, Dtype
+
+_NAME_RE = re.compile(
+    r"^splitkv_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
+    r"_r(?P<rows>\d+)_n(?P<block_n>\d+)_w(?P<warps>\d+)_s(?P<stages>\d+)_k(?P<splits>\d+)$"
+)
+
+#: Bytes of float32.
+_F32 = 4
+
+
+@dataclass(frozen=True, order=True)
+class SplitKvConfig:
+    """Compile-time parameters of one split-KV forward kernel.
+
+    Attributes:
+        d: head dimension.
+        dtype: element type of Q, K, V and O.
+        causal: bottom-right aligned causal mask.
+        rows: packed query rows per block: the query heads of one GQA group times their
+            query rows (16, 32 or 64).
+        block_n: keys per warp tile.
+        warps: warps per block; each streams its own key tiles.
+        stages: depth of each warp's cp.async K/V ring.
+        splits: most blocks that share one row tile's keys (a launch uses fewer when there
+            are fewer key tiles); their partial results are merged by the last to finish.
+    """
+
+    family: ClassVar[str] = "splitkv"
+
+    d: int
+    dtype: Dtype
+    causal: bool
+    rows: int = 16
+    block_n: int = 32
+    warps: int = 4
+    stages: int = 2
+    splits: int = 16
+
+    @property
+    def name(self) -> str:
+        """Readable identifier, also the kernel's extern "C" symbol."""
+        mask = "causal" if self.causal else "full"
+        return (
+            f"splitkv_d{self.d}_{self.dtype}_{mask}_r{self.rows}_n{self.block_n}"
+            f"_w{self.warps}_s{self.stages}_k{self.splits}"
+        )
+
+    @property
+    def key(self) -> str:
+        """Stable 16-hex-digit key derived from the name."""
+        return hashlib.sha256(self.name.encode()).hexdigest()[:16]
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the traits' ``kSmemBytes`` (a compile test checks both agree).
+
+        The Q tile, then an area that holds every warp's K/V ring during the loop and every
+        warp's float32 O while the warps merge, then the per-warp and merged row statistics.
+        """
+        q = self.rows * self.d * ELEMENT_BYTES
+        rings = self.warps * self.stages * 2 * self.block_n * self.d * ELEMENT_BYTES
+        merge = self.warps * self.rows * self.d * _F32
+        stats = (2 * self.warps + 2) * self.rows * _F32
+        return q + max(rings, merge) + stats
+
+    def splits_for(self, nk: int) -> int:
+        """Blocks per row tile a launch on ``nk`` keys uses: never more than its key tiles."""
+        tiles = -(-nk // self.block_n)
+        return max(1, min(self.splits, tiles))
+
+    def workspace_bytes(self, nq: int, heads: int, kv_heads: int, batch: int, nk: int) -> int:
+        """Float32 workspace a launch needs (partial O and LSE, a counter per row tile)."""
+        splits = self.splits_for(nk)
+        if splits == 1:
+            return 0
+        tiles = -(-(heads // kv_heads) * nq // self.rows) * kv_heads * batch
+        return tiles * splits * self.rows * (self.d + 1) * _F32 + tiles * _F32
+
+    @property
+    def tile(self) -> str:
+        return f"{self.rows}x{self.block_n}/{self.warps}w"
+
+    def describe(self) -> str:
+        """One line for people."""
+        return (
+            f"{self.rows} packed rows, {self.warps} warps x {self.block_n} keys, "
+            f"{self.stages} stages, up to {self.splits} splits"
+        )
+
+    def params(self) -> dict[str, Any]:
+        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``."""
+        return {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> SplitKvConfig:
+        def num(key: str) -> int:
+            value = data[key]
+            if not isinstance(value, int | str):
+                raise TypeError(f"{key}: expected an integer, got {value!r}")
+            return int(value)
+
+        return cls(
+            d=num("d"),
+            dtype=str(data["dtype"]),  # type: ignore[arg-type]
+            causal=bool(data["causal"]),
+            rows=num("rows"),
+            block_n=num("block_n"),
+            warps=num("warps"),
+            stages=num("stages"),
+            splits=num("splits"),
+        )
+
+    @classmethod
+    def from_name(cls, name: str) -> SplitKvConfig:
+        """Parse a name produced by :attr:`name`.
+
+        Raises:
+            ValueError: when ``name`` is not a splitkv config name.
+        """
+        m = _NAME_RE.match(name)
+        if m is None:
+            raise ValueError(
+                f"not a kernel config name: {name!r} "
+                "(expected e.g. splitkv_d128_fp16_full_r16_n32_w4_s2_k16)"
+            )
+        return cls(
+            d=int(m["d"]),
+            dtype=m["dtype"],  # type: ignore[arg-type]
+            causal=m["causal"] == "causal",
+            rows=int(m["rows"]),
+            block_n=int(m["block_n"]),
+            warps=int(m["warps"]),
+            stages=int(m["stages"]),
+            splits=int(m["splits"]),
+        )

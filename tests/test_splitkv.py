@@ -1,0 +1,116 @@
+"""The split-KV (decode) family on the CPU: config, space, registry, geometry, search, campaign."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.families import SPLITKV, family, family_of
+from codegen.splitkv_space import (
+    HEAD_DIMS,
+    MAX_PACKED_ROWS,
+    default_config,
+    enumerate_space,
+    invalid_reasons,
+    seed_configs,
+    serves,
+)
+from core.family import config_from_name, config_from_params
+from core.problem import Problem
+from core.shape import Shape
+from core.splitkv_config import SplitKvConfig
+from tuner.search import SearchSpace, params_of
+
+CFG = SplitKvConfig(128, "bf16", True, rows=32, block_n=16, warps=8, stages=3, splits=32)
+
+
+def test_name_round_trips_and_names_every_parameter() -> None:
+    assert CFG.name == "splitkv_d128_bf16_causal_r32_n16_w8_s3_k32"
+    assert config_from_name(CFG.name) == CFG
+    assert family_of(CFG) is SPLITKV and family("splitkv") is SPLITKV
+    assert CFG.params() == {"rows": 32, "block_n": 16, "warps": 8, "stages": 3, "splits": 32}
+    assert config_from_params("splitkv", 128, "bf16", True, CFG.params()) == CFG
+    with pytest.raises(ValueError, match=r"expected e\.g\. splitkv_d128"):
+        SplitKvConfig.from_name("splitkv_d128_fp16_full_r16")
+
+
+def test_shared_memory_is_q_plus_the_larger_of_rings_and_merge_plus_stats() -> None:
+    c = SplitKvConfig(128, "fp16", False, rows=16, block_n=32, warps=4, stages=2, splits=16)
+    q, rings, merge, stats = 16 * 128 * 2, 4 * 2 * 2 * 32 * 128 * 2, 4 * 16 * 128 * 4, 10 * 16 * 4
+    assert c.smem_bytes == q + max(rings, merge) + stats
+    assert c.threads == 128
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_space_is_valid_sorted_and_holds_seeds_and_default(d: int) -> None:
+    space = enumerate_space(d, "fp16", False)
+    assert space and space == sorted(set(space))
+    assert all(invalid_reasons(c) == [] for c in space)
+    assert default_config(d, "fp16", False) in space
+    assert set(seed_configs(d, "fp16", False)) <= set(space)
+
+
+def test_space_rules_name_what_is_wrong() -> None:
+    bad = SplitKvConfig(80, "fp16", False, rows=64, block_n=24, warps=3, stages=5, splits=3)
+    why = " | ".join(invalid_reasons(bad))
+    for part in ("head dim 80", "64 rows x D=80", "block_n 24", "warps 3", "stages 5", "splits 3"):
+        assert part in why
+    assert enumerate_space(80, "fp16", False) == []
+    with pytest.raises(ValueError, match="head dim 80"):
+        default_config(80, "fp16", False)
+    big = SplitKvConfig(256, "fp16", False, rows=16, block_n=64, warps=8, stages=4, splits=1)
+    assert any("shared memory" in w or "accumulator" in w for w in invalid_reasons(big))
+
+
+def test_splits_never_exceed_key_tiles_and_workspace_follows() -> None:
+    c = SplitKvConfig(128, "fp16", False, rows=16, block_n=32, warps=4, stages=2, splits=16)
+    assert [c.splits_for(nk) for nk in (1, 32, 33, 300, 512, 100_000)] == [1, 1, 2, 10, 16, 16]
+    assert c.workspace_bytes(nq=1, heads=32, kv_heads=8, batch=1, nk=32) == 0  # one split
+    # 4 packed rows per KV head -> one 16-row tile per (batch, KV head): 8 tiles, 16 splits.
+    tiles, partial = 8, 8 * 16 * 16
+    assert c.workspace_bytes(1, 32, 8, 1, 8192) == partial * 129 * 4 + tiles * 4
+
+
+def test_grid_packs_gqa_rows_and_puts_batch_times_heads_in_x() -> None:
+    c = SplitKvConfig(128, "fp16", False, rows=16, block_n=32, warps=4, stages=2, splits=16)
+    assert SPLITKV.grid(c, Shape(1, 8192, 1, 32, 8)) == (8, 16, 1)  # 4 rows per KV head
+    assert SPLITKV.grid(c, Shape(5, 100, 2, 32, 8)) == (2 * 8 * 2, 4, 1)  # 20 rows: 2 tiles
+    assert SPLITKV.grid(c, Shape(1, 64, 70_000, 1, 1)) == (70_000, 2, 1)  # past 65535
+    assert SPLITKV.block(c) == (128, 1, 1)
+
+
+def test_render_and_header_traits_spell_the_same_parameters() -> None:
+    text = SPLITKV.render(CFG)
+    assert text.startswith('#include "splitkv_fwd.cuh"')
+    assert f"SPLITKV_DEFINE_KERNEL({CFG.name}, 128, __nv_bfloat16, true, 32, 16, 8, 3, 32)" in text
+    assert (
+        SPLITKV.header.traits(CFG) == "splitkv::Traits<128, __nv_bfloat16, true, 32, 16, 8, 3, 32>"
+    )
+
+
+def test_the_family_serves_problems_with_few_packed_rows() -> None:
+    decode = Problem(gpu="g", d=128, n=1, nk=8192, batch=8, heads=32, kv_heads=8)
+    chunk = Problem(gpu="g", d=128, n=MAX_PACKED_ROWS // 4, batch=1, heads=32, kv_heads=8)
+    prefill = Problem(gpu="g", d=128, n=4096)
+    assert serves(decode) and serves(chunk) and not serves(prefill)
+    assert SPLITKV.serves(decode) and not SPLITKV.serves(prefill)
+
+
+def test_search_space_over_three_families_looks_every_config_up() -> None:
+    from codegen.families import FA2, FA3
+
+    configs = [
+        *FA2.seeds(128, "fp16", False),
+        *FA3.seeds(128, "fp16", False),
+        *enumerate_space(128, "fp16", False)[:40],
+    ]
+    space = SearchSpace.from_configs(configs)
+    assert space.families == ("fa2", "fa3", "splitkv")
+    assert set(params_of(CFG)) == {
+        "skv_rows",
+        "skv_block_n",
+        "skv_warps",
+        "skv_stages",
+        "skv_splits",
+    }
+    for c in configs:
+        assert c in space and space.lookup(space.params_for(c)) == c
