@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import typer
@@ -19,20 +21,27 @@ from test_replay_synthetic import (
 from typer.testing import CliRunner
 
 from core.config import DTYPES
+from core.problem import Problem
+from core.shape import Shape
 from tuner import tune_cli
 from tuner.campaign import CampaignOptions
 from tuner.replay import ReplayEntry, ReplayTable
 from tuner.summary import CampaignSummary, TimeSplit
 from tuner.tune_cli import (
     DEFAULT_TRIALS,
+    ShapeOptions,
+    campaign_targets,
     make_problems,
     parse_bool_list,
     parse_choice_list,
     parse_duration,
     parse_int_list,
+    parse_shapes,
+    replay_filter,
     resolve_budget,
     tune,
 )
+from tuner.workload import Target
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 
@@ -101,16 +110,12 @@ def test_parse_errors(call: object, match: str) -> None:
 
 
 def test_default_campaign_is_24_grouped_problems() -> None:
-    problems = make_problems(
-        "NVIDIA H200",
-        parse_int_list(tune_cli.DEFAULT_D, "--d"),
-        parse_int_list(tune_cli.DEFAULT_N, "--n"),
-        ["fp16"],
-        parse_bool_list(tune_cli.DEFAULT_CAUSAL, "--causal"),
-        2,
-        16,
-    )
+    problems = make_problems("NVIDIA H200", campaign_targets(ShapeOptions()))
     assert len(problems) == 24
+    # The problems (and study names) of the campaign before shapes were options.
+    assert problems[0] == Problem(gpu="NVIDIA H200", d=64, n=512, batch=2, heads=16)
+    assert problems[0].study_name == "nvidia-h200_d64_n512_b2_h16_fp16_full"
+    assert all(p.nk is None and p.kv_heads is None for p in problems)
     groups = [(p.dtype, p.causal, p.d) for p in problems]
     # Each (dtype, causal, D) group is contiguous, so its builds serve it in one go.
     assert len({g for g in groups}) == 4
@@ -141,6 +146,18 @@ def test_default_budget() -> None:
         (["--trials", "0"], "--trials"),
         (["--arch", "sm_70"], "not one of"),
         (["--batch", "0"], "--batch"),
+        (["--batch", "2,0"], "'--batch': 0 is below 1"),
+        (["--n", "99999999999"], "'--n': 99999999999 is above 2147483647"),
+        (["--n", "512,2147483648"], "'--n': 2147483648 is above 2147483647"),
+        (["--nq", "1", "--nk", "99999999999"], "'--nk': 99999999999 is above"),
+        (["--heads", "2147483648"], "'--heads': 2147483648 is above"),
+        (["--kv-heads", "0"], "'--kv-heads': 0 is below 1"),
+        (["--heads", "16,12", "--kv-heads", "8"], "'--kv-heads': heads 12 is not a multiple"),
+        (["--n", "512", "--nq", "1"], "'--nq': give --n (Nq = Nk) or --nq (with --nk), not both"),
+        (["--nk", "1024"], "'--nk': needs --nq"),
+        (["--n", "512", "--nk", "1024"], "'--nk': needs --nq"),
+        (["--workload", "nope.yaml"], "'--workload': nope.yaml: cannot read"),
+        (["--workload", "w.txt"], "'--workload': w.txt: unknown extension"),
         (["--max-spill-bytes", "-1"], "--max-spill-bytes"),
     ],
 )
@@ -246,19 +263,12 @@ def test_cli_both_dtypes_and_masks_reach_the_gpu_campaign(
     seen: dict[str, object] = {}
 
     def fake_tune_gpu(
-        ds: list[int],
-        ns: list[int],
-        dtypes: list[str],
-        causals: list[bool],
-        batch: int,
-        heads: int,
-        options: CampaignOptions,
-        *rest: object,
+        targets: list[Target], options: CampaignOptions, *rest: object
     ) -> CampaignSummary:
         seen.update(
-            dtypes=dtypes,
-            causals=causals,
-            problems=len(tune_cli.make_problems(GPU.name, ds, ns, dtypes, causals, batch, heads)),
+            dtypes=_unique(t.dtype for t in targets),
+            causals=_unique(t.causal for t in targets),
+            problems=len(tune_cli.make_problems(GPU.name, targets)),
         )
         return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
 
@@ -313,3 +323,203 @@ def test_cli_replay_with_both_dtypes_and_masks(app: typer.Typer, tmp_path: Path)
     assert only_bf16.exit_code == 0, only_bf16.output
     summary = json.loads(out.read_text())
     assert [p["problem"]["dtype"] for p in summary["problems"]] == ["bf16", "bf16"]
+
+
+T = TypeVar("T")
+
+
+def _unique(values: Iterable[T]) -> list[T]:
+    return list(dict.fromkeys(values))
+
+
+WORKLOAD = """\
+name: test model
+shapes:
+  - label: decode
+    d: 128
+    heads: 32
+    kv_heads: 8
+    batch: [1, 8]
+    nq: 1
+    nk: [1024, 8192]
+  - label: prefill
+    d: 64
+    heads: 16
+    batch: 2
+    causal: true
+    n: 512
+"""
+
+
+@pytest.fixture
+def workload_path(tmp_path: Path) -> Path:
+    path = tmp_path / "model.yaml"
+    path.write_text(WORKLOAD, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def tuned(monkeypatch: pytest.MonkeyPatch) -> list[Problem]:
+    """The problems ``tune`` hands the GPU campaign (stubbed: no GPU here), on GPU.name."""
+    problems: list[Problem] = []
+
+    def fake_tune_gpu(
+        targets: list[Target], options: CampaignOptions, *rest: object
+    ) -> CampaignSummary:
+        problems[:] = tune_cli.make_problems(GPU.name, targets)
+        return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
+
+    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    return problems
+
+
+def test_shapes_cross_nq_nk_batch_heads_kv_heads() -> None:
+    shapes = parse_shapes(
+        ShapeOptions(nq="1,128", nk="1024,8192", batch="1,8", heads="32,16", kv_heads="8,16")
+    )
+    # heads 32 over 8 and 16 KV heads, 16 over 8 and 16; each with 2 batches and 2x2 lengths.
+    assert len(shapes) == 2 * 4 * 4
+    assert shapes[:4] == [
+        Shape(1, 1024, 1, 32, 8), Shape(1, 8192, 1, 32, 8),
+        Shape(128, 1024, 1, 32, 8), Shape(128, 8192, 1, 32, 8),
+    ]  # fmt: skip
+    # --nq without --nk is square; --kv-heads defaults to each --heads.
+    assert parse_shapes(ShapeOptions(nq="64", heads="4,2")) == [
+        Shape(64, 64, 2, 4, 4), Shape(64, 64, 2, 2, 2),
+    ]  # fmt: skip
+
+
+def test_problems_from_lists_keep_old_names_when_square_and_not_gqa() -> None:
+    targets = campaign_targets(
+        ShapeOptions(d="128", causal="no", nq="512", nk="512,4096", heads="32", kv_heads="32,8")
+    )
+    names = [t.problem("NVIDIA H200").study_name for t in targets]
+    assert names == [
+        "nvidia-h200_d128_n512_b2_h32_fp16_full",
+        "nvidia-h200_d128_n512_nk4096_b2_h32_fp16_full",
+        "nvidia-h200_d128_n512_b2_h32_kv8_fp16_full",
+        "nvidia-h200_d128_n512_nk4096_b2_h32_kv8_fp16_full",
+    ]
+    old = campaign_targets(ShapeOptions(d="128", n="512", causal="no", heads="32"))
+    assert old == targets[:1]
+
+
+def test_workload_alone_tunes_only_the_workload(workload_path: Path) -> None:
+    problems = make_problems(GPU.name, campaign_targets(ShapeOptions(workload=workload_path)))
+    assert [(p.d, p.n, p.n_keys, p.batch, p.heads, p.kv_heads, p.causal) for p in problems] == [
+        (128, 1, 1024, 1, 32, 8, False),
+        (128, 1, 8192, 1, 32, 8, False),
+        (128, 1, 1024, 8, 32, 8, False),
+        (128, 1, 8192, 8, 32, 8, False),
+        (64, 512, 512, 2, 16, None, True),
+    ]
+    assert problems[-1].nk is None
+
+
+def test_workload_adds_to_the_options_once(workload_path: Path) -> None:
+    """The options' grid first, then the workload's problems it did not already have."""
+    options = ShapeOptions(d="64", n="512,1024", causal="yes", workload=workload_path)
+    problems = make_problems(GPU.name, campaign_targets(options))
+    assert [(p.d, p.n, p.n_keys) for p in problems] == [
+        (64, 512, 512),  # also the workload's prefill entry: tuned once
+        (64, 1024, 1024),
+        (128, 1, 1024), (128, 1, 8192), (128, 1, 1024), (128, 1, 8192),
+    ]  # fmt: skip
+    assert len(set(problems)) == len(problems)
+
+
+def test_cli_passes_lists_and_workload_to_the_campaign(
+    app: typer.Typer, workload_path: Path, tuned: list[Problem]
+) -> None:
+    args = ["tune", "--d", "128", "--nq", "1", "--nk", "2048,4096", "--batch", "1,4",
+            "--heads", "32", "--kv-heads", "8", "--causal", "no"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert [(p.n, p.nk, p.batch, p.heads, p.kv_heads) for p in tuned] == [
+        (1, 2048, 1, 32, 8), (1, 4096, 1, 32, 8), (1, 2048, 4, 32, 8), (1, 4096, 4, 32, 8),
+    ]  # fmt: skip
+    alone = CliRunner().invoke(app, ["tune", "--workload", str(workload_path)])
+    assert alone.exit_code == 0, alone.output
+    assert len(tuned) == 5 and tuned[0].study_name.endswith("_d128_n1_nk1024_b1_h32_kv8_fp16_full")
+    both = CliRunner().invoke(app, ["tune", "--workload", str(workload_path), "--n", "512"])
+    assert both.exit_code == 0, both.output
+    # The default grid at N=512 (D 64/128, full/causal), then the workload less the D=64
+    # causal N=512 problem the grid already has.
+    assert len(tuned) == 4 + 5 - 1
+    assert tuned[0] == Problem(gpu=GPU.name, d=64, n=512, batch=2, heads=16)
+    assert sum(p.kv_heads == 8 for p in tuned) == 4
+
+
+def test_cli_rejects_dtype_or_causal_with_a_workload_alone(
+    app: typer.Typer, workload_path: Path
+) -> None:
+    """Each entry sets its dtype and mask: the options would otherwise be silently ignored."""
+    for option in ("--dtype", "--causal"):
+        result = CliRunner().invoke(app, ["tune", "--workload", str(workload_path), option, "both"])
+        assert result.exit_code == 2, result.output
+        assert f"'{option}': with --workload alone" in " ".join(result.output.split())
+
+
+def test_cli_bad_workload_names_file_entry_and_field(app: typer.Typer, tmp_path: Path) -> None:
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps([{"d": 64, "heads": 8, "seqlens": [1, 7]}]))
+    result = CliRunner().invoke(app, ["tune", "--workload", str(path)])
+    assert result.exit_code == 2, result.output
+    # The error box wraps long lines anywhere, between its borders.
+    text = "".join(result.output.replace("│", "").split())
+    assert "'--workload':" in text and "w.json:entry1:field'seqlens':variable-length" in text
+
+
+def _gqa_problems() -> list[Problem]:
+    (square,) = problems_for([512])
+    return [
+        square,
+        replace(square, nk=4096),
+        replace(square, n=1, nk=4096, heads=32, kv_heads=8, batch=8),
+        replace(square, n=1024, heads=32, kv_heads=8),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "kept"),
+    [
+        (ShapeOptions(), [0, 1, 2, 3]),
+        (ShapeOptions(n="512"), [0]),  # --n is Nq = Nk: not the Nk=4096 one
+        (ShapeOptions(nq="512"), [0, 1]),
+        (ShapeOptions(nq="1,512", nk="4096"), [1, 2]),
+        (ShapeOptions(kv_heads="8"), [2, 3]),
+        (ShapeOptions(heads="16"), [0, 1]),
+        (ShapeOptions(batch="8"), [2]),
+        (ShapeOptions(batch="2", heads="32"), [3]),
+    ],
+)
+def test_replay_filters_by_the_shape_options(options: ShapeOptions, kept: list[int]) -> None:
+    problems = _gqa_problems()
+    keep = replay_filter(options)
+    assert [i for i, p in enumerate(problems) if keep(p)] == kept
+
+
+def test_replay_filter_with_a_workload(tmp_path: Path) -> None:
+    problems = _gqa_problems()
+    path = tmp_path / "w.json"
+    entry = {"d": 64, "heads": 32, "kv_heads": 8, "batch": 8, "nq": 1, "nk": 4096}
+    path.write_text(json.dumps([entry]))
+    alone = replay_filter(ShapeOptions(workload=path))
+    assert [i for i, p in enumerate(problems) if alone(p)] == [2]
+    with_n = replay_filter(ShapeOptions(n="512", workload=path))
+    assert [i for i, p in enumerate(problems) if with_n(p)] == [0, 2]
+
+
+@pytest.mark.slow
+def test_cli_replay_of_a_workload(app: typer.Typer, tmp_path: Path) -> None:
+    problems = _gqa_problems()
+    path, out = tmp_path / "table.json", tmp_path / "summary.json"
+    save_replay_table(synthetic_table(problems, tiny_space), path)
+    workload = tmp_path / "w.yaml"
+    workload.write_text("- {d: 64, heads: 32, kv_heads: 8, batch: 8, nq: 1, nk: 4096}\n")
+    args = ["tune", "--replay", str(path), "--workload", str(workload), "--trials", "2",
+            "--sampler", "random", "--summary-json", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(out.read_text())["problems"]
+    assert Problem.from_dict(summary["problem"]) == problems[2]

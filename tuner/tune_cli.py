@@ -8,10 +8,15 @@ Example (the default campaign: D 64 and 128, six lengths, fp16, full and causal,
     fa2tune tune --time-budget 10m --dtype both       # fp16 and bf16: 48 problems
     fa2tune --db postgresql://... tune --device 1     # a second GPU sharing the studies
     fa2tune tune --replay table.json --sampler random  # no GPU: answers from a recorded table
+    fa2tune tune --d 128 --nq 1 --nk 8192,32768 --batch 1,8 --heads 32 --kv-heads 8  # decode
+    fa2tune tune --workload examples/workloads/llama3_8b.yaml  # the calls a model makes
 
-Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); durations
-are ``90``, ``90s``, ``10m``, ``1h30m``. Bad input exits with status 2. Re-running the same
-command resumes its studies (in replay mode when the global ``--db`` names the database:
+Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); every
+combination of the lists is a problem. ``--n`` is Nq = Nk; ``--nq`` with ``--nk`` crosses
+the two. ``--workload`` adds the problems of a workload file (:mod:`tuner.workload`) to those
+of the options, or tunes only them when no shape option is given. Durations are ``90``,
+``90s``, ``10m``, ``1h30m``. Bad input exits with status 2. Re-running the same command
+resumes its studies (in replay mode when the global ``--db`` names the database:
 ``fa2tune --db sqlite:///replay.db tune --replay table.json``).
 """
 
@@ -21,7 +26,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 
@@ -30,10 +35,12 @@ import typer
 
 from core.config import DTYPES, HEAD_DIMS, Dtype
 from core.problem import Problem
+from core.shape import MAX_DIM, Shape
 from tuner import search
 from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignOptions, run_campaign
 from tuner.progress import RichProgress, render_summary
 from tuner.summary import CampaignSummary
+from tuner.workload import Target, WorkloadError, load_workload, unique_targets
 
 if TYPE_CHECKING:
     from db.store import Store
@@ -45,6 +52,8 @@ DEFAULT_D: Final = "64,128"
 DEFAULT_N: Final = "512,1024,2048,4096,8192,16384"
 DEFAULT_DTYPE: Final = "fp16"
 DEFAULT_CAUSAL: Final = "no,yes"
+DEFAULT_BATCH: Final = "2"
+DEFAULT_HEADS: Final = "16"
 #: GPU trials per problem when neither --trials nor --time-budget is given (tpe, random):
 #: 24 problems x 30 trials of ~1 s verify+time each fit the 15-minute campaign.
 DEFAULT_TRIALS: Final = 30
@@ -74,9 +83,14 @@ def _unique(items: Sequence[T]) -> list[T]:
 
 
 def parse_int_list(
-    text: str, option: str, allowed: Sequence[int] | None = None, minimum: int = 1
+    text: str,
+    option: str,
+    allowed: Sequence[int] | None = None,
+    minimum: int = 1,
+    maximum: int = MAX_DIM,
 ) -> list[int]:
-    """Parse ``"64,128"``; every value must be an integer >= ``minimum`` (and in ``allowed``).
+    """Parse ``"64,128"``; every value must be an integer in ``minimum..maximum`` (by default
+    the kernels' int32 range) and in ``allowed``.
 
     Raises:
         typer.BadParameter: on anything else (typer exits with status 2).
@@ -89,6 +103,8 @@ def parse_int_list(
             raise _bad(option, f"{item!r} is not an integer") from None
         if value < minimum:
             raise _bad(option, f"{value} is below {minimum}")
+        if value > maximum:
+            raise _bad(option, f"{value} is above {maximum}")
         if allowed is not None and value not in allowed:
             raise _bad(option, f"{value} is not one of {', '.join(map(str, allowed))}")
         values.append(value)
@@ -168,23 +184,150 @@ def parse_duration(text: str, option: str = "--time-budget") -> float:
     return total
 
 
-def make_problems(
-    gpu: str,
-    ds: Sequence[int],
-    ns: Sequence[int],
-    dtypes: Sequence[str],
-    causals: Sequence[bool],
-    batch: int,
-    heads: int,
-) -> list[Problem]:
-    """The campaign's problems, grouped by (dtype, causal, D) so builds are shared in turn."""
+@dataclass(frozen=True)
+class ShapeOptions:
+    """The problem options as given on the command line (None: not given).
+
+    Attributes:
+        d, n, nq, nk, dtype, causal, batch, heads, kv_heads: the comma-separated lists.
+        workload: the ``--workload`` file.
+    """
+
+    d: str | None = None
+    n: str | None = None
+    nq: str | None = None
+    nk: str | None = None
+    dtype: str | None = None
+    causal: str | None = None
+    batch: str | None = None
+    heads: str | None = None
+    kv_heads: str | None = None
+    workload: Path | None = None
+
+    @property
+    def any_shape(self) -> bool:
+        """Whether a shape option (one that makes a grid of problems) was given."""
+        grid = (self.d, self.n, self.nq, self.nk, self.batch, self.heads, self.kv_heads)
+        return any(value is not None for value in grid)
+
+    @property
+    def grid(self) -> bool:
+        """Whether the options' grid is tuned: without a workload always (the defaults fill
+        in), with one only when a shape option asks for it."""
+        return self.workload is None or self.any_shape
+
+    def check(self) -> None:
+        """The combinations that are errors, whatever the values.
+
+        Raises:
+            typer.BadParameter: ``--n`` with ``--nq``, ``--nk`` without ``--nq``, or
+                ``--dtype``/``--causal`` with a workload alone (the file sets both).
+        """
+        if self.n is not None and self.nq is not None:
+            raise _bad("--nq", "give --n (Nq = Nk) or --nq (with --nk), not both")
+        if self.nk is not None and self.nq is None:
+            raise _bad("--nk", "needs --nq (--n is Nq = Nk)")
+        if not self.grid:
+            # Rather than silently ignore them: each workload entry has its own.
+            for option, value in (("--dtype", self.dtype), ("--causal", self.causal)):
+                if value is not None:
+                    raise _bad(
+                        option,
+                        f"with --workload alone the file sets {option[2:]}; add a shape option "
+                        "(--d, --n, --nq, --batch, --heads) to tune a grid as well",
+                    )
+
+
+def _given(text: str | None, default: str) -> str:
+    # Not `text or default`: an empty option is an error (parse_*_list says so), not a default.
+    return default if text is None else text
+
+
+def parse_shapes(options: ShapeOptions) -> list[Shape]:
+    """Every (batch, heads, kv_heads, Nq, Nk) combination of the options, defaults filled in.
+
+    Raises:
+        typer.BadParameter: a value out of 1..2^31-1, or heads not a multiple of kv-heads.
+    """
+    options.check()
+    batches = parse_int_list(_given(options.batch, DEFAULT_BATCH), "--batch")
+    heads_list = parse_int_list(_given(options.heads, DEFAULT_HEADS), "--heads")
+    kv_list = (
+        parse_int_list(options.kv_heads, "--kv-heads") if options.kv_heads is not None else None
+    )
+    if options.nq is not None:
+        nqs = parse_int_list(options.nq, "--nq")
+        nks = parse_int_list(options.nk, "--nk") if options.nk is not None else None
+        lengths = [(q, k) for q in nqs for k in (nks if nks is not None else [q])]
+    else:
+        lengths = [(n, n) for n in parse_int_list(_given(options.n, DEFAULT_N), "--n")]
+    shapes: list[Shape] = []
+    for batch in batches:
+        for heads in heads_list:
+            for kv_heads in kv_list if kv_list is not None else [heads]:
+                if heads % kv_heads:
+                    raise _bad(
+                        "--kv-heads", f"heads {heads} is not a multiple of kv-heads {kv_heads}"
+                    )
+                shapes.extend(Shape(q, k, batch, heads, kv_heads) for q, k in lengths)
+    return shapes
+
+
+def make_targets(
+    ds: Sequence[int], dtypes: Sequence[Dtype], causals: Sequence[bool], shapes: Sequence[Shape]
+) -> list[Target]:
+    """The grid's problems, grouped by (dtype, causal, D) so builds are shared in turn."""
     return [
-        Problem(gpu=gpu, d=d, n=n, batch=batch, heads=heads, dtype=dt, causal=c)  # type: ignore[arg-type]
+        Target(d=d, dtype=dt, causal=c, shape=shape)
         for dt in dtypes
         for c in causals
         for d in ds
-        for n in ns
+        for shape in shapes
     ]
+
+
+def campaign_targets(options: ShapeOptions) -> list[Target]:
+    """The campaign's problems: the options' grid, then the workload's, each once.
+
+    Raises:
+        typer.BadParameter: for bad options or a bad workload file (exit status 2).
+    """
+    options.check()
+    groups: list[list[Target]] = []
+    if options.grid:
+        ds = parse_int_list(_given(options.d, DEFAULT_D), "--d", allowed=HEAD_DIMS)
+        dtypes = _parse_dtypes(_given(options.dtype, DEFAULT_DTYPE))
+        causals = parse_bool_list(_given(options.causal, DEFAULT_CAUSAL), "--causal")
+        groups.append(make_targets(ds, dtypes, causals, parse_shapes(options)))
+    groups.append(_workload_targets(options.workload))
+    return unique_targets(groups)
+
+
+def make_problems(gpu: str, targets: Sequence[Target]) -> list[Problem]:
+    """The targets as problems on ``gpu``."""
+    return [target.problem(gpu) for target in targets]
+
+
+def _parse_dtypes(text: str) -> list[Dtype]:
+    chosen = parse_choice_list(text, "--dtype", DTYPES, both=True)
+    # The same values, typed as Dtype (parse_choice_list returns only allowed ones).
+    return [next(dt for dt in DTYPES if dt == word) for word in chosen]
+
+
+def _workload_targets(path: Path | None) -> list[Target]:
+    if path is None:
+        return []
+    try:
+        workload = load_workload(path)
+    except WorkloadError as exc:
+        raise _bad("--workload", str(exc)) from None
+    log.info(
+        "workload %s%s: %d problems",
+        path, f" ({workload.name})" if workload.name else "", len(workload.targets),
+    )  # fmt: skip
+    for target in workload.targets:
+        log.debug("  %s: %s", target.label, target.describe())
+    return list(workload.targets)
 
 
 def resolve_budget(
@@ -205,6 +348,14 @@ def tune(
         str | None,
         typer.Option("--n", help="sequence lengths (Nq = Nk)", show_default=DEFAULT_N),
     ] = None,
+    nq: Annotated[
+        str | None,
+        typer.Option("--nq", help="query lengths, crossed with --nk (instead of --n)"),
+    ] = None,
+    nk: Annotated[
+        str | None,
+        typer.Option("--nk", help="key lengths (with --nq)", show_default="Nq"),
+    ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="fp16, bf16 or both", show_default=DEFAULT_DTYPE)
     ] = None,
@@ -224,8 +375,30 @@ def tune(
         str | None,
         typer.Option("--time-budget", help="wall-clock budget of the campaign, e.g. 10m, 1h30m"),
     ] = None,
-    batch: Annotated[int, typer.Option("--batch", min=1, help="batch size")] = 2,
-    heads: Annotated[int, typer.Option("--heads", min=1, help="attention heads")] = 16,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="batch sizes", show_default=DEFAULT_BATCH)
+    ] = None,
+    heads: Annotated[
+        str | None, typer.Option("--heads", help="query heads", show_default=DEFAULT_HEADS)
+    ] = None,
+    kv_heads: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-heads",
+            help="key/value heads (GQA when fewer); each --heads a multiple of each",
+            show_default="--heads",
+        ),
+    ] = None,
+    workload: Annotated[
+        Path | None,
+        typer.Option(
+            "--workload",
+            help=(
+                "a workload file (.yaml, .yml, .json) listing a model's calls; its problems "
+                "are added to the options', or tuned alone when no shape option is given"
+            ),
+        ),
+    ] = None,
     sampler: Annotated[
         str, typer.Option("--sampler", help="tpe, random or grid (exhaustive)")
     ] = "tpe",
@@ -255,7 +428,8 @@ def tune(
         typer.Option(
             "--replay",
             help=(
-                "answer from a recorded table (JSON) instead of the GPU. With the global --db "
+                "answer from a recorded table (JSON) instead of the GPU; the options select "
+                "its problems. With the global --db "
                 "the results and studies go to that database and rerunning the command "
                 "resumes them; without it, to a scratch database deleted at exit (FA2TUNE_DB_URL "
                 "is not used), so each run starts over"
@@ -266,7 +440,7 @@ def tune(
         Path | None, typer.Option("--summary-json", help="also write the summary as JSON here")
     ] = None,
 ) -> None:
-    """Tune every (D, N, dtype, causal) problem: one optuna study each, resumable."""
+    """Tune every (D, shape, dtype, causal) problem: one optuna study each, resumable."""
     if sampler not in search.sampler_names():
         raise _bad("--sampler", f"{sampler!r} is not one of {', '.join(search.sampler_names())}")
     budget_s = parse_duration(time_budget) if time_budget is not None else None
@@ -278,21 +452,20 @@ def tune(
         max_spill_bytes=None if allow_spills else max_spill_bytes,
         seed=seed,
     )
+    shape_options = ShapeOptions(
+        d=d, n=n, nq=nq, nk=nk, dtype=dtype, causal=causal, batch=batch, heads=heads,
+        kv_heads=kv_heads, workload=workload,
+    )  # fmt: skip
     if replay is not None:
-        summary = _tune_replay(replay, d, n, dtype, causal, options, _global_db(ctx))
+        summary = _tune_replay(replay, shape_options, options, _global_db(ctx))
     else:
-        ds = parse_int_list(d or DEFAULT_D, "--d", allowed=HEAD_DIMS)
-        ns = parse_int_list(n or DEFAULT_N, "--n")
-        dtypes = parse_choice_list(dtype or DEFAULT_DTYPE, "--dtype", DTYPES, both=True)
-        causals = parse_bool_list(causal or DEFAULT_CAUSAL, "--causal")
+        targets = campaign_targets(shape_options)
         if arch is not None:
             from codegen.space import SUPPORTED_ARCHS
 
             if arch not in SUPPORTED_ARCHS:
                 raise _bad("--arch", f"{arch!r} is not one of {', '.join(SUPPORTED_ARCHS)}")
-        summary = _tune_gpu(
-            ds, ns, dtypes, causals, batch, heads, options, arch, device, job_timeout
-        )
+        summary = _tune_gpu(targets, options, arch, device, job_timeout)
     render_summary(summary)
     if summary_json is not None:
         summary_json.write_text(json.dumps(summary.to_dict(), indent=1) + "\n", encoding="utf-8")
@@ -307,12 +480,7 @@ def _quiet_optuna() -> None:
 
 
 def _tune_gpu(
-    ds: list[int],
-    ns: list[int],
-    dtypes: list[str],
-    causals: list[bool],
-    batch: int,
-    heads: int,
+    targets: list[Target],
     options: CampaignOptions,
     arch: str | None,
     device: int,
@@ -332,8 +500,8 @@ def _tune_gpu(
             BenchWorker(device=device, job_timeout_s=job_timeout) as worker,
         ):
             return _campaign_on_gpu(
-                store, worker, settings.db_url, settings.build_jobs, ds, ns, dtypes, causals,
-                batch, heads, options, arch, device,
+                store, worker, settings.db_url, settings.build_jobs, targets, options, arch,
+                device,
             )  # fmt: skip
     except WorkerStartError as exc:
         # The campaign so far is saved; the same command resumes it once a worker starts.
@@ -346,12 +514,7 @@ def _campaign_on_gpu(
     worker: BenchWorker,
     db_url: str,
     build_jobs: int,
-    ds: list[int],
-    ns: list[int],
-    dtypes: list[str],
-    causals: list[bool],
-    batch: int,
-    heads: int,
+    targets: list[Target],
     options: CampaignOptions,
     arch: str | None,
     device: int,
@@ -370,7 +533,7 @@ def _campaign_on_gpu(
     target = arch or arch_for(gpu)
     if target not in ARCH_SMEM_LIMIT:
         raise _bad("--arch", f"the GPU's {target} is not supported; pass --arch")
-    problems = make_problems(gpu.name, ds, ns, dtypes, causals, batch, heads)
+    problems = make_problems(gpu.name, targets)
     log.info(
         "tuning %d problems on %s (%s, device %d), sampler %s",
         len(problems), gpu.name, target, device, options.sampler,
@@ -406,12 +569,53 @@ def _global_db(ctx: typer.Context | None) -> str | None:
     return db if isinstance(db, str) else None
 
 
+def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
+    """Which of a replay table's problems the options keep.
+
+    In replay the table's problems are the campaign: each given option keeps the problems
+    whose value is in its list (``--n``: square problems, Nq = Nk in the list), the options
+    not given keep all. A workload file keeps its own problems too, and alone (no shape
+    option) keeps only them. The heads/kv-heads multiple check does not apply: nothing is
+    built from the lists.
+
+    Raises:
+        typer.BadParameter: for bad options or a bad workload file.
+    """
+    shape.check()
+    keep_d = _select(shape.d, "--d", lambda t, o: parse_int_list(t, o, HEAD_DIMS))
+    keep_n = _select(shape.n, "--n", parse_int_list)
+    keep_nq = _select(shape.nq, "--nq", parse_int_list)
+    keep_nk = _select(shape.nk, "--nk", parse_int_list)
+    keep_b = _select(shape.batch, "--batch", parse_int_list)
+    keep_h = _select(shape.heads, "--heads", parse_int_list)
+    keep_kv = _select(shape.kv_heads, "--kv-heads", parse_int_list)
+    keep_dt = _select(
+        shape.dtype, "--dtype", lambda t, o: parse_choice_list(t, o, DTYPES, both=True)
+    )
+    keep_c = _select(shape.causal, "--causal", parse_bool_list)
+    targets = _workload_targets(shape.workload)
+    grid = shape.grid
+
+    def keep(p: Problem) -> bool:
+        in_grid = grid and (
+            keep_d(p.d)
+            and (shape.n is None or (keep_n(p.n) and p.n_keys == p.n))
+            and keep_nq(p.n)
+            and keep_nk(p.n_keys)
+            and keep_b(p.batch)
+            and keep_h(p.heads)
+            and keep_kv(p.n_kv_heads)
+            and keep_dt(p.dtype)
+            and keep_c(p.causal)
+        )
+        return in_grid or any(t.matches(p) for t in targets)
+
+    return keep
+
+
 def _tune_replay(
     path: Path,
-    d: str | None,
-    n: str | None,
-    dtype: str | None,
-    causal: str | None,
+    shape: ShapeOptions,
     options: CampaignOptions,
     db_url: str | None = None,
 ) -> CampaignSummary:
@@ -421,16 +625,9 @@ def _tune_replay(
         table = load_replay_table(path)
     except (OSError, ValueError) as exc:
         raise _bad("--replay", str(exc)) from None
-    # In replay the table's problems are the campaign; --d/--n/--dtype/--causal only filter
-    # them (--batch and --heads are the table's).
-    known = list(table.problems.values())
-    keep_d = _select(d, "--d", lambda t, o: parse_int_list(t, o, HEAD_DIMS))
-    keep_n = _select(n, "--n", parse_int_list)
-    keep_dt = _select(dtype, "--dtype", lambda t, o: parse_choice_list(t, o, DTYPES, both=True))
-    keep_c = _select(causal, "--causal", parse_bool_list)
-    problems = in_campaign_order(
-        p for p in known if keep_d(p.d) and keep_n(p.n) and keep_dt(p.dtype) and keep_c(p.causal)
-    )
+    # In replay the table's problems are the campaign; the options only filter them.
+    keep = replay_filter(shape)
+    problems = in_campaign_order(p for p in table.problems.values() if keep(p))
     if not problems:
         studies = ", ".join(sorted(table.studies)) or "none"
         raise _bad("--replay", f"no problem of the table matches the options (table: {studies})")

@@ -1,0 +1,326 @@
+"""Workload files: the attention calls a model makes, as problems for ``fa2tune tune``.
+
+A workload file (YAML or JSON, chosen by the extension) is either a list of entries or a
+mapping with ``shapes:`` (the list) and an optional ``name:``. Each entry is one kind of call::
+
+    - label: decode            # free text, for logs
+      d: 128
+      dtype: fp16              # fp16 | bf16 | both (default fp16)
+      causal: false            # true | false | both (default false)
+      batch: [1, 8, 64]        # default 1
+      heads: 32
+      kv_heads: 8              # default heads (GQA when smaller)
+      nq: 1                    # or n: (Nq = Nk)
+      nk: [1024, 8192]         # default nq
+
+``n``, ``nq``, ``nk`` and ``batch`` take one value or a list (every combination is tuned);
+``heads`` and ``kv_heads`` are the model's, one value each. Entries with ``seqlens:`` (a
+variable-length batch) are rejected until the kernels support them. Every error is one line
+naming the file, the entry and the field (:class:`WorkloadError`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
+
+from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.problem import Problem
+from core.shape import MAX_DIM, Shape, ShapeError
+
+log = logging.getLogger(__name__)
+
+#: File extensions read as YAML, and as JSON.
+YAML_SUFFIXES: Final = (".yaml", ".yml")
+JSON_SUFFIXES: Final = (".json",)
+#: In ``dtype`` and ``causal``: every value.
+BOTH: Final = "both"
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be read or is not valid; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One problem to tune, before the GPU (part of a :class:`~core.problem.Problem`) is known.
+
+    Attributes:
+        d: head dim.
+        dtype: element type.
+        causal: causal mask.
+        shape: lengths, batch and heads.
+        label: where it came from, for logs; not part of its identity (two entries asking
+            for the same problem are tuned once).
+    """
+
+    d: int
+    dtype: Dtype
+    causal: bool
+    shape: Shape
+    label: str | None = field(default=None, compare=False)
+
+    def problem(self, gpu: str) -> Problem:
+        """The problem on ``gpu``; ``nk`` and ``kv_heads`` stay None when they equal ``n`` and
+        ``heads``, so square, non-GQA problems keep the study names they always had."""
+        s = self.shape
+        return Problem(
+            gpu=gpu,
+            d=self.d,
+            n=s.nq,
+            batch=s.batch,
+            heads=s.heads,
+            dtype=self.dtype,
+            causal=self.causal,
+            kv_heads=None if s.kv_heads == s.heads else s.kv_heads,
+            nk=None if s.nk == s.nq else s.nk,
+        )
+
+    def describe(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"D={self.d} {self.dtype} {mask} {self.shape.describe()}"
+
+    def matches(self, problem: Problem) -> bool:
+        """Whether ``problem`` (on any GPU) is this target."""
+        return (
+            problem.d == self.d
+            and problem.dtype == self.dtype
+            and problem.causal == self.causal
+            and problem.n == self.shape.nq
+            and problem.n_keys == self.shape.nk
+            and problem.batch == self.shape.batch
+            and problem.heads == self.shape.heads
+            and problem.n_kv_heads == self.shape.kv_heads
+        )
+
+
+def _as_list(value: object) -> object:
+    # One value or a list of them: the entry reads naturally either way.
+    return value if isinstance(value, list) else [value]
+
+
+def _dtypes(value: object) -> object:
+    if value == BOTH:
+        return list(DTYPES)
+    return _as_list(value)
+
+
+def _causals(value: object) -> object:
+    if value == BOTH:
+        return [False, True]
+    if isinstance(value, bool):
+        return [value]
+    raise ValueError(f"must be true, false or {BOTH!r}, got {value!r}")
+
+
+def _dim(value: int) -> int:
+    if not 1 <= value <= MAX_DIM:
+        raise ValueError(f"must be between 1 and {MAX_DIM}, got {value}")
+    return value
+
+
+def _head_dim(value: int) -> int:
+    if value not in HEAD_DIMS:
+        raise ValueError(f"must be one of {', '.join(map(str, HEAD_DIMS))}, got {value}")
+    return value
+
+
+def _dims(values: list[int]) -> list[int]:
+    if not values:
+        raise ValueError("must not be an empty list")
+    for value in values:
+        _dim(value)
+    return list(dict.fromkeys(values))
+
+
+DimList = Annotated[list[StrictInt], BeforeValidator(_as_list)]
+
+
+class Entry(BaseModel):
+    """One entry of a workload file (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    d: StrictInt
+    dtype: Annotated[list[Dtype], BeforeValidator(_dtypes)] = ["fp16"]
+    causal: Annotated[list[bool], BeforeValidator(_causals)] = [False]
+    batch: DimList = [1]
+    heads: StrictInt
+    kv_heads: StrictInt | None = None
+    n: DimList | None = None
+    nq: DimList | None = None
+    nk: DimList | None = None
+    label: str | None = None
+    seqlens: Any = None
+
+    @field_validator("d")
+    @classmethod
+    def _check_d(cls, value: int) -> int:
+        return _head_dim(value)
+
+    @field_validator("heads", "kv_heads")
+    @classmethod
+    def _check_heads(cls, value: int | None) -> int | None:
+        return None if value is None else _dim(value)
+
+    @field_validator("batch", "n", "nq", "nk")
+    @classmethod
+    def _check_lengths(cls, values: list[int] | None) -> list[int] | None:
+        return None if values is None else _dims(values)
+
+    @field_validator("seqlens", mode="before")
+    @classmethod
+    def _no_seqlens(cls, value: object) -> object:
+        # Runs only when the key is present: a default is not validated.
+        raise ValueError(
+            "variable-length entries (seqlens) are not supported yet; "
+            "list each length as a fixed nq/nk shape instead"
+        )
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    shapes: list[Any]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A parsed workload file.
+
+    Attributes:
+        path: the file.
+        name: its ``name:`` (None when absent).
+        targets: the problems, in file order, duplicates removed.
+    """
+
+    path: Path
+    name: str | None
+    targets: tuple[Target, ...]
+
+
+def _read(path: Path) -> object:
+    suffix = path.suffix.lower()
+    if suffix not in YAML_SUFFIXES + JSON_SUFFIXES:
+        allowed = ", ".join(YAML_SUFFIXES + JSON_SUFFIXES)
+        raise WorkloadError(f"{path}: unknown extension {suffix or '(none)'!r}; use {allowed}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if suffix in JSON_SUFFIXES:
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise WorkloadError(f"{path}: not valid JSON: {exc}") from None
+    # Imported here: only YAML workloads need it.
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise WorkloadError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+
+
+def _field_error(path: Path, index: int, exc: ValidationError) -> WorkloadError:
+    err = exc.errors()[0]
+    loc = err["loc"]
+    name = str(loc[0]) if loc else "entry"
+    if err["type"] == "extra_forbidden":
+        return WorkloadError(f"{path}: entry {index}: unknown field {name!r}")
+    if err["type"] == "missing":
+        return WorkloadError(f"{path}: entry {index}: field {name!r} is required")
+    if err["type"] == "value_error":
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
+    else:
+        message = f"{err['msg']}, got {err['input']!r}"
+    return WorkloadError(f"{path}: entry {index}: field {name!r}: {message}")
+
+
+def _entry_targets(path: Path, index: int, entry: Entry) -> list[Target]:
+    def bad(name: str, message: str) -> WorkloadError:
+        return WorkloadError(f"{path}: entry {index}: field {name!r}: {message}")
+
+    if entry.n is not None and (entry.nq is not None or entry.nk is not None):
+        raise bad("n", "give either n (Nq = Nk) or nq (and nk), not both")
+    if entry.n is None and entry.nq is None:
+        raise bad("nk" if entry.nk is not None else "n", "needs n, or nq (and an optional nk)")
+    kv_heads = entry.kv_heads if entry.kv_heads is not None else entry.heads
+    if entry.heads % kv_heads:
+        raise bad("kv_heads", f"heads ({entry.heads}) must be a multiple of kv_heads ({kv_heads})")
+    if entry.nq is not None and entry.nk is not None:
+        lengths = list(product(entry.nq, entry.nk))
+    else:
+        squares = entry.nq if entry.nq is not None else entry.n
+        assert squares is not None
+        lengths = [(n, n) for n in squares]
+    label = entry.label or f"entry {index}"
+    targets = []
+    for dtype, causal, batch, (nq, nk) in product(entry.dtype, entry.causal, entry.batch, lengths):
+        try:
+            shape = Shape(nq=nq, nk=nk, batch=batch, heads=entry.heads, kv_heads=kv_heads)
+        except ShapeError as exc:  # the checks above cover it; kept for a clear message
+            raise bad("shape", str(exc)) from None
+        targets.append(Target(d=entry.d, dtype=dtype, causal=causal, shape=shape, label=label))
+    return targets
+
+
+def load_workload(path: Path) -> Workload:
+    """Read and validate a workload file.
+
+    Raises:
+        WorkloadError: a missing or unreadable file, an unknown extension, bad syntax, or an
+            entry that is not valid (the message names the file, the entry and the field).
+    """
+    data = _read(path)
+    name: str | None = None
+    if isinstance(data, dict):
+        try:
+            top = _File.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = str(err["loc"][0]) if err["loc"] else "file"
+            kind = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            raise WorkloadError(f"{path}: {where!r}: {kind}") from None
+        name, entries = top.name, top.shapes
+    elif isinstance(data, list):
+        entries = data
+    else:
+        raise WorkloadError(f"{path}: expected a list of entries or a mapping with 'shapes:'")
+    if not entries:
+        raise WorkloadError(f"{path}: no entries")
+    targets: list[Target] = []
+    # Entries are numbered from 1, as a reader counts them in the file.
+    for index, raw in enumerate(entries, start=1):
+        if not isinstance(raw, dict):
+            raise WorkloadError(f"{path}: entry {index}: expected a mapping, got {raw!r}")
+        try:
+            entry = Entry.model_validate(raw)
+        except ValidationError as exc:
+            raise _field_error(path, index, exc) from None
+        targets.extend(_entry_targets(path, index, entry))
+    unique = tuple(dict.fromkeys(targets))
+    log.debug("workload %s: %d entries, %d problems", path, len(entries), len(unique))
+    return Workload(path=path, name=name, targets=unique)
+
+
+def unique_targets(groups: Iterable[Sequence[Target]]) -> list[Target]:
+    """The targets of every group in order, each once (the first label wins)."""
+    return list(dict.fromkeys(t for group in groups for t in group))
