@@ -6,12 +6,15 @@ The header is C++ from two templates and data from Python:
   with its local includes inlined: each kernel family's part (its
   :attr:`~codegen.families.HeaderPart.template`: ``fa2_fwd.cuh``, and ``fa3_launch.cuh`` with
   ``fa3_fwd.cuh`` only when a config of the Hopper family is in the header), the GPU-name rule
-  (``fa2_gpu_name.cuh``) and ``fa2_dispatch_table.inc``, which is the one part rendered here;
+  (``fa2_gpu_name.cuh``), the shape distance (``fa_shape.cuh``, the C++ twin of
+  :mod:`core.shape`) and ``fa2_dispatch_table.inc``, which is the one part rendered here;
 - rendered here, from plain values (:class:`TunedPoint`): the comment naming the GPU with the
   provenance (and family) of every tuned config, and the table the dispatch reads: aliases and
   explicit instantiations of the tuned winners plus FlashAttention-2's default config per head
-  dim, the tuned GPU's name key, and (D, dtype, causal, N bucket) -> config. The table's
-  contract is written at the top of fa2_dispatch.cuh.
+  dim, the tuned GPU's name key, and per (D, dtype, causal) one entry per tuned problem: its
+  whole shape (Nq, Nk, batch, heads, KV heads) and its config, from which the dispatch takes
+  the nearest shape to the call's. The table's contract is written at the top of
+  fa2_dispatch.cuh.
 
 The entry point it defines::
 
@@ -42,6 +45,8 @@ from core.config import DTYPES, HEAD_DIMS, Dtype
 from core.elements import element
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
+from core.problem import Problem
+from core.shape import Shape
 from fa2tune import __version__
 
 log = logging.getLogger(__name__)
@@ -67,7 +72,7 @@ class TunedPoint:
         d: head dim.
         dtype: element type.
         causal: causal mask.
-        n: sequence length the config was tuned at (the bucket's centre).
+        n: query length the config was tuned at.
         config: the winning kernel config (any family's).
         median_ms: measured median time per launch.
         tflops: measured throughput.
@@ -77,6 +82,10 @@ class TunedPoint:
         driver_version: driver the measurement ran under.
         cuda_version: CUDA version of the measuring process.
         measured_at: when it was measured.
+        nk: key length (None: ``n``, a square problem).
+        batch, heads: batch size and query heads of the problem (a campaign's defaults,
+            :class:`core.problem.Problem`'s, when not given).
+        kv_heads: KV heads (None: ``heads``).
     """
 
     d: int
@@ -92,6 +101,25 @@ class TunedPoint:
     driver_version: str | None = None
     cuda_version: str | None = None
     measured_at: datetime | None = None
+    nk: int | None = None
+    batch: int = Problem.batch
+    heads: int = Problem.heads
+    kv_heads: int | None = None
+
+    @property
+    def shape(self) -> Shape:
+        """The shape it was measured at (the dispatch's distance is to this).
+
+        Raises:
+            core.shape.ShapeError: when the fields make no shape.
+        """
+        return Shape(
+            nq=self.n,
+            nk=self.n if self.nk is None else self.nk,
+            batch=self.batch,
+            heads=self.heads,
+            kv_heads=self.heads if self.kv_heads is None else self.kv_heads,
+        )
 
 
 def inline_template(
@@ -221,7 +249,8 @@ def _provenance_lines(points: Sequence[TunedPoint]) -> list[str]:
         mask = "causal" if p.causal else "full"
         when = p.measured_at.isoformat(timespec="seconds") if p.measured_at else "?"
         lines.append(
-            f"//   D={p.d} {p.dtype} {mask} N={p.n}: {p.config.name} (family {p.config.family})  "
+            f"//   D={p.d} {p.dtype} {mask} {p.shape.describe()}: {p.config.name} "
+            f"(family {p.config.family})  "
             f"{_fmt(p.median_ms, '.4f')} ms  {_fmt(p.tflops, '.1f')} TFLOP/s"
         )
         lines.append(
@@ -245,7 +274,8 @@ _PREAMBLE = """\
 {nvcc}
 //
 // Head dims: {ds}; dtypes: {dtypes}.
-// Tuned results (the bucket centres), with their provenance:
+// Tuned results, one per tuned shape (the dispatch takes the nearest to a call's shape;
+// see "Dispatch" below), with their provenance:
 {provenance}
 //
 """
@@ -264,11 +294,17 @@ _NVCC_FA3 = """\
 //        -gencode=arch=compute_80,code=sm_80 ...                   (H100/H200, A100, ...)"""
 
 
-def _choice(n: int, cfg: AnyConfig) -> str:
+def _choice(shape: Shape | None, cfg: AnyConfig) -> str:
+    """One ``Choice``: the tuned shape (all 0 for a default), launcher, name and guard."""
     part = family_of(cfg).header
     alias = f"fa2tune_configs::{cfg.name}"
     guard = "nullptr" if part.guard is None else f"&{part.guard}<{alias}>"
-    return _braced(n, f"&{part.launcher}<{alias}>", _c_string(cfg.name), guard)
+    dims = (
+        (0,) * 5
+        if shape is None
+        else (shape.nq, shape.nk, shape.batch, shape.heads, shape.kv_heads)
+    )
+    return _braced(_braced(*dims), f"&{part.launcher}<{alias}>", _c_string(cfg.name), guard)
 
 
 def _table_row(d: int, dtype: Dtype, causal: bool, choices: str, count: int) -> str:
@@ -277,14 +313,16 @@ def _table_row(d: int, dtype: Dtype, causal: bool, choices: str, count: int) -> 
 
 def render_table(
     gpu: str,
-    tables: Mapping[tuple[int, Dtype, bool], Mapping[int, AnyConfig]],
+    tables: Mapping[tuple[int, Dtype, bool], Mapping[Shape, AnyConfig]],
     defaults: Sequence[AnyConfig],
 ) -> str:
     """``fa2_dispatch_table.inc``: the data fa2_dispatch.cuh dispatches on (see its contract).
 
     Args:
         gpu: the tuned GPU's name; the header stores its :func:`normalize_gpu_name` key.
-        tables: (D, dtype, causal) -> {tuned N: winning config}.
+        tables: (D, dtype, causal) -> {tuned shape: winning config}; each table is written
+            sorted by shape, the order :func:`core.shape.nearest_shape` must see for the
+            C++ and Python tie-breaks to agree.
         defaults: one default config per supported (D, dtype, causal).
 
     Returns:
@@ -313,16 +351,17 @@ def render_table(
         f"inline constexpr char kTunedGpu[] = {_c_string(normalize_gpu_name(gpu))};"
         "  // normalised device name",
         "",
-        "// Tuned configs, one table per (D, dtype, causal), sorted by N.",
+        "// Tuned configs, one table per (D, dtype, causal): one entry per tuned shape",
+        "// {nq, nk, batch, heads, kv_heads}, sorted by shape.",
     ]
     rows: list[str] = []
     for d, dt, causal in sorted(tables):
         ident = f"kTuned_d{d}_{dt}_{'causal' if causal else 'full'}"
-        by_n = sorted(tables[(d, dt, causal)].items())
+        by_shape = sorted(tables[(d, dt, causal)].items())
         out.append(f"inline constexpr Choice {ident}[] = " + "{")
-        out += [f"    {_choice(n, cfg)}," for n, cfg in by_n]
+        out += [f"    {_choice(shape, cfg)}," for shape, cfg in by_shape]
         out.append("};")
-        rows.append(_table_row(d, dt, causal, ident, len(by_n)))
+        rows.append(_table_row(d, dt, causal, ident, len(by_shape)))
     if not rows:  # C++ has no empty arrays: a sentinel, never read (kTunedCount is 0)
         rows.append("    " + _braced(0, 0, "false", "nullptr", 0) + ",")
     out += [
@@ -334,7 +373,7 @@ def render_table(
         "// FlashAttention-2 defaults, used for other GPUs and untuned shapes.",
         f"inline constexpr int kDefaultCount = {len(defaults)};",
         "inline constexpr Choice kDefaultChoices[] = {",
-        ",\n".join(f"    {_choice(0, c)}" for c in defaults),
+        ",\n".join(f"    {_choice(None, c)}" for c in defaults),
         "};",
         "inline constexpr Table kDefaults[] = {",
         *(
@@ -362,8 +401,9 @@ def render_header(
 
     Args:
         gpu: the GPU name as stored (the device name the header compares with).
-        points: winning configs; those outside ``ds``/``dtypes`` are ignored, and of several
-            for the same (D, dtype, causal, N) the first is kept.
+        points: winning configs, one per tuned problem; those outside ``ds``/``dtypes`` are
+            ignored, and of several for the same (D, dtype, causal, shape) the first is kept.
+            Problems that differ only in Nk, batch, heads or KV heads keep an entry each.
         ds: head dims the header supports (each gets its default config).
         dtypes: element types the header supports.
         template_dir: where ``fa2_fwd.cuh`` and ``fa2_dispatch.cuh`` live.
@@ -385,15 +425,17 @@ def render_header(
     if not dtypes:
         raise ValueError(f"no dtype selected; supported: {', '.join(DTYPES)}")
 
-    # (d, dtype, causal) -> {n: point}
-    tables: dict[tuple[int, Dtype, bool], dict[int, TunedPoint]] = {}
+    # (d, dtype, causal) -> {shape: point}
+    tables: dict[tuple[int, Dtype, bool], dict[Shape, TunedPoint]] = {}
     for p in points:
         if p.d in ds and p.dtype in dtypes:
-            tables.setdefault((p.d, p.dtype, p.causal), {}).setdefault(p.n, p)
-    kept = [tables[k][n] for k in sorted(tables) for n in sorted(tables[k])]
+            tables.setdefault((p.d, p.dtype, p.causal), {}).setdefault(p.shape, p)
+    # Listed in the table's order, so an entry's index (fa2tune_nearest_tuned) is its rank
+    # in the provenance too.
+    kept = [tables[k][s] for k in sorted(tables) for s in sorted(tables[k])]
     defaults = [fa2_default_config(d, t, c) for d in ds for t in dtypes for c in (False, True)]
     table = render_table(
-        gpu, {k: {n: p.config for n, p in v.items()} for k, v in tables.items()}, defaults
+        gpu, {k: {s: p.config for s, p in v.items()} for k, v in tables.items()}, defaults
     )
 
     # The families with a config in the header, in registry order (fa2 always: the defaults).

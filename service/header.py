@@ -2,8 +2,10 @@
 
 :mod:`codegen.export` renders a header from :class:`~codegen.export.TunedPoint` values and
 reads no database; this module is the store side that both ``fa2tune export`` and
-``/v1/export/header`` use, and the source of the tuned problems the service's index serves
-(so the header and ``/v1/best`` answer from the same rows).
+``/v1/export/header`` use. The header holds one entry per tuned problem
+(:func:`tuned_shape_results`) and picks among them by :mod:`core.shape`'s rule, the one the
+store and the service use; :func:`tuned_results` (square problems, one per N) feeds the
+service's per-N index.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from codegen.export import TunedPoint, render_header
 from core.config import DTYPES, HEAD_DIMS, Dtype
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
+from core.shape import Shape, ShapeError
 from db.results import MAX_PAGE, BestResult
 from db.store import Store
 
 log = logging.getLogger(__name__)
-
 
 
 class UnknownGpuError(LookupError):
@@ -71,6 +73,66 @@ def tuned_results(
     return results
 
 
+def tuned_shape_results(
+    store: Store,
+    gpu: str,
+    *,
+    ds: Sequence[int] | None = None,
+    dtypes: Sequence[str] | None = None,
+) -> list[BestResult]:
+    """The winner of every tuned problem of one GPU, whatever its shape: one per (D, dtype,
+    causal, Nq, Nk, batch, heads, KV heads) with an OK measurement, of any family.
+
+    As :func:`tuned_results`, but problems that differ only in Nk, batch, heads or KV heads
+    stay apart (each is :meth:`db.store.Store.best` of exactly its shape), since the header
+    dispatches on the whole call shape.
+
+    Args:
+        store: the results database.
+        gpu: the GPU, matched like users write it.
+        ds: only these head dims; None for all.
+        dtypes: only these dtypes; None for all.
+
+    Returns:
+        The winners sorted by (D, dtype, causal, shape).
+    """
+    problems: dict[tuple[int, str, bool, Shape], str] = {}
+    for d in sorted(set(ds)) if ds else [None]:
+        offset = 0
+        while True:
+            page = store.results(
+                gpu, d, status=MeasureStatus.OK.value, offset=offset, limit=MAX_PAGE
+            )
+            for row in page.items:
+                if dtypes is not None and row.dtype not in dtypes:
+                    continue
+                try:
+                    shape = Shape(row.n, row.nk, row.batch, row.heads, row.kv_heads)
+                except ShapeError:  # no kernel runs it; the store should not hold it
+                    log.warning("skipping measurement %d: no valid shape", row.measurement_id)
+                    continue
+                problems.setdefault((row.d, row.dtype, row.causal, shape), row.gpu)
+            offset += len(page.items)
+            if not page.items or offset >= page.total:
+                break
+    results: list[BestResult] = []
+    for (d_, dtype, causal, sh), name in sorted(problems.items()):
+        best = store.best(
+            name,
+            d_,
+            sh.nq,
+            dtype,
+            causal,
+            nk=sh.nk,
+            batch=sh.batch,
+            heads=sh.heads,
+            kv_heads=sh.kv_heads,
+        )
+        if best is not None:
+            results.append(best)
+    return results
+
+
 def point_from_best(best: BestResult) -> TunedPoint:
     """A :class:`~codegen.export.TunedPoint` from the store's :class:`~db.store.BestResult`."""
     return TunedPoint(
@@ -78,6 +140,10 @@ def point_from_best(best: BestResult) -> TunedPoint:
         dtype=best.config.dtype,
         causal=best.causal,
         n=best.n,
+        nk=best.nk,
+        batch=best.batch,
+        heads=best.heads,
+        kv_heads=best.kv_heads,
         config=best.config,
         median_ms=best.median_ms,
         tflops=best.tflops,
@@ -133,7 +199,7 @@ def export_header(
         raise UnknownGpuError(
             f"no results for GPU {gpu!r}; GPUs with results: {', '.join(names) or 'none'}"
         )
-    results = tuned_results(store, gpu, ds=ds, dtypes=dtypes)
+    results = tuned_shape_results(store, gpu, ds=ds, dtypes=dtypes)
     name = results[0].gpu if results else known[0].name
     log.info(
         "exporting %d tuned configs for %s (D=%s, %s)",

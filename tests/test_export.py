@@ -23,9 +23,9 @@ from codegen.export import (
 from codegen.space import fa2_default_config
 from core.config import HEAD_DIMS, KernelConfig
 from core.gpu_name import normalize_gpu_name as normalise_device_name
+from core.shape import Shape, nearest_shape
 from db.store import Store
-from service.header import UnknownGpuError, export_header, tuned_results
-from service.index import BestIndex
+from service.header import UnknownGpuError, export_header, tuned_results, tuned_shape_results
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "fa2_example.cu"
@@ -124,10 +124,11 @@ def test_header_instantiates_tuned_and_defaults(
     assert "fa2_d64_fp16_full_br64_bc128" not in header
 
 
-def test_header_tables_sorted_by_n(header: str) -> None:
+def test_header_tables_sorted_by_shape(header: str) -> None:
     table = header.split("kTuned_d64_fp16_full[] = {")[1].split("};")[0]
-    ns = [int(m) for m in re.findall(r"\{(\d+), &fa2::launch", table)]
-    assert ns == list(H200_NS)
+    # The seeded problems are the campaign's square B=2 H=16 ones: sorted by shape is by N.
+    shapes = re.findall(r"\{\{(\d+), (\d+), 2, 16, 16\}, &fa2::launch", table)
+    assert [(int(nq), int(nk)) for nq, nk in shapes] == [(n, n) for n in H200_NS]
     assert "{64, FA2TUNE_FP16, false, kTuned_d64_fp16_full, 4}," in header
     assert "{128, FA2TUNE_FP16, true, kTuned_d128_fp16_causal, 2}," in header
     assert "{128, FA2TUNE_BF16, false, kTuned_d128_bf16_full, 1}," in header
@@ -240,12 +241,14 @@ HOST_PROBE = r"""
 #include "fa2_tuned.cuh"
 #include <cstdio>
 #include <cstdlib>
-// Host-only: prints the bucket the dispatch picks for each N (no GPU is touched).
+// Host-only: prints the tuned entry the dispatch picks for N x N calls at B=2 H=16 on 132
+// SMs (no GPU is touched).
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    const long long n = std::atoll(argv[i]);
-    const fa2tune_detail::Choice* c = fa2tune_detail::bucket(fa2tune_detail::kTuned[0], n * n);
-    std::printf("%lld %lld %s\n", n, c->n, c->name);
+    const int n = std::atoi(argv[i]);
+    fa2tune_tuned_choice c{};
+    if (!fa2tune_nearest_tuned(64, FA2TUNE_FP16, false, n, n, 2, 16, 16, 132, &c)) return 1;
+    std::printf("%d %d %s\n", n, c.nq, c.name);
   }
   Fa2Params p{};
   std::printf("invalid %d\n", fa2tune_forward(p, 64, FA2TUNE_FP16, false) == cudaErrorInvalidValue);
@@ -258,11 +261,12 @@ int main(int argc, char** argv) {
 @pytest.mark.compile
 @needs_nvcc
 @needs_template
-def test_header_builds_for_sm80_and_sm90_and_buckets_match_service(
+def test_header_builds_for_sm80_and_sm90_and_picks_pythons_nearest_shape(
     seeded_store: tuple[Store, Seeded], tmp_path: Path
 ) -> None:
     """The brief's nvcc line (two architectures, a second translation unit to prove the header
-    links twice), then the header's N buckets against the service's nearest-N rule."""
+    links twice), then the header's picks against core.shape's nearest tuned shape and the
+    store's winner there."""
     store, _ = seeded_store
     text = export_header(store, "H200", [64], dtypes=["fp16"], generated_at=WHEN)
     (tmp_path / "fa2_tuned.cuh").write_text(text)
@@ -281,9 +285,11 @@ def test_header_builds_for_sm80_and_sm90_and_buckets_match_service(
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[-1] == "invalid 1"
-    index = BestIndex.build(store)
+    tuned = tuned_shape_results(store, "H200", ds=[64], dtypes=["fp16"])
+    winners = {Shape(b.n, b.nk, b.batch, b.heads, b.kv_heads): b for b in tuned if not b.causal}
     for line in lines[:-1]:
         n, tuned_n, name = line.split()
-        entry = index.lookup("H200", 64, int(n), "fp16", False)
-        assert (int(tuned_n), name) == (entry.n, entry.result.config.name), n
+        near = nearest_shape(Shape(int(n), int(n), 2, 16, 16), sorted(winners), 132)
+        assert near is not None
+        assert (int(tuned_n), name) == (near.nq, winners[near].config.name), n
     assert len(lines) - 1 == len(ns)

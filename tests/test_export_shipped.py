@@ -1,13 +1,16 @@
 """The header exported from the shipped H200 results dispatches to the store's best configs.
 
 The header's dispatch table is parsed back from the text and compared, entry by entry, with
-:meth:`db.store.Store.best` for every shipped problem; and the template hash the header names
-is the build-cache digest the shipped builds' source hashes were computed from.
+:meth:`db.store.Store.best` for every shipped problem; square B=2 H=16 calls get the configs
+the per-N rule of earlier headers gave them (but in narrow bands just below the geometric
+midpoints of the tuned Ns); and the template hash the header names is the build-cache digest
+the shipped builds' source hashes were computed from.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from test_service_data import make_store
 from codegen.build import source_hash
 from codegen.render import render_instantiation, template_hash
 from core.config import KernelConfig
+from core.shape import Shape, nearest_shape
 from db.shipped import load_shipped_results
 from db.store import Store
 from service.header import export_header
@@ -43,8 +47,11 @@ def dispatch_table(header: str) -> dict[tuple[int, str, bool, int], str]:
     rows = re.findall(r"\{(\d+), (FA2TUNE_\w+), (true|false), (kTuned_\w+), (\d+)\},", header)
     table: dict[tuple[int, str, bool, int], str] = {}
     for d, enum, causal, ident, count in rows:
+        # Every shipped problem is square at B=2 H=16: the entry's shape is {N, N, 2, 16, 16}.
         choices = re.findall(
-            r'\{(\d+), &fa2::launch<fa2tune_configs::(\w+)>, "(\w+)", nullptr\}', arrays[ident]
+            r"\{\{(\d+), \1, 2, 16, 16\}, "
+            r'&fa2::launch<fa2tune_configs::(\w+)>, "(\w+)", nullptr\}',
+            arrays[ident],
         )
         assert len(choices) == int(count)
         assert [int(n) for n, *_ in choices] == sorted(int(n) for n, *_ in choices)
@@ -67,6 +74,43 @@ def test_dispatch_table_is_the_stores_best(store: Store) -> None:
     # Every name the GPU goes by selects the same table.
     for gpu in ("NVIDIA H200", "nvidia-h200", "h200"):
         assert dispatch_table(export_header(store, gpu)) == table
+
+
+def old_bucket(ns: list[int], n: int) -> int:
+    """The tuned N earlier headers dispatched N x N calls to: nearest on a log scale, the
+    boundaries at the geometric midpoints (ties to the larger)."""
+    i = 0
+    while i + 1 < len(ns) and n * n >= ns[i] * ns[i + 1]:
+        i += 1
+    return ns[i]
+
+
+def test_square_calls_keep_their_configs(store: Store) -> None:
+    """The shape dispatch (core.shape's rule; tests/test_export_shapes.py holds the header's
+    C++ to it) against the old per-N buckets, for every square B=2 H=16 call up to 64K on
+    the H200's 132 SMs. The grid-fill term only moves each boundary a little below the
+    geometric midpoint (its block count rounds up and saturates at 8 waves): the calls in
+    between now take the larger tuned N, and every other call keeps its config."""
+    table = dispatch_table(export_header(store, "H200"))
+    keys = sorted({k[:3] for k in table})
+    ns = sorted(k[3] for k in table if k[:3] == keys[0])
+    assert all(sorted(k[3] for k in table if k[:3] == key) == ns for key in keys)
+    tuned = [Shape(n, n, 2, 16, 16) for n in ns]
+    (gpu,) = json.loads(SHIPPED.read_text())["gpus"]
+    sms = gpu["sm_count"]  # the H200's 132; the header reads it from the device
+    moved = 0
+    for n in range(1, 2**16 + 1):
+        new = nearest_shape(Shape(n, n, 2, 16, 16), tuned, sms)
+        assert new is not None
+        old = old_bucket(ns, n)
+        if new.nq != old:
+            below, above = old, new.nq
+            assert above == ns[ns.index(below) + 1], n
+            assert 0.97 * math.sqrt(below * above) <= n < math.sqrt(below * above), n
+            moved += 1
+        if n in ns:
+            assert new.nq == n  # a tuned N: its own entry, the store's best (test above)
+    assert moved < 0.002 * 2**16, moved
 
 
 def test_header_names_the_build_cache_template_hash(store: Store) -> None:

@@ -17,15 +17,30 @@
 //                                   bool causal);
 //     The config fa2tune_forward would launch (nullptr when it would refuse).
 //
+//   struct fa2tune_tuned_choice { int index; const char* name; double distance;
+//                                 int nq, nk, batch, q_heads, kv_heads; };
+//   bool fa2tune_nearest_tuned(int head_dim, fa2tune_dtype dtype, bool causal, int nq,
+//                              int nk, int batch, int q_heads, int kv_heads, int sm_count,
+//                              fa2tune_tuned_choice* out);
+//     Which tuned entry the dispatch takes for a call of this shape on the tuned GPU with
+//     sm_count SMs, without launching or touching a device (so without the family guards
+//     below, which need both): its index among the (D, dtype, causal)'s tuned entries (in
+//     the order the comment above lists them), config name, distance and tuned shape. False
+//     when the header has no tuned entry for (D, dtype, causal) or the shape is invalid.
+//
 // Dispatch: on a device whose name (cudaGetDeviceProperties, cached per device) matches the
 // GPU this header was tuned for (named above; compared by fa2tune_detail::normalise_name,
-// so "NVIDIA H200", "nvidia-h200" and "H200" are one GPU), the config tuned at the N nearest
-// to sqrt(nq * nk) on a log scale is used (bucket boundaries at the geometric midpoints of
-// the tuned Ns). On other GPUs, and for head dims, dtypes or masks without tuned results,
-// FlashAttention-2's default config for the head dim is used. A tuned config of the Hopper
-// family (fa3, names "fa3_...") is used only where it can run: a GPU of compute capability
-// 9.0, a program compiled for sm_90a and parameters TMA can address (fa3::can_launch);
-// otherwise the default config is used instead.
+// so "NVIDIA H200", "nvidia-h200" and "H200" are one GPU), the config tuned at the shape
+// nearest to the call's (nq, nk, batch, q_heads, kv_heads) is used: the smallest sum of
+// |ln ratio| of Nq, Nk, the grid fill (ceil(nq / 128) * q_heads * batch blocks over the
+// device's SM count, clamped to [1/SMs, 8] waves) and the GQA group q_heads / kv_heads; ties
+// go to the longer Nq, then Nk, then the larger batch * heads, then the fewer KV heads
+// (fa_shape.cuh; the same rule as fa2tune's store and service, core/shape.py). On other
+// GPUs, and for head dims, dtypes or masks without tuned results, FlashAttention-2's default
+// config for the head dim is used. A tuned config of the Hopper family (fa3, names
+// "fa3_...") is a candidate only where it can run: a GPU of compute capability 9.0, a
+// program compiled for sm_90a and parameters TMA can address (fa3::can_launch); the nearest
+// of the others is used instead, and the default config when none can run.
 //
 // Compiling: C++17, any list of sm_80+ targets. The fa3 kernels (when the header has any)
 // exist only in sm_90a code; for other targets they compile to stubs that are never launched:
@@ -43,20 +58,22 @@
 // exporter puts a comment in place of its #include.
 //
 // The contract with the rendered table ("fa2_dispatch_table.inc", written by the exporter
-// from the tuned results; the only generated C++ in the header):
+// from the tuned results; the only generated C++ in the header; fa_shape.cuh, the shape
+// distance, is inlined before it):
 //   - namespace fa2tune_configs: one `using <config name> = <family>::Traits<...>;` per config
 //     compiled into the header (tuned winners and defaults), followed by the explicit
 //     instantiations of each config's kernel and launcher (fa2::fwd_kernel, fa2::launch;
 //     fa3::fwd_kernel, fa3::launch and its guard fa3::can_launch);
 //   - in namespace fa2tune_detail:
 //       kTunedGpu      the tuned GPU's name, already normalised (normalise_name);
-//       kTuned         kTunedCount tables, one per tuned (D, dtype, causal), each with its
-//                      choices sorted by the N they were tuned at, ascending, N > 0; a
-//                      choice's `accepts` is its family's guard, or nullptr (fa2: runs
-//                      wherever the header's code does);
+//       kTuned         kTunedCount tables, one per tuned (D, dtype, causal), each with one
+//                      choice per tuned problem, carrying the whole shape it was measured at
+//                      (every field >= 1), sorted by (nq, nk, batch, heads, kv_heads) and
+//                      distinct; a choice's `accepts` is its family's guard, or nullptr
+//                      (fa2: runs wherever the header's code does);
 //                      kTunedCount may be 0 (one sentinel entry then, never read);
 //       kDefaults      kDefaultCount tables, one per supported (D, dtype, causal), each with
-//                      exactly one choice (n = 0): FlashAttention-2's default config, whose
+//                      exactly one choice (shape all 0): FlashAttention-2's default, whose
 //                      `accepts` is nullptr.
 //   Every (D, dtype, causal) of kTuned also has a kDefaults entry, so a tuned shape on another
 //   GPU still launches.
@@ -70,6 +87,7 @@
 #include "fa_abi.cuh"
 #include "fa3_launch.cuh"
 #include "fa2_gpu_name.cuh"
+#include "fa_shape.cuh"
 
 #include <atomic>
 #include <cstdint>
@@ -84,7 +102,7 @@ using LaunchFn = cudaError_t (*)(const Fa2Params&, cudaStream_t);
 using AcceptsFn = bool (*)(const Fa2Params&);
 
 struct Choice {
-  long long n;  // the N this config was tuned at (0 for a default)
+  fa2tune_shape::Shape shape;  // the shape this config was tuned at (all 0 for a default)
   LaunchFn launch;
   const char* name;
   AcceptsFn accepts;  // whether `launch` can run p on the current device; nullptr: always
@@ -94,7 +112,7 @@ struct Table {
   int d;
   int dtype;  // an fa2tune_dtype value
   bool causal;
-  const Choice* choices;  // sorted by n
+  const Choice* choices;  // sorted by shape
   int count;
 };
 
@@ -125,13 +143,33 @@ inline bool on_tuned_gpu() {
   return match;
 }
 
-// The config tuned at the N nearest to n on a log scale: n^2 is compared with the product of
-// neighbouring tuned Ns, i.e. the boundaries are their geometric midpoints (exact in int64).
-// The service's /v1/best picks the same N (tests/test_export.py checks both agree).
-inline const Choice* bucket(const Table& t, long long n2) {
-  int i = 0;
-  while (i + 1 < t.count && n2 >= t.choices[i].n * t.choices[i + 1].n) ++i;
-  return &t.choices[i];
+// The current device's SM count, for the shape distance's grid-fill term. The attribute is
+// cached per device ordinal (0 = not looked up yet); racing threads store the same value.
+// Should the query fail, an H100/H200's 132 stands in (the store's default too), uncached.
+inline int sm_count() {
+  constexpr int kMaxDevices = 64;
+  constexpr int kFallback = 132;
+  static std::atomic<int> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return kFallback;
+  const bool cacheable = dev >= 0 && dev < kMaxDevices;
+  if (cacheable) {
+    const int hit = cache[dev].load(std::memory_order_relaxed);
+    if (hit > 0) return hit;
+  }
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      sms < 1)
+    return kFallback;
+  if (cacheable) cache[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// A call's shape. The ABI allows nk == 0 (no keys: the output is zero), which has no log
+// ratio; it counts as nk == 1, the shortest key length a tuned shape can have.
+inline fa2tune_shape::Shape call_shape(long long nq, long long nk, long long batch,
+                                       long long q_heads, long long kv_heads) {
+  return {nq, nk > 1 ? nk : 1, batch, q_heads, kv_heads};
 }
 
 // Whether a choice can run p here: its family's guard (fa3::can_launch: compute capability
@@ -140,20 +178,39 @@ inline bool accepts(const Choice& c, const Fa2Params& p) {
   return c.accepts == nullptr || c.accepts(p);
 }
 
+// The index of t's choice nearest to `asked` (fa2tune_shape::nearest), among those that can
+// run p when p is given; -1 when none can.
+inline int nearest(const Table& t, const fa2tune_shape::Shape& asked, int sms,
+                   const Fa2Params* p, double* distance = nullptr) {
+  return fa2tune_shape::nearest(
+      asked, t.count, sms,
+      [&t, p](int i) -> const fa2tune_shape::Shape* {
+        const Choice& c = t.choices[i];
+        return p == nullptr || accepts(c, *p) ? &c.shape : nullptr;
+      },
+      distance);
+}
+
+// The tuned table of (D, dtype, causal), or nullptr.
+inline const Table* tuned_table(int head_dim, int dtype, bool causal) {
+  for (int i = 0; i < kTunedCount; ++i) {
+    const Table& t = kTuned[i];
+    if (t.d == head_dim && t.dtype == dtype && t.causal == causal) return &t;
+  }
+  return nullptr;
+}
+
 // Tuned tables first (on the tuned GPU only), then the defaults; nullptr for a head dim,
-// dtype or mask this header has no config for. A tuned choice that cannot run here (an fa3
-// config on a GPU that is not cc 9.0, or in a program built without sm_90a) gives way to the
-// default.
+// dtype or mask this header has no config for. Tuned choices that cannot run here (an fa3
+// config on a GPU that is not cc 9.0, or in a program built without sm_90a) are passed over
+// for the nearest that can; when none can, the default runs. p is valid() here.
 inline const Choice* select(const Fa2Params& p, int head_dim, int dtype, bool causal) {
   if (kTunedCount > 0 && on_tuned_gpu()) {
-    const long long n2 = static_cast<long long>(p.nq) * static_cast<long long>(p.nk);
-    for (int i = 0; i < kTunedCount; ++i) {
-      const Table& t = kTuned[i];
-      if (t.d == head_dim && t.dtype == dtype && t.causal == causal) {
-        const Choice* c = bucket(t, n2);
-        if (accepts(*c, p)) return c;
-        break;
-      }
+    const Table* t = tuned_table(head_dim, dtype, causal);
+    if (t != nullptr) {
+      const int i = nearest(*t, call_shape(p.nq, p.nk, p.batch, p.q_heads, p.kv_heads),
+                            sm_count(), &p);
+      if (i >= 0) return &t->choices[i];
     }
   }
   for (int i = 0; i < kDefaultCount; ++i) {
@@ -179,6 +236,41 @@ inline const char* fa2tune_config_name(const Fa2Params& p, int head_dim, fa2tune
   const fa2tune_detail::Choice* c =
       fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
   return c == nullptr ? nullptr : c->name;
+}
+
+// The tuned entry the dispatch takes for a shape, found without a device (see the top).
+struct fa2tune_tuned_choice {
+  int index;         // among the (D, dtype, causal)'s tuned entries, sorted by shape
+  const char* name;  // the entry's config
+  double distance;   // from the asked shape to the entry's (0: the same shape)
+  int nq, nk, batch, q_heads, kv_heads;  // the shape the entry was tuned at
+};
+
+inline bool fa2tune_nearest_tuned(int head_dim, fa2tune_dtype dtype, bool causal, int nq,
+                                  int nk, int batch, int q_heads, int kv_heads, int sm_count,
+                                  fa2tune_tuned_choice* out) {
+  if (nq < 1 || nk < 0 || batch < 1 || q_heads < 1 || kv_heads < 1 || q_heads % kv_heads != 0)
+    return false;
+  const fa2tune_detail::Table* t =
+      fa2tune_detail::tuned_table(head_dim, static_cast<int>(dtype), causal);
+  if (t == nullptr) return false;
+  double distance = 0.0;
+  const int i = fa2tune_detail::nearest(
+      *t, fa2tune_detail::call_shape(nq, nk, batch, q_heads, kv_heads), sm_count, nullptr,
+      &distance);
+  if (i < 0) return false;
+  if (out != nullptr) {
+    const fa2tune_shape::Shape& s = t->choices[i].shape;
+    *out = {i,
+            t->choices[i].name,
+            distance,
+            static_cast<int>(s.nq),
+            static_cast<int>(s.nk),
+            static_cast<int>(s.batch),
+            static_cast<int>(s.heads),
+            static_cast<int>(s.kv_heads)};
+  }
+  return true;
 }
 
 inline cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
