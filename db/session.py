@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
@@ -31,6 +32,25 @@ logger = logging.getLogger(__name__)
 
 class DatabaseOpenError(Exception):
     """The database named by a URL cannot be opened (before any connection is tried)."""
+
+
+class DatabaseURLError(DatabaseOpenError):
+    """The URL cannot be parsed, names an unknown database, or needs a Python driver that is
+    not installed. The message is one line meant for the person who typed the URL."""
+
+
+_SUPPORTED = "use sqlite:///PATH or postgresql://USER@HOST/DB"
+# What to install for a driver module SQLAlchemy failed to import, where the distribution's
+# name is not the module's. psycopg is fa2tune's own PostgreSQL driver, so its extra is named.
+_DRIVER_PACKAGES = {
+    "psycopg": "'fa2tune[postgres]'",
+    "psycopg2": "psycopg2-binary",
+    "MySQLdb": "mysqlclient",
+    "mysql": "mysql-connector-python",
+    "cx_Oracle": "cx-Oracle",
+    "pysqlcipher3": "sqlcipher3-binary",
+    "sqlcipher3": "sqlcipher3-binary",
+}
 
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -116,9 +136,26 @@ def _install_sqlite_events(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}".strip())
 
 
+def _unparsable(exc: Exception) -> DatabaseURLError:
+    if isinstance(exc, ValueError) and "int()" in str(exc):
+        # SQLAlchemy's parser accepts any port text and then calls int() on it.
+        why = f"the port {str(exc).rpartition(':')[2].strip()} is not a number"
+    else:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        why = lines[0] if lines else type(exc).__name__
+    return DatabaseURLError(f"not a database URL ({why}; {_SUPPORTED})")
+
+
 def normalize_url(url: str | URL) -> URL:
-    """``url`` parsed, with psycopg 3's driver for a driverless ``postgresql://``."""
-    parsed = make_url(url)
+    """``url`` parsed, with psycopg 3's driver for a driverless ``postgresql://``.
+
+    Raises:
+        DatabaseURLError: ``url`` is not a URL SQLAlchemy can parse.
+    """
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise _unparsable(exc) from exc
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
@@ -140,9 +177,13 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
         The engine.
 
     Raises:
+        DatabaseURLError: ``url`` cannot be parsed, names a database SQLAlchemy does not know,
+            needs a driver that is not installed or an asyncio driver.
         DatabaseOpenError: the directory of a SQLite file cannot be created.
     """
     parsed = normalize_url(url)
+    # Errors name the scheme as typed (postgresql://, not the psycopg driver filled in).
+    scheme = url.drivername if isinstance(url, URL) else url.partition("://")[0]
     if parsed.get_backend_name() == "sqlite":
         if _is_memory_sqlite(parsed):
             kwargs.setdefault("poolclass", StaticPool)
@@ -159,12 +200,49 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
                     raise DatabaseOpenError(
                         f"cannot create the database's directory {path.parent}: {why}"
                     ) from exc
-        engine = create_engine(parsed, **kwargs)
+        engine = _create_engine(parsed, scheme, **kwargs)
         _install_sqlite_events(engine)
         return engine
     if parsed.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(parsed, **kwargs)
+    return _create_engine(parsed, scheme, **kwargs)
+
+
+def _create_engine(url: URL, scheme: str, **kwargs: Any) -> Engine:
+    """:func:`sqlalchemy.create_engine`, with one-line errors for a URL it cannot serve.
+
+    SQLAlchemy imports the dialect and its driver here, before any connection, so an unknown
+    scheme or a missing driver surfaces now, as a plugin error or a bare ImportError.
+    """
+    try:
+        dialect = url.get_dialect()  # the dialect class only; its driver is imported below
+    except NoSuchModuleError as exc:
+        raise DatabaseURLError(f"unknown database URL scheme {scheme!r} ({_SUPPORTED})") from exc
+    if dialect.is_async:
+        # Everything in fa2tune is synchronous; an asyncio driver would fail on first use.
+        raise DatabaseURLError(
+            f"{scheme}:// names an asyncio driver, which fa2tune cannot use ({_SUPPORTED})"
+        )
+    try:
+        return create_engine(url, **kwargs)
+    except NoSuchModuleError as exc:  # a plugin named in the URL's query
+        raise DatabaseURLError(f"{exc} (in the database URL)") from exc
+    except ArgumentError as exc:  # e.g. sqlite://x: parsed, but not a form the dialect takes
+        raise _unparsable(exc) from exc
+    except ImportError as exc:
+        module = (exc.name or "").partition(".")[0]
+        if isinstance(exc, ModuleNotFoundError) and module:
+            package = _DRIVER_PACKAGES.get(module, module)
+            message = (
+                f"the {scheme}:// URL scheme needs the Python module {module}, which is not "
+                f"installed (pip install {package})"
+            )
+        else:  # installed but broken, e.g. psycopg without its libpq
+            text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            message = f"the driver of the {scheme}:// URL scheme cannot be imported: {text}"
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            message += "; fa2tune works with SQLite and PostgreSQL"
+        raise DatabaseURLError(message) from exc
 
 
 def _writer(engine: Engine) -> Engine:

@@ -12,7 +12,7 @@ import sqlite3
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 import typer.core
@@ -107,17 +107,69 @@ def describe_error(exc: BaseException, db_url: str | None) -> str | None:
     return None
 
 
+# click's UsageError, the base of every bad-argument error. Taken from typer's public
+# BadParameter because typer vendors its own copy of click from 0.2x on: the click package's
+# UsageError, where installed at all, is then another class.
+_USAGE_ERROR: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError"
+)
+
+
+class _OneLineUsageError(typer.BadParameter):
+    """A usage error shown as one line, ``fa2tune best: Invalid value for '--d': ...``.
+
+    Click's own form is four lines (usage, hint, blank, error); typer's rich form puts the
+    message in a box wrapped at the terminal width, which splits it and hides it from grep.
+    """
+
+    def __init__(self, line: str, ctx: Any, exit_code: int) -> None:
+        super().__init__(line, ctx=ctx)
+        self.line = line
+        self.exit_code = exit_code
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        typer.echo(self.line, file=file, err=file is None)
+
+
+def _one_line_usage(error: Exception) -> Exception:
+    """``error`` as a :class:`_OneLineUsageError` when it is a usage error worth rewording."""
+    # NoArgsIsHelpError is a UsageError whose "message" is the help page: shown as it is.
+    if (
+        not isinstance(error, _USAGE_ERROR)
+        or isinstance(error, _OneLineUsageError)
+        or type(error).__name__ == "NoArgsIsHelpError"
+    ):
+        return error
+    ctx = getattr(error, "ctx", None)
+    message = _one_line(error.format_message())  # type: ignore[attr-defined]
+    if ctx is not None:
+        path = ctx.command_path
+        message = f"{path}: {message} (see '{path} --help')"
+    return _OneLineUsageError(message, ctx, getattr(error, "exit_code", 2))
+
+
 class _CleanErrors(typer.core.TyperGroup):
     """The one error path of the CLI: database, file-system and connection errors end the
     command with one line on stderr and exit status 1 (the traceback too with ``-v``).
 
-    Usage errors keep typer's handling (exit status 2); other exceptions are bugs and keep
-    their traceback.
+    Usage errors keep exit status 2 and are shown as one line too; other exceptions are bugs
+    and keep their traceback.
     """
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        # The global options are parsed here; the sub-command's inside invoke().
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except _USAGE_ERROR as error:
+            raise _one_line_usage(error) from error
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except _USAGE_ERROR as error:
+            raise _one_line_usage(error) from error
         except Exception as exc:
             from fa2tune.settings import get_settings
 
@@ -145,6 +197,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click output: typer then calls the usage error's own show() (one line, above)
+    # instead of drawing a box; help pages lose their boxes too, and stay greppable.
+    rich_markup_mode=None,
 )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from core.problem import Problem
+from db.session import DatabaseURLError, make_engine
 from db.store import Store
 from db.transfer import dump
 from fa2tune.cli import app
@@ -121,6 +124,110 @@ def test_not_a_url() -> None:
     _one_line_failure(result, "database no scheme here: not a database URL")
 
 
+@pytest.mark.parametrize(
+    ("url", "fragments"),
+    [
+        ("mysql://u@h/db", ("mysql:// URL scheme needs", "MySQLdb", "pip install mysqlclient")),
+        ("mssql+pyodbc://u@h/db", ("mssql+pyodbc:// URL scheme needs", "pip install pyodbc")),
+        ("oracle://u@h/db", ("oracle:// URL scheme needs", "pip install oracledb")),
+    ],
+)
+def test_driver_not_installed(
+    url: str, fragments: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules makes the import fail as for a module that is not installed, on a
+    # machine that happens to have the driver too.
+    for module in ("MySQLdb", "pyodbc", "oracledb", "cx_Oracle"):
+        monkeypatch.setitem(sys.modules, module, None)
+    result = runner.invoke(app, ["--db", url, *BEST])
+    line = _one_line_failure(result, f"fa2tune best: database {url}: the ", *fragments)
+    assert line.endswith("fa2tune works with SQLite and PostgreSQL"), line
+
+
+def test_postgresql_without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    url = "postgresql://fa2:secret@db.example/x"
+    result = runner.invoke(app, ["--db", url, *BEST])
+    line = _one_line_failure(
+        result,
+        "database postgresql://fa2:***@db.example/x: the postgresql:// URL scheme needs the "
+        "Python module psycopg, which is not installed (pip install 'fa2tune[postgres]')",
+    )
+    assert "secret" not in line
+
+
+def test_driver_not_installed_verbose_adds_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)
+    result = runner.invoke(app, ["-v", "--db", "mysql://u@h/db", *BEST])
+    assert result.exit_code == 1
+    assert "Traceback" in result.stderr and "ModuleNotFoundError" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("fa2tune best: database mysql://")
+
+
+@pytest.mark.parametrize("url", ["postgresql+asyncpg://u@h/db", "sqlite+aiosqlite:///x.db"])
+def test_asyncio_driver(url: str) -> None:
+    result = runner.invoke(app, ["--db", url, *BEST])
+    _one_line_failure(result, f"database {url}: ", "asyncio driver, which fa2tune cannot use")
+
+
+@pytest.mark.parametrize(
+    ("url", "shown", "why"),
+    [
+        ("not a url", "not a url", "Could not parse SQLAlchemy URL"),
+        ("postgresql://:@:notaport/x", "postgresql://:***@:notaport/x", "port 'notaport' is not"),
+        ("sqlite://relative.db", "sqlite://relative.db", "Invalid SQLite URL"),
+    ],
+)
+def test_unparsable_url(url: str, shown: str, why: str) -> None:
+    result = runner.invoke(app, ["--db", url, *BEST])
+    _one_line_failure(result, f"database {shown}: not a database URL (", why, "sqlite:///PATH")
+
+
+def test_unknown_driver_of_a_known_database() -> None:
+    result = runner.invoke(app, ["--db", "postgresql+nodriver://u@h/db", *BEST])
+    _one_line_failure(result, "unknown database URL scheme 'postgresql+nodriver'")
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("mysql://u@h/db", "pip install mysqlclient"),
+        ("foo://", "unknown database URL scheme 'foo'"),
+        ("not a url", "not a database URL"),
+        ("postgresql://:@:notaport/x", "port 'notaport' is not a number"),
+    ],
+)
+def test_make_engine_raises_one_kind_of_error(
+    url: str, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every way a URL cannot give an engine is a DatabaseURLError (a DatabaseOpenError), so
+    the service, the tuner and alembic see the same error the CLI prints."""
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)
+    with pytest.raises(DatabaseURLError, match=re.escape(match)):
+        make_engine(url)
+
+
+def test_a_missing_driver_through_a_subprocess(tmp_path: Path) -> None:
+    """The installed entry point, not the test runner: no traceback reaches the terminal."""
+    # A directory on PYTHONPATH that shadows the driver with a module that fails to import as
+    # an uninstalled one would.
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "MySQLdb.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'MySQLdb'\", name='MySQLdb')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), *sys.path])}
+    env.pop("FA2TUNE_DB_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "fa2tune.cli", "--db", "mysql://u@h/db", *BEST],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install mysqlclient" in lines[0], done.stderr
+
+
 def test_postgresql_refuses_the_connection() -> None:
     url = "postgresql://fa2:secret@127.0.0.1:1/x"  # nothing listens on port 1
     result = runner.invoke(app, ["--db", url, *BEST])
@@ -141,6 +248,40 @@ def test_usage_errors_keep_exit_status_2() -> None:
     result = runner.invoke(app, ["--db", "foo://", "best", "--gpu", "H200"])
     assert result.exit_code == 2
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["best", "--gpu", "H200", "--d", "x", "--n", "4096"],
+            "fa2tune best: Invalid value for '--d': ",
+        ),
+        (["best", "--gpu", "H200"], "fa2tune best: Missing option '--d'."),
+        (["--bogus", "best"], "fa2tune: No such option: --bogus"),
+        (["nocommand"], "fa2tune: No such command 'nocommand'."),
+        (
+            ["best", "--gpu", "H200", "--d", "48", "--n", "4096"],
+            "fa2tune best: Invalid value for --d: 48 is not a supported head dim; use one of 32, "
+            "64, 96, 128, 256",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line(args: list[str], line: str) -> None:
+    """Exit status 2 and one plain line, however long: no box wrapped at the terminal width."""
+    result = runner.invoke(app, args, terminal_width=40)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(line), lines[0]
+    assert lines[0].endswith("--help')"), lines[0]
+    assert not set("╭│╰─") & set(result.stderr), result.stderr
+
+
+def test_no_arguments_still_show_the_help() -> None:
+    result = runner.invoke(app, [])
+    assert "Usage: fa2tune [OPTIONS] COMMAND" in result.output
+    assert "best" in result.output and "export" in result.output
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from pydantic import Field
 
 from codegen.export import ExportError
-from core.config import DTYPES, Dtype
+from core.config import DTYPES, HEAD_DIMS, Dtype
 from service.deps import IndexHolderDep, SlowDep, SlowEndpoints
 from service.header import UnknownGpuError, export_header
 from service.index import IndexHolder
@@ -20,6 +22,17 @@ from service.routers import json_error
 router = APIRouter(prefix="/v1/export", tags=["export"])
 
 HEADER_NAME = "fa2_tuned.cuh"
+
+_DIMS = "|".join(str(d) for d in HEAD_DIMS)
+# One ``d`` value as the OpenAPI document states it and the route enforces it: supported head
+# dims, comma-separated. Documented as any string, "x" or "48" were valid requests the route
+# refused; and as parse_head_dims alone also takes " 64", "064", "6_4" and empty items, the
+# route checks the pattern too, so nothing the document calls invalid is served either.
+HEAD_DIMS_PATTERN = rf"^(?:{_DIMS})(?:,(?:{_DIMS}))*$"
+_HEAD_DIMS_RE = re.compile(HEAD_DIMS_PATTERN)
+# Documented only, not enforced by pydantic: the route's own check says which head dims are
+# supported instead of quoting a regex.
+HeadDimsItem = Annotated[str, Field(json_schema_extra={"pattern": HEAD_DIMS_PATTERN})]
 
 
 @router.get(
@@ -46,8 +59,11 @@ async def header(
     slow: SlowDep,
     gpu: GpuQuery,
     d: Annotated[
-        list[str] | None,
-        Query(description="head dims, repeated or comma-separated (default: all)"),
+        list[HeadDimsItem] | None,
+        Query(
+            description="head dims, repeated or comma-separated: d=64&d=128 or d=64,128 "
+            "(default: all)"
+        ),
     ] = None,
     dtype: Annotated[
         list[Dtype] | None, Query(description="element types, repeated (default: fp16 and bf16)")
@@ -61,12 +77,7 @@ async def header(
     The header is rendered in a worker thread, a bounded number of requests at a time, and
     cached until the database changes, so its ``generated`` time is that of the first
     request since."""
-    try:
-        ds = parse_head_dims(d)
-    except ValueError as exc:
-        raise RequestValidationError(
-            [{"type": "value_error", "loc": ("query", "d"), "msg": str(exc), "input": d}]
-        ) from None
+    ds = _head_dims(d)
     dtypes = tuple(dtype) if dtype else DTYPES
     key = (gpu, tuple(ds) if ds else None, dtypes, holder.generation)
     body = slow.headers.get(key)
@@ -77,6 +88,24 @@ async def header(
         media_type="text/plain; charset=utf-8",
         headers={"Content-Disposition": f'inline; filename="{HEADER_NAME}"'},
     )
+
+
+def _head_dims(values: list[str] | None) -> list[int] | None:
+    """The head dims of the ``d`` values, or None for all.
+
+    Raises:
+        RequestValidationError: a value is not of the documented form.
+    """
+    try:
+        ds = parse_head_dims(values)
+        bad = next((v for v in values or () if not _HEAD_DIMS_RE.fullmatch(v)), None)
+        if bad is not None:  # parsed, but not as documented (spaces, leading zeros, ...)
+            raise ValueError(f"write head dims like 64 or 64,128 (got {bad!r})")
+    except ValueError as exc:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("query", "d"), "msg": str(exc), "input": values}]
+        ) from None
+    return ds
 
 
 def _render(
