@@ -523,3 +523,28 @@ def test_cli_replay_of_a_workload(app: typer.Typer, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     (summary,) = json.loads(out.read_text())["problems"]
     assert Problem.from_dict(summary["problem"]) == problems[2]
+
+
+def test_family_and_timing_target_reach_the_gpu_campaign(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--family`` restricts the default space (registry order, unknown names exit 2) and
+    ``--target-ms`` sets the worker's timing target (the GPU campaign is stubbed)."""
+    seen: dict[str, object] = {}
+
+    def fake_tune_gpu(
+        targets: list[Target], options: CampaignOptions, *rest: object
+    ) -> CampaignSummary:
+        seen.update(families=options.families, target_ms=rest[3] if len(rest) > 3 else None)
+        return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
+
+    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    ok = CliRunner().invoke(app, ["tune", "--family", "splitkv,fa2", "--target-ms", "30"])
+    assert ok.exit_code == 0, ok.output
+    assert seen == {"families": ("fa2", "splitkv"), "target_ms": 30.0}
+    default = CliRunner().invoke(app, ["tune"])
+    assert default.exit_code == 0 and seen["families"] is None
+    bad = CliRunner().invoke(app, ["tune", "--family", "fa2,fa9"])
+    assert bad.exit_code == 2 and "unknown fa9 (known: fa2, fa3, splitkv)" in bad.output
+    with pytest.raises(ValueError, match="unknown kernel family 'fa9'"):
+        CampaignOptions(families=("fa9",))

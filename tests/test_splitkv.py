@@ -114,3 +114,20 @@ def test_search_space_over_three_families_looks_every_config_up() -> None:
     }
     for c in configs:
         assert c in space and space.lookup(space.params_for(c)) == c
+
+
+def test_default_space_holds_the_family_only_where_it_serves_and_families_restrict() -> None:
+    from tests.factories import H200
+    from tuner.campaign import _defaults
+
+    decode = Problem(gpu="g", d=128, n=1, nk=8192, batch=8, heads=32, kv_heads=8)
+    prefill = Problem(gpu="g", d=128, n=4096)
+    space, seeds, _ = _defaults("sm_90", H200, None, None, None)
+    assert {c.family for c in space(decode)} == {"fa2", "fa3", "splitkv"}
+    assert {c.family for c in space(prefill)} == {"fa2", "fa3"}
+    assert [c.family for c in seeds(decode)][:3] == ["fa2", "fa3", "splitkv"]  # round-robin
+    only, only_seeds, _ = _defaults("sm_90", H200, None, None, None, ("splitkv",))
+    assert {c.family for c in only(decode)} == {"splitkv"} and only(prefill) == []
+    assert {c.family for c in only_seeds(decode)} == {"splitkv"}
+    with pytest.raises(ValueError, match="none of the families fa3 runs on sm_80"):
+        _defaults("sm_80", H200, None, None, None, ("fa3",))

@@ -117,6 +117,8 @@ class CampaignOptions:
             config is queued.
         heartbeat_interval: seconds between trial heartbeats.
         grace_period: seconds after which a silent RUNNING trial is failed and re-queued.
+        families: kernel families the default space searches (None: every family that runs
+            on the GPU and serves the problem).
 
     Raises:
         ValueError: for an unknown sampler.
@@ -134,8 +136,16 @@ class CampaignOptions:
     wasted_limit: int = 25
     heartbeat_interval: int = search.DEFAULT_HEARTBEAT_S
     grace_period: int = search.DEFAULT_GRACE_S
+    families: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        if self.families is not None:
+            from codegen.families import family
+
+            for name in self.families:
+                family(name)  # raises UnknownFamilyError (a ValueError) naming the known ones
+            if not self.families:
+                raise ValueError("families: give at least one family, or None for all")
         if self.sampler not in search.sampler_names():
             raise ValueError(
                 f"unknown sampler {self.sampler!r}; "
@@ -214,7 +224,9 @@ def run_campaign(
     Raises:
         ValueError: for a problem with an empty space, or a space of another group.
     """
-    space_fn, seeds_fn, build_fn = _defaults(options.arch, gpu, space_fn, seeds_fn, build_fn)
+    space_fn, seeds_fn, build_fn = _defaults(
+        options.arch, gpu, space_fn, seeds_fn, build_fn, options.families
+    )
     observer: CampaignObserver = progress if progress is not None else NullObserver()
     trials, time_budget_s = options.trials, options.time_budget_s
     started = time.monotonic()
@@ -248,6 +260,11 @@ def run_campaign(
     for problem in problems:
         group = _group(problem)
         configs = tuple(space_fn(problem))
+        if not configs:
+            raise ValueError(
+                f"no config to search for {problem.study_name}: no searched kernel family "
+                "has one for its head dim and shape (see --family)"
+            )
         if configs not in spaces:
             spaces[configs] = search.SearchSpace.from_configs(configs)
             first = spaces[configs].configs[0]
@@ -329,6 +346,7 @@ def _defaults(
     space_fn: SpaceFn | None,
     seeds_fn: SeedFn | None,
     build_fn: BuildFn | None,
+    only: tuple[str, ...] | None = None,
 ) -> tuple[SpaceFn, SeedFn, BuildFn]:
     """The production space, seeds and build for ``arch`` where none is given.
 
@@ -342,7 +360,11 @@ def _defaults(
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes
     digits = arch.removeprefix("sm_").rstrip("a")
-    families = families_for(f"{digits[:-1]}.{digits[-1]}")
+    families = [
+        f for f in families_for(f"{digits[:-1]}.{digits[-1]}") if only is None or f.name in only
+    ]
+    if not families:
+        raise ValueError(f"none of the families {', '.join(only or ())} runs on {arch}")
 
     def default_space(p: Problem) -> Sequence[AnyConfig]:
         serving = [f for f in families if f.serves(p)]

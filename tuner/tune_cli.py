@@ -58,6 +58,8 @@ DEFAULT_HEADS: Final = "16"
 #: 24 problems x 30 trials of ~1 s verify+time each fit the 15-minute campaign.
 DEFAULT_TRIALS: Final = 30
 EXIT_INTERRUPTED: Final = 130
+#: Timing target per config (ms); the measurement stage's own default.
+DEFAULT_TARGET_MS: Final = 200.0
 
 _TRUE = {"yes", "y", "true", "1", "causal", "on"}
 _FALSE = {"no", "n", "false", "0", "full", "off"}
@@ -80,6 +82,23 @@ def _split(text: str, option: str) -> list[str]:
 
 def _unique(items: Sequence[T]) -> list[T]:
     return list(dict.fromkeys(items))
+
+
+def parse_families(text: str | None) -> tuple[str, ...] | None:
+    """``--family``: known kernel family names, in the registry's order; None when not given.
+
+    Raises:
+        typer.BadParameter: an unknown family.
+    """
+    if text is None:
+        return None
+    from codegen.families import FAMILIES
+
+    names = _split(text, "--family")
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise _bad("--family", f"unknown {', '.join(unknown)} (known: {', '.join(FAMILIES)})")
+    return tuple(f for f in FAMILIES if f in names)
 
 
 def parse_int_list(
@@ -423,6 +442,23 @@ def tune(
     job_timeout: Annotated[
         float, typer.Option("--job-timeout", min=1.0, help="seconds before a hung job is killed")
     ] = 60.0,
+    family: Annotated[
+        str | None,
+        typer.Option(
+            "--family",
+            help="kernel families to search, comma-separated (fa2, fa3, splitkv)",
+            show_default="every family that runs on the GPU and serves the problem",
+        ),
+    ] = None,
+    target_ms: Annotated[
+        float,
+        typer.Option(
+            "--target-ms",
+            min=1.0,
+            max=10_000.0,
+            help="timing: repeat each config's launches for about this long (median of reps)",
+        ),
+    ] = DEFAULT_TARGET_MS,
     replay: Annotated[
         Path | None,
         typer.Option(
@@ -445,12 +481,14 @@ def tune(
         raise _bad("--sampler", f"{sampler!r} is not one of {', '.join(search.sampler_names())}")
     budget_s = parse_duration(time_budget) if time_budget is not None else None
     trials, budget_s = resolve_budget(sampler, trials, budget_s)
+    families = parse_families(family)
     options = CampaignOptions(
         sampler=sampler,
         trials=trials,
         time_budget_s=budget_s,
         max_spill_bytes=None if allow_spills else max_spill_bytes,
         seed=seed,
+        families=families,
     )
     shape_options = ShapeOptions(
         d=d, n=n, nq=nq, nk=nk, dtype=dtype, causal=causal, batch=batch, heads=heads,
@@ -465,7 +503,7 @@ def tune(
 
             if arch not in SUPPORTED_ARCHS:
                 raise _bad("--arch", f"{arch!r} is not one of {', '.join(SUPPORTED_ARCHS)}")
-        summary = _tune_gpu(targets, options, arch, device, job_timeout)
+        summary = _tune_gpu(targets, options, arch, device, job_timeout, target_ms)
     render_summary(summary)
     if summary_json is not None:
         summary_json.write_text(json.dumps(summary.to_dict(), indent=1) + "\n", encoding="utf-8")
@@ -485,19 +523,23 @@ def _tune_gpu(
     arch: str | None,
     device: int,
     job_timeout: float,
+    target_ms: float = DEFAULT_TARGET_MS,
 ) -> CampaignSummary:
     # GPU, compiler and database modules load only here: the argument checks above (and the
     # replay mode) work on machines without torch or nvcc.
     from db.store import Store
     from fa2tune.settings import get_settings
+    from measure.jobs import MeasureOptions
+    from measure.timing import TimingOptions
     from measure.worker import BenchWorker, WorkerStartError
 
     settings = get_settings()
+    timing = MeasureOptions(timing=TimingOptions(target_ms=target_ms))
     _quiet_optuna()
     try:
         with (
             Store.from_url(settings.db_url) as store,
-            BenchWorker(device=device, job_timeout_s=job_timeout) as worker,
+            BenchWorker(device=device, job_timeout_s=job_timeout, options=timing) as worker,
         ):
             return _campaign_on_gpu(
                 store, worker, settings.db_url, settings.build_jobs, targets, options, arch,
