@@ -124,7 +124,10 @@ def space(
         ),
     ] = DEFAULT_SMEM_LIMIT,
     family: Annotated[
-        str, typer.Option("--family", help="kernel family: fa2 (mma.sync) or fa3 (Hopper)")
+        str,
+        typer.Option(
+            "--family", help="kernel family: fa2 (mma.sync), fa3 (Hopper) or splitkv (decode)"
+        ),
     ] = "fa2",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
 ) -> None:
@@ -270,7 +273,7 @@ def build(
         typer.Option("--jobs", "-j", help="parallel nvcc jobs (env FA2TUNE_BUILD_JOBS)", min=1),
     ] = None,
     family: Annotated[
-        str, typer.Option("--family", help="kernel family of --d's space: fa2 or fa3")
+        str, typer.Option("--family", help="kernel family of --d's space: fa2, fa3 or splitkv")
     ] = "fa2",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of reports")] = False,
 ) -> None:
