@@ -28,14 +28,16 @@ from typing import Annotated, Any, Final, Literal, Self
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
-    StrictInt,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from core.build_report import BuildStatus
 from core.config import HEAD_DIMS, Dtype
@@ -80,14 +82,18 @@ class TransferError(ValueError):
 
 #: What single-line text must not contain: control characters (C0 with NUL and newline, DEL,
 #: C1), line and paragraph separators, zero-width and bidirectional format characters (which
-#: reorder what a reader sees in a comment) and lone surrogates. One class, used both as the
-#: validator and as the ``pattern`` the JSON schema states, so the two agree.
+#: reorder what a reader sees in a comment). One class, used both by the validator and in the
+#: ``pattern`` the JSON schema states, so the two agree.
 _CONTROL = (
     r"\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064"
-    r"\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff"
+    r"\u2066-\u206f\ufeff\ufff9-\ufffb"
 )
+#: Lone surrogates are refused too, but only by the validator: ECMA-262 and Rust regexes (what
+#: OpenAPI tools compile ``pattern`` with) cannot name a surrogate range, and would drop the
+#: whole pattern; a JSON string can only carry one as a lone ``\udXXX`` escape anyway.
+_SURROGATES = r"\ud800-\udfff"
 _PRINTABLE_PATTERN = f"^[^{_CONTROL}]*$"
-_NOT_PRINTABLE = re.compile(f"[{_CONTROL}]")
+_NOT_PRINTABLE = re.compile(f"[{_CONTROL}{_SURROGATES}]")
 
 
 def _printable(value: str) -> str:
@@ -120,6 +126,56 @@ def _gpu_name(value: str) -> str:
     return value
 
 
+# ---------------------------------------------------------------------- JSON types
+# pydantic's lax mode takes JSON true/false and numeric strings for numbers ("smem_optin_bytes":
+# false was stored as 0), numbers for booleans and timestamps: values the published schema
+# calls invalid. These checks run first and refuse them; what is left is converted as before.
+# An integral float (5.0) stays an integer: JSON Schema's "integer" is any number with a zero
+# fractional part, and OpenAPI tools send such numbers as valid integers.
+
+
+def _json_integer(value: object) -> object:
+    # None passes: the optional fields' type says whether it is allowed.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+def _json_number(value: object) -> object:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise PydanticCustomError("float_type", "Input should be a valid number")
+    return value
+
+
+#: The strings a non-finite error figure is written as (``ser_json_inf_nan="strings"``).
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")
+
+
+def _json_error_figure(value: object) -> object:
+    if value is None or value in _NON_FINITE:
+        return value
+    return _json_number(value)
+
+
+def _json_timestamp(value: object) -> object:
+    # A datetime: what fa2tune's own code passes when it builds records.
+    if not isinstance(value, str | datetime):
+        raise PydanticCustomError("datetime_type", "Input should be a valid datetime string")
+    return value
+
+
+#: An integer: a JSON integer or integral number, not a boolean or a string.
+Integer = Annotated[int, BeforeValidator(_json_integer)]
+#: A number: a JSON number, not a boolean or a string.
+Number = Annotated[float, BeforeValidator(_json_number)]
+# The optional ones check the whole union: a field's bounds on ``Integer | None`` would be
+# published under pydantic's names (ge, le) instead of JSON Schema's (minimum, maximum).
+OptionalInteger = Annotated[int | None, BeforeValidator(_json_integer)]
+OptionalNumber = Annotated[float | None, BeforeValidator(_json_number)]
+#: A timestamp: an ISO 8601 string, not a number of seconds.
+Timestamp = Annotated[datetime, BeforeValidator(_json_timestamp)]
+
+
 def _error_figure(value: float | None) -> float | None:
     if value is not None and not math.isnan(value) and value < 0:
         raise ValueError(f"must not be negative (got {value})")
@@ -143,6 +199,55 @@ def _json_object(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return value
 
 
+_ALNUM = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def _char_class(chars: frozenset[str]) -> str:
+    """``[...]`` matching exactly ``chars`` (ASCII letters and digits), as ranges."""
+    codes = sorted(map(ord, chars))
+    runs: list[list[int]] = []
+    for code in codes:
+        if runs and code == runs[-1][1] + 1:
+            runs[-1][1] = code
+        else:
+            runs.append([code, code])
+    body = "".join(chr(lo) if lo == hi else f"{chr(lo)}-{chr(hi)}" for lo, hi in runs)
+    return f"[{body}]"
+
+
+def _other_word(word: str) -> str:
+    """A regex for a run of ASCII letters and digits that is not ``word`` in any case.
+
+    Spelled out (shorter, longer, or first differing at each position) rather than with a
+    lookahead or ``(?i)``, which not every regex engine behind OpenAPI tools supports."""
+    any_char = _char_class(_ALNUM)
+    n = len(word)
+    alternatives = [f"{any_char}{{1,{n - 1}}}", f"{any_char}{{{n + 1},}}"]
+    for i, letter in enumerate(word):
+        same = "".join(_char_class(frozenset({c.lower(), c.upper()})) for c in word[:i])
+        other = _char_class(_ALNUM - {letter.lower(), letter.upper()})
+        left = n - i - 1
+        rest = "" if left == 0 else any_char if left == 1 else f"{any_char}{{{left}}}"
+        alternatives.append(f"{same}{other}{rest}")
+    return f"(?:{'|'.join(alternatives)})"
+
+
+def _gpu_name_pattern() -> str:
+    """The GPU-name rule of :func:`_gpu_name` as a regex: printable on one line, and with an
+    ASCII letter or digit that :func:`core.gpu_name.normalize_gpu_name` keeps, i.e. either a
+    first word (run of ASCII letters and digits) other than "nvidia", or a second word."""
+    word_char = _char_class(_ALNUM)
+    separator = f"[^0-9A-Za-z{_CONTROL}]"  # printable, and not a letter or digit
+    printable = f"[^{_CONTROL}]"
+    first_word_not_nvidia = f"{separator}*{_other_word('nvidia')}(?:{separator}{printable}*)?"
+    two_words = f"{printable}*{word_char}{separator}+{word_char}{printable}*"
+    return f"^(?:{first_word_not_nvidia}|{two_words})$"
+
+
+#: The published pattern of a GPU name; tests/test_ingest_strict.py checks that it accepts
+#: exactly what :func:`_gpu_name` accepts.
+GPU_NAME_PATTERN: Final = _gpu_name_pattern()
+
 #: A GPU name as its driver reports it (stored stripped of surrounding blanks).
 GpuName = Annotated[
     str,
@@ -157,7 +262,7 @@ GpuName = Annotated[
             "digits, case-insensitively, without a leading 'NVIDIA': 'NVIDIA H200', "
             "'nvidia-h200' and 'H200' are one GPU."
         ),
-        json_schema_extra={"pattern": f"^[^{_CONTROL}]*[0-9A-Za-z][^{_CONTROL}]*$"},
+        json_schema_extra={"pattern": GPU_NAME_PATTERN},
     ),
     AfterValidator(_gpu_name),
 ]
@@ -177,15 +282,25 @@ Printable = Annotated[str, AfterValidator(_printable)]
 NoNul = Annotated[str, AfterValidator(_no_nul)]
 ErrorFigure = Annotated[
     float | None,
+    BeforeValidator(_json_error_figure),
+    AfterValidator(_error_figure),
+    # Stated in full: the strings are part of the format, which float | None does not say.
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"enum": ["NaN", "Infinity"]},
+                {"type": "null"},
+            ]
+        }
+    ),
     Field(
         default=None,
-        description="non-negative; NaN or Infinity (as the strings) for a wrong result",
-        json_schema_extra={"minimum": 0},
+        description='non-negative; "NaN" or "Infinity" (as strings) for a wrong result',
     ),
-    AfterValidator(_error_figure),
 ]
 HeadDim = Annotated[
-    int,
+    Integer,
     Field(description="head dim", json_schema_extra={"enum": list(HEAD_DIMS)}),
     AfterValidator(_head_dim),
 ]
@@ -216,13 +331,13 @@ class GpuRecord(_Record):
     compute_capability: str = Field(
         pattern=_CC_PATTERN, description='e.g. "9.0"', json_schema_extra={"maxLength": 7}
     )
-    sm_count: int = _int32(0, "multiprocessors; 0 for replayed, not measured, devices")
+    sm_count: Integer = _int32(0, "multiprocessors; 0 for replayed, not measured, devices")
     driver_version: Printable = _text(64, "driver version")
     cuda_version: Printable = _text(64, "CUDA version")
-    memory_bytes: int = Field(
+    memory_bytes: Integer = Field(
         default=0, ge=0, le=INT64_MAX, description="device memory in bytes (64-bit)"
     )
-    smem_optin_bytes: int = _int32(0, "opt-in shared memory per block, bytes", 0)
+    smem_optin_bytes: Integer = _int32(0, "opt-in shared memory per block, bytes", 0)
 
     @property
     def key(self) -> GpuKey:
@@ -239,8 +354,8 @@ class ConfigRecord(_Record):
     family: Printable = Field(default="fa2", min_length=1, max_length=16)
     d: HeadDim
     dtype: Dtype
-    causal: bool
-    params: dict[str, StrictInt | StrictBool | str]
+    causal: StrictBool
+    params: dict[str, Integer | StrictBool | str]
 
     @model_validator(mode="before")
     @classmethod
@@ -279,12 +394,12 @@ class BuildRecord(_Record):
     config: ConfigRecord
     arch: str = Field(pattern=_ARCH_PATTERN, max_length=16, description='e.g. "sm_90a"')
     status: BuildStatus
-    registers: int | None = _int32(0, "registers per thread (ptxas)", None)
-    spill_stores: int = _int32(0, "spill store bytes (ptxas)", 0)
-    spill_loads: int = _int32(0, "spill load bytes (ptxas)", 0)
-    stack_bytes: int = _int32(0, "stack frame bytes (ptxas)", 0)
-    static_smem: int = _int32(0, "static shared memory bytes (ptxas)", 0)
-    compile_seconds: float = Field(
+    registers: OptionalInteger = _int32(0, "registers per thread (ptxas)", None)
+    spill_stores: Integer = _int32(0, "spill store bytes (ptxas)", 0)
+    spill_loads: Integer = _int32(0, "spill load bytes (ptxas)", 0)
+    stack_bytes: Integer = _int32(0, "stack frame bytes (ptxas)", 0)
+    static_smem: Integer = _int32(0, "static shared memory bytes (ptxas)", 0)
+    compile_seconds: Number = Field(
         default=0.0,
         ge=0,
         le=MAX_COMPILE_SECONDS,
@@ -339,13 +454,13 @@ class ProblemRecord(_Record):
     gpu: GpuName
     compute_capability: str = Field(pattern=_CC_PATTERN, json_schema_extra={"maxLength": 7})
     d: HeadDim
-    n: int = _int32(1, "query sequence length")
-    nk: int = _int32(1, "key sequence length")
-    batch: int = _int32(1, "batch size")
-    heads: int = _int32(1, "query heads")
-    kv_heads: int = _int32(1, "key/value heads (a divisor of heads)")
+    n: Integer = _int32(1, "query sequence length")
+    nk: Integer = _int32(1, "key sequence length")
+    batch: Integer = _int32(1, "batch size")
+    heads: Integer = _int32(1, "query heads")
+    kv_heads: Integer = _int32(1, "key/value heads (a divisor of heads)")
     dtype: Dtype
-    causal: bool
+    causal: StrictBool
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -395,11 +510,11 @@ class MeasurementRecord(_Record):
     problem: ProblemRecord
     build: BuildRef
     status: MeasureStatus
-    median_ms: float | None = _time("median kernel time per launch")
-    p10_ms: float | None = _time("10th percentile time (<= median_ms)")
-    p90_ms: float | None = _time("90th percentile time (>= median_ms)")
-    reps: int = _int32(0, "timed launches", 0)
-    tflops: float | None = Field(
+    median_ms: OptionalNumber = _time("median kernel time per launch")
+    p10_ms: OptionalNumber = _time("10th percentile time (<= median_ms)")
+    p90_ms: OptionalNumber = _time("90th percentile time (>= median_ms)")
+    reps: Integer = _int32(0, "timed launches", 0)
+    tflops: OptionalNumber = Field(
         default=None,
         ge=0,
         le=MAX_TFLOPS,
@@ -409,18 +524,18 @@ class MeasurementRecord(_Record):
     max_abs_err: ErrorFigure = None
     rel_err: ErrorFigure = None
     ref_err: ErrorFigure = None
-    driver_registers: int | None = _int32(0, "registers per thread (driver)", None)
-    driver_local_bytes: int | None = _int32(0, "local memory bytes per thread (driver)", None)
+    driver_registers: OptionalInteger = _int32(0, "registers per thread (driver)", None)
+    driver_local_bytes: OptionalInteger = _int32(0, "local memory bytes per thread (driver)", None)
     error: NoNul | None = Field(default=None, description="what went wrong (no NUL)")
     extra: dict[str, Any] | None = Field(
         default=None, description="free-form details (standard JSON: no NaN or Infinity)"
     )
     driver_version: Printable = _text(64, "driver version when measured")
     cuda_version: Printable = _text(64, "CUDA version when measured")
-    sm_clock_mhz: int | None = _int32(0, "SM clock when measured, MHz", None)
-    mem_clock_mhz: int | None = _int32(0, "memory clock when measured, MHz", None)
-    trial_number: int | None = _int32(0, "the tuner's trial number", None)
-    created_at: datetime = Field(description="when measured (UTC when no offset is given)")
+    sm_clock_mhz: OptionalInteger = _int32(0, "SM clock when measured, MHz", None)
+    mem_clock_mhz: OptionalInteger = _int32(0, "memory clock when measured, MHz", None)
+    trial_number: OptionalInteger = _int32(0, "the tuner's trial number", None)
+    created_at: Timestamp = Field(description="when measured (UTC when no offset is given)")
 
     @field_validator("extra")
     @classmethod
@@ -487,9 +602,9 @@ class DumpFile(_Record):
     """A results file: GPUs, builds, problems and measurements, all by natural keys."""
 
     format: Literal["fa2tune-results"] = FORMAT
-    format_version: Literal[1, 2] = FORMAT_VERSION
+    format_version: Annotated[Literal[1, 2], BeforeValidator(_json_integer)] = FORMAT_VERSION
     generator: str = ""
-    created_at: datetime = Field(default_factory=utcnow)
+    created_at: Timestamp = Field(default_factory=utcnow)
     gpus: list[GpuRecord] = Field(default_factory=list)
     builds: list[BuildRecord] = Field(default_factory=list)
     problems: list[ProblemRecord] = Field(default_factory=list)

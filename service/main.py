@@ -23,6 +23,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
 from db.dump_format import DumpFile
 from db.shipped import load_shipped_results
 from db.store import Store
@@ -39,11 +40,17 @@ log = logging.getLogger(__name__)
 # How often the background task checks the database for measurements written by others.
 REFRESH_SECONDS = 60.0
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Best FlashAttention-2 forward kernel configs measured by fa2tune, per GPU and shape.
 
 * `GET /v1/best` — the fastest correct config for (GPU, D, N, dtype, causal), with timing
   and provenance; for an untuned N, the nearest tuned N (`exact: false`, `from_n`).
+  With any of `nq`, `nk`, `batch`, `heads`, `kv_heads`, the answer is for that whole
+  shape (query and key lengths, batch, query heads, key/value heads; `nq` defaults to
+  `n`, `nk` to `nq`, `batch` to {DEFAULT_BATCH}, `heads` to {DEFAULT_HEADS}, `kv_heads` to
+  `heads`), measured at it or at the nearest tuned shape (`shape`, `measured_problem`,
+  `distance`). Give `n` or `nq`. `exact=true` refuses (404) any answer not measured at N
+  or the shape itself.
 * `GET /v1/gpus`, `GET /v1/results` — what the database holds.
 * `GET /v1/export/header` — a self-contained CUDA header with the tuned kernels and a
   dispatch function.

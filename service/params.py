@@ -14,6 +14,13 @@ MAX_GPU_NAME = 128  # the gpus.name column
 MAX_N = 2**31 - 1  # Fa2Params.nq is an int32
 
 
+#: A character that is not blank: not one of the characters ``str.strip`` removes
+#: (``str.isspace``), spelled out because ``\s`` means a different set in each regex engine
+#: (Python's has U+001C..U+001F, ECMA-262's and Rust's do not). Unanchored: JSON Schema's
+#: ``pattern`` matches anywhere, so this says "has a non-blank character".
+NOT_BLANK_PATTERN = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
+
 def _gpu_name(value: str) -> str:
     value = value.strip()
     if not value:
@@ -33,8 +40,12 @@ GpuQuery = Annotated[
     Query(
         min_length=1,
         max_length=MAX_GPU_NAME,
-        description='GPU name as you would write it: "H200", "NVIDIA H200" (case-insensitive)',
+        description='GPU name as you would write it: "H200", "NVIDIA H200" (case-insensitive); '
+        "not blank (surrounding blanks are ignored)",
         examples=["NVIDIA H200"],
+        # Published only: the validator below refuses blank names with a plainer message
+        # than "String should match pattern".
+        json_schema_extra={"pattern": NOT_BLANK_PATTERN},
     ),
     AfterValidator(_gpu_name),
 ]
@@ -46,13 +57,15 @@ HeadDimQuery = Annotated[
 SeqLenQuery = Annotated[
     int, Query(ge=1, le=MAX_N, description="sequence length (queries = keys)", examples=[4096])
 ]
+#: The rule OpenAPI cannot state per parameter: /v1/best needs ``n`` or ``nq`` (or both, equal).
+N_OR_NQ = "one of n and nq is required (both: equal); a request with neither is a 422"
 OptionalSeqLenQuery = Annotated[
     int | None,
     Query(
         ge=1,
         le=MAX_N,
         description="sequence length, queries = keys (the per-N answer); with any shape "
-        "parameter, the query length (as nq)",
+        f"parameter, the query length (as nq); {N_OR_NQ}",
         examples=[4096],
     ),
 ]
@@ -63,7 +76,8 @@ def _dim_query(description: str) -> object:
 
 
 NqQuery = Annotated[
-    int | None, _dim_query("query length of the shape asked for (default: n); n or nq is required")
+    int | None,
+    _dim_query(f"query length of the shape asked for (default: n); {N_OR_NQ}"),
 ]
 NkQuery = Annotated[int | None, _dim_query("key length of the shape (default: nq)")]
 BatchQuery = Annotated[

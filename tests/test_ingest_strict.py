@@ -10,15 +10,27 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from db.dump_format import INT32_MAX, INT64_MAX, DumpFile, TransferError, parse_dump
+from db.dump_format import (
+    GPU_NAME_PATTERN,
+    INT32_MAX,
+    INT64_MAX,
+    DumpFile,
+    GpuName,
+    TransferError,
+    parse_dump,
+)
 from db.models import Measurement, Problem
 from db.queries import problem_flops
 from db.shipped import shipped_files
@@ -196,6 +208,37 @@ REJECTED: list[Any] = [
     pytest.param(
         _measurement(created_at="9999-12-31T23:00:00-05:00"), f"{M}.created_at", id="when"
     ),
+    # JSON types as the published schema states them (issue 15: schemathesis found
+    # "smem_optin_bytes": false stored as 0): no booleans or strings for numbers, no numbers
+    # for booleans or timestamps, no fractions for integers
+    pytest.param(
+        _set("gpus", 0, "smem_optin_bytes", value=False),
+        "gpus.0.smem_optin_bytes",
+        id="int-false",
+    ),
+    pytest.param(_set("gpus", 0, "sm_count", value=True), "gpus.0.sm_count", id="int-true"),
+    pytest.param(_set("gpus", 0, "memory_bytes", value="80"), "gpus.0.memory_bytes", id="int-str"),
+    pytest.param(_measurement(reps="10"), f"{M}.reps", id="int-numeric-string"),
+    pytest.param(_measurement(reps=10.5), f"{M}.reps", id="int-fraction"),
+    pytest.param(_measurement(trial_number=True), f"{M}.trial_number", id="optional-int-true"),
+    pytest.param(_problem("n", "4096"), "problems.0.n", id="n-str"),
+    pytest.param(_problem("d", True), "problems.0.d", id="d-true"),
+    pytest.param(_problem("causal", 0), "problems.0.causal", id="bool-int"),
+    pytest.param(_problem("causal", "false"), "problems.0.causal", id="bool-str"),
+    pytest.param(
+        _set("builds", 0, "config", "causal", value="no"), "builds.0.config.causal", id="cfg-bool"
+    ),
+    pytest.param(_measurement(median_ms="1.5"), f"{M}.median_ms", id="float-str"),
+    pytest.param(_measurement(tflops=True), f"{M}.tflops", id="float-true"),
+    pytest.param(
+        _set("builds", 0, "compile_seconds", value=False),
+        "builds.0.compile_seconds",
+        id="float-false",
+    ),
+    pytest.param(_measurement(max_abs_err="0.5"), f"{M}.max_abs_err", id="err-str"),
+    pytest.param(_measurement(rel_err="inf"), f"{M}.rel_err", id="err-inf-spelling"),
+    pytest.param(_measurement(created_at=0), f"{M}.created_at", id="when-number"),
+    pytest.param(_set("format_version", value=True), "format_version", id="version-true"),
 ]
 
 
@@ -245,7 +288,11 @@ def test_rules_are_in_the_json_schema() -> None:
     assert m["properties"]["reps"]["maximum"] == INT32_MAX
     assert m["properties"]["median_ms"]["anyOf"][0]["maximum"] == 1e6
     assert "p10_ms <= median_ms" in m["description"]
-    assert m["properties"]["max_abs_err"]["minimum"] == 0
+    assert m["properties"]["max_abs_err"]["anyOf"] == [
+        {"type": "number", "minimum": 0},
+        {"enum": ["NaN", "Infinity"]},
+        {"type": "null"},
+    ]
     p = defs["ProblemRecord"]["properties"]
     assert p["n"]["maximum"] == INT32_MAX
     assert p["d"]["enum"] == [32, 64, 96, 128, 256]
@@ -324,3 +371,115 @@ def test_shipped_files_still_ingest(target: Store) -> None:
         pytest.skip("no results files shipped in db/data")
     for file in files:
         assert ingest(target, file.read_bytes()).added > 0, file.name
+
+
+# ------------------------------------------------- the published schema says what is refused
+
+
+def test_integral_numbers_are_integers(base: Doc) -> None:
+    """JSON Schema's integer is any number with a zero fractional part, and OpenAPI tools
+    send 5.0 as a valid integer, so integral floats are taken (and stored as integers)."""
+    base["gpus"][0]["sm_count"] = 132.0
+    base["problems"][0]["kv_heads"] = base["measurements"][0]["problem"]["kv_heads"] = 1.0
+    base["format_version"] = 2.0
+    dump = parse_dump(json.dumps(base))
+    assert dump.gpus[0].sm_count == 132 and type(dump.gpus[0].sm_count) is int
+    assert dump.problems[0].kv_heads == 1 and type(dump.problems[0].kv_heads) is int
+
+
+@pytest.mark.parametrize(("text", "value"), [("NaN", math.nan), ("Infinity", math.inf)])
+def test_error_figures_take_the_strings_the_format_writes(
+    base: Doc, text: str, value: float
+) -> None:
+    base["measurements"][0].update(status="WRONG_RESULT", max_abs_err=text)
+    figure = parse_dump(json.dumps(base)).measurements[0].max_abs_err
+    assert figure is not None
+    assert (math.isnan(figure) and math.isnan(value)) or figure == value
+
+
+def test_records_built_in_code_still_validate(base: Doc) -> None:
+    """fa2tune builds records from Python values (datetimes, ints): the JSON-type checks
+    take those as before; the mapping path refuses what the JSON path refuses."""
+    dump = parse_dump(json.dumps(base))
+    assert DumpFile.model_validate(dump.model_dump()) == dump
+    base["gpus"][0]["smem_optin_bytes"] = False
+    with pytest.raises(TransferError, match="smem_optin_bytes"):
+        parse_dump(base)
+
+
+def test_lone_surrogates_are_still_refused(base: Doc) -> None:
+    """The published patterns leave surrogates out (no regex engine of OpenAPI tools can name
+    them); the validator still refuses a lone one, which only json.loads-decoded data holds."""
+    _measurement(driver_version="550\ud800")(base)
+    with pytest.raises(TransferError, match=re.escape(f"{M}.driver_version")):
+        parse_dump(base)
+    _gpu_name("NVIDIA H200\udfff")(base)
+    with pytest.raises(TransferError, match=re.escape("gpus.0.name")):
+        parse_dump(base)
+
+
+def _patterns(schema: Any) -> Iterator[str]:
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            else:
+                yield from _patterns(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            yield from _patterns(item)
+
+
+def test_published_patterns_compile_for_openapi_tools() -> None:
+    """Every pattern of the results-file schema compiles as ECMA-262/Rust regex syntax
+    (jsonschema-rs, which schemathesis uses and drops what it cannot compile)."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    patterns = set(_patterns(DumpFile.model_json_schema()))
+    assert GPU_NAME_PATTERN in patterns
+    for pattern in patterns:
+        jsonschema_rs.Draft202012Validator({"pattern": pattern})  # raises when it cannot
+    # and the tools read the GPU-name rule as Python does here
+    name_schema = jsonschema_rs.Draft202012Validator(
+        {"type": "string", "minLength": 1, "maxLength": 128, "pattern": GPU_NAME_PATTERN}
+    )
+    for name in GPU_NAMES:
+        assert name_schema.is_valid(name) == _pattern_takes_gpu_name(name), name
+
+
+GPU_NAMES = [
+    "NVIDIA H200", "H200", "h200", "nvidia-h200", "NVIDIA A100-SXM4-80GB", "  H200  ",
+    "NVIDIA", "nvidia", "NvIdIa", " NVIDIA ", "NVIDIA-", "-NVIDIA-", "NVIDIA NVIDIA",
+    "NVIDIAX", "NVIDI", "xNVIDIA", "nvidib", "0", "é", "é1", "NVIDIA é", "NVIDIA 1",
+    "Tesla NVIDIA", "", " ", "\t", "-- --", "H200\n", "\u202eH200", "H200\x00", "\u00a0A",
+    "nvidia\u00a0h", "NVIDIA\u3000", "a" * 128, "a" * 129,
+]  # fmt: skip
+
+
+def _server_takes_gpu_name(name: str) -> bool:
+    try:
+        TypeAdapter(GpuName).validate_python(name)
+    except ValidationError:
+        return False
+    return True
+
+
+# JSON Schema's "$" (ECMA-262's) is the end of the string; Python's also matches before a
+# final newline, so the closing "$" is read as "\Z" here.
+_GPU_NAME_RE = re.compile(GPU_NAME_PATTERN.removesuffix("$") + r"\Z")
+
+
+def _pattern_takes_gpu_name(name: str) -> bool:
+    return 1 <= len(name) <= 128 and _GPU_NAME_RE.search(name) is not None
+
+
+@pytest.mark.parametrize("name", GPU_NAMES)
+def test_gpu_name_pattern_is_the_rule(name: str) -> None:
+    """The published GPU-name schema (pattern and length) takes exactly the names the
+    validator takes, "NVIDIA" alone (no key) included."""
+    assert _pattern_takes_gpu_name(name) == _server_takes_gpu_name(name)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("NVIDIAnvidia0xZ -_.\t\n\u00a0\u200bé")), max_size=16))
+def test_gpu_name_pattern_is_the_rule_on_random_names(name: str) -> None:
+    assert _pattern_takes_gpu_name(name) == _server_takes_gpu_name(name)

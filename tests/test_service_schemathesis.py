@@ -24,10 +24,12 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from db.dump_format import GPU_NAME_PATTERN
 from db.store import Store
 from fa2tune.settings import get_settings
 from service.deps import get_app_settings
 from service.main import create_app
+from service.params import N_OR_NQ, NOT_BLANK_PATTERN
 from service.routers.export import HEAD_DIMS_PATTERN
 from tests.test_service_data import make_store, seed
 
@@ -80,43 +82,20 @@ def _only_rules_beyond_the_schema(found: Found) -> bool:
     return bool(listed) and all(": Value error, " in line for line in listed)
 
 
-def _blank_gpu(found: Found) -> bool:
-    try:
-        detail = str(json.loads(found.body)["detail"])
-    except (ValueError, KeyError, TypeError):
-        return False
-    return detail.startswith("gpu: must not be blank")
-
-
-# (operation, check, predicate): failures understood. All but the results file's rules that
-# JSON Schema cannot state are to be fixed in code this module does not guard (reported with
-# issue 15).
+# (operation, check, predicate): failures understood, each a rule OpenAPI 3.1 / JSON Schema
+# cannot state; the document says them in words instead.
 KNOWN: list[tuple[str, str, Callable[[Found], bool]]] = [
-    # /v1/best's shape parameters are being reworked (service/params.py, routers/best.py):
-    # n and nq are each optional in the document, but one of them is required, which the
-    # document does not say, so a request with neither is schema-valid and gets a 422.
+    # /v1/best needs n or nq. OpenAPI describes query parameters one by one, so it cannot say
+    # "one of two parameters is required": both are optional in the document, whose
+    # parameter and operation descriptions state the rule, and schemathesis sends requests
+    # with neither, which get the 422 naming n (pinned below).
     ("GET /v1/best", "positive_data_acceptance", _lacks_n_and_nq),
-    # service/params.py's GpuQuery states minLength 1 but refuses blank names ("\t"), so a
-    # whitespace-only gpu is schema-valid and gets a 422 (a pattern like "\\S" would say it).
-    *(
-        (operation, "positive_data_acceptance", _blank_gpu)
-        for operation in ("GET /v1/best", "GET /v1/export/header", "GET /v1/results")
-    ),
-    # A results file has rules JSON Schema cannot state (heads a multiple of kv_heads, config
-    # parameters per kernel family, p10 <= median <= p90, TFLOP/s agreeing with the median,
-    # references that resolve), so random schema-valid files are refused with a 422 naming
-    # them. One such rule could be stated but is not, in db/dump_format.py: the printable-text
-    # and GPU-name patterns hold a \ud800-\udfff range, which ECMA-262/Rust regexes reject,
-    # so schemathesis (jsonschema-rs) drops both patterns and sends control characters too.
+    # A results file has rules across fields and records that JSON Schema cannot state
+    # (heads a multiple of kv_heads, config parameters per kernel family, config_name
+    # matching config, p10 <= median <= p90, TFLOP/s agreeing with the median, references
+    # that resolve inside the file; all in DumpFile's descriptions), so random schema-valid
+    # files are refused with a 422 naming them. Only refusals that are all such rules match.
     ("POST /v1/results", "positive_data_acceptance", _only_rules_beyond_the_schema),
-    # db/dump_format.py validates in pydantic's lax mode: JSON true/false and numeric strings
-    # are taken for integer fields (gpus[].smem_optin_bytes: false is stored as 0). Integral
-    # floats (5.0) are integers in JSON Schema too, so a fix must keep accepting those.
-    (
-        "POST /v1/results",
-        "negative_data_rejection",
-        lambda found: "Incorrect type" in found.message,
-    ),
 ]
 
 
@@ -259,3 +238,111 @@ def test_header_refuses_what_the_document_does_not_allow(
     assert r.status_code == 422, r.text
     assert r.json()["errors"][0]["loc"] == ["query", "d"]
     assert why in r.json()["detail"], r.json()["detail"]
+
+
+# /v1/best: n or nq
+
+
+def test_best_documents_that_n_or_nq_is_required(client: TestClient) -> None:
+    """OpenAPI cannot require one of two parameters; both parameters and the operation
+    say it in words (the one KNOWN entry left for /v1/best)."""
+    op = client.get("/openapi.json").json()["paths"]["/v1/best"]["get"]
+    params = {p["name"]: p for p in op["parameters"]}
+    for name in ("n", "nq"):
+        assert not params[name]["required"]
+        assert N_OR_NQ in params[name]["description"], name
+    assert "Give ``n`` or ``nq``" in op["description"]
+    r = client.get("/v1/best", params={"gpu": "H200", "d": 64, "batch": 1})
+    assert r.status_code == 422
+    assert r.json()["detail"] == "n: required: give n, or nq for a whole shape"
+
+
+def test_api_description_names_whole_shapes(client: TestClient) -> None:
+    description = client.get("/openapi.json").json()["info"]["description"]
+    for name in ("`nq`", "`nk`", "`batch`", "`heads`", "`kv_heads`", "`measured_problem`"):
+        assert name in description, name
+
+
+# gpu: not blank
+
+
+def _gpu_param(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    (param,) = (p for p in doc["paths"][path]["get"]["parameters"] if p["name"] == "gpu")
+    return dict(param["schema"])
+
+
+@pytest.mark.parametrize("path", ["/v1/best", "/v1/export/header"])
+def test_gpu_documents_not_blank(client: TestClient, path: str) -> None:
+    """A blank name ("\\t") was schema-valid (minLength 1) and got a 422; the pattern says
+    "has a non-blank character", in the sense of str.strip, for every regex engine."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    schema = _gpu_param(client.get("/openapi.json").json(), path)
+    assert schema["pattern"] == NOT_BLANK_PATTERN
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    for blank in ["\t", " ", "\x1c", "\u3000 \u00a0", "\u2028"]:
+        assert not validator.is_valid(blank), repr(blank)
+        r = client.get(path, params={"gpu": blank, "d": 64, "n": 1024})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"].startswith("gpu: must not be blank"), r.text
+    for name in [" H200 ", "\tH200", "h200"]:
+        assert validator.is_valid(name)
+        r = client.get(path, params={"gpu": name, "d": 64, "n": 1024})
+        assert r.status_code == 200, r.text
+
+
+# POST /v1/results: JSON types and patterns
+
+
+def _one_gpu_file(**gpu: Any) -> dict[str, Any]:
+    record = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132}
+    record.update(driver_version="550.54", cuda_version="12.4")
+    return {"format": "fa2tune-results", "gpus": [{**record, **gpu}]}
+
+
+@pytest.mark.parametrize(
+    ("gpu", "status"),
+    [
+        ({"smem_optin_bytes": False}, 422),  # what schemathesis found stored as 0
+        ({"sm_count": "132"}, 422),
+        ({"memory_bytes": True}, 422),
+        ({"sm_count": 132.0}, 200),  # an integer in JSON Schema: taken
+        ({"name": "NVIDIA"}, 422),
+        ({"name": "H200\u0086"}, 422),
+    ],
+)
+def test_ingest_answers_as_the_document_says(
+    client: TestClient, gpu: dict[str, Any], status: int
+) -> None:
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    doc = client.get("/openapi.json").json()
+    schema = {"$ref": "#/components/schemas/DumpFile", "components": doc["components"]}
+    body = _one_gpu_file(**gpu)
+    assert jsonschema_rs.validator_for(schema).is_valid(body) == (status == 200)
+    r = client.post("/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == status, r.text
+
+
+def test_results_file_patterns_are_kept_by_schemathesis(client: TestClient) -> None:
+    """The printable-text and GPU-name patterns held a \\ud800-\\udfff range that the
+    regex engine of schemathesis cannot compile, so it dropped them (and sent control
+    characters as valid text); every pattern of the document is now kept."""
+    from schemathesis.core.jsonschema.patterns import enforced_pattern
+
+    doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    assert schemas["GpuRecord"]["properties"]["name"]["pattern"] == GPU_NAME_PATTERN
+    patterns = set(_patterns(doc))
+    assert GPU_NAME_PATTERN in patterns
+    assert all(enforced_pattern(pattern) == pattern for pattern in patterns), patterns
+
+
+def _patterns(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            else:
+                yield from _patterns(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _patterns(item)

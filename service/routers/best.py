@@ -62,6 +62,10 @@ async def best(
 ) -> Response:
     """The fastest correct config measured for (GPU, D, N, dtype, causal), or for a shape.
 
+    Give ``n`` or ``nq`` (or both, equal): a request with neither is a 422 naming ``n``.
+    (Both are optional parameters in this document because OpenAPI cannot state "one of
+    two parameters".)
+
     With ``n`` alone: when N itself was not tuned, the answer is the winner at the nearest
     tuned N on a log scale (``exact`` is false and ``from_n`` says which N); the timing and
     throughput are those measured at ``from_n``.
