@@ -7,13 +7,13 @@ import pytest
 from codegen.families import FA2, FA3, FAMILIES, SPLITKV, families_for, family, family_of
 from codegen.space import fa2_default_config
 from core.config import KernelConfig
-from core.shape import Shape
 from core.family import (
     UnknownFamilyError,
     config_from_name,
     config_from_params,
     family_of_name,
 )
+from core.shape import Shape
 
 CFG = KernelConfig(d=128, dtype="bf16", causal=True, br=128, bc=64, warps=4, stages=2, pad=8)
 

@@ -142,7 +142,7 @@ def test_describe_and_group() -> None:
 
 def test_defaults_are_the_campaigns() -> None:
     problem = Problem(gpu="H200", d=128, n=4096)
-    assert (DEFAULT_BATCH, DEFAULT_HEADS) == (problem.batch, problem.heads)
+    assert (problem.batch, problem.heads) == (DEFAULT_BATCH, DEFAULT_HEADS)
 
 
 def test_resolve_shape() -> None:
