@@ -4,10 +4,11 @@ The header is C++ from two templates and data from Python:
 
 - ``codegen/templates/fa2_dispatch.cuh``: the dispatch and launch code and the public API,
   with its local includes inlined: each kernel family's part (its
-  :attr:`~codegen.families.HeaderPart.template`: ``fa2_fwd.cuh``, and ``fa3_launch.cuh`` with
-  ``fa3_fwd.cuh`` only when a config of the Hopper family is in the header), the GPU-name rule
+  :attr:`~codegen.families.HeaderPart.template`, e.g. ``fa3_launch.cuh`` with ``fa3_fwd.cuh``)
+  once, in registry order, only for the families with a config in the header (through
+  ``fa2_dispatch_families.inc``, rendered here as their ``#include`` lines), the GPU-name rule
   (``fa2_gpu_name.cuh``), the shape distance (``fa_shape.cuh``, the C++ twin of
-  :mod:`core.shape`) and ``fa2_dispatch_table.inc``, which is the one part rendered here;
+  :mod:`core.shape`) and ``fa2_dispatch_table.inc``, the table rendered here;
 - rendered here, from plain values (:class:`TunedPoint`): the comment naming the GPU with the
   provenance (and family) of every tuned config, and the table the dispatch reads: aliases and
   explicit instantiations of the tuned winners plus FlashAttention-2's default config per head
@@ -16,13 +17,20 @@ The header is C++ from two templates and data from Python:
   the nearest shape to the call's. The table's contract is written at the top of
   fa2_dispatch.cuh.
 
-The entry point it defines::
+The entry points it defines (fa2_dispatch.cuh documents them all)::
 
     cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
                                 bool causal, cudaStream_t stream = 0);
+    size_t fa2tune_workspace_size(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+                                  bool causal);
+    cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_dim,
+                                               fa2tune_dtype dtype, bool causal,
+                                               void* workspace, size_t workspace_bytes,
+                                               cudaStream_t stream = 0);
 
-It compiles with plain nvcc (``-std=c++17``, sm_80 and up; the Hopper family's configs run
-from sm_90a code only) and needs no Python. This module
+It compiles with plain nvcc (``-std=c++17``, sm_80 and up; a family whose targets are all
+architecture-specific, like the Hopper family's sm_90a, runs from that code only, and the
+header says how to build for it) and needs no Python. This module
 reads no database: the caller (``fa2tune export``, ``/v1/export/header``, both through
 :mod:`service.header`) queries the store and passes the rows.
 """
@@ -38,7 +46,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from codegen.families import FAMILIES, family_of
+from codegen.families import FAMILIES, Family, family_of
 from codegen.render import template_hash
 from codegen.space import fa2_default_config
 from core.config import DTYPES, HEAD_DIMS, Dtype
@@ -55,6 +63,7 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE_NAME = "fa2_fwd.cuh"  # the kernel template
 DISPATCH_TEMPLATE = "fa2_dispatch.cuh"  # the header's C++ around the kernel template
 TABLE_INCLUDE = "fa2_dispatch_table.inc"  # what fa2_dispatch.cuh includes; rendered here
+FAMILIES_INCLUDE = "fa2_dispatch_families.inc"  # the used families' parts; rendered here
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"(?P<path>[^"]+)"[^\n]*$', re.MULTILINE)
 _PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[^\n]*\n?", re.MULTILINE)
@@ -127,6 +136,7 @@ def inline_template(
     name: str = TEMPLATE_NAME,
     *,
     generated: Mapping[str, str] | None = None,
+    included: Mapping[str, str] | None = None,
 ) -> str:
     """The template with every ``#include "..."`` of its directory inlined, recursively.
 
@@ -139,6 +149,8 @@ def inline_template(
         generated: rendered files by their name relative to ``template_dir``: an include of
             one of these names is replaced by the given text (as is, not expanded further)
             instead of a file's.
+        included: rendered files as ``generated``, but expanded like a file: their own
+            local includes are inlined in turn (each file still once).
 
     Raises:
         ExportError: when the template is missing or includes a file outside its directory.
@@ -146,18 +158,23 @@ def inline_template(
     seen: set[Path] = set()
     root = template_dir.resolve()
     rendered = dict(generated or {})
+    expanded = dict(included or {})
 
     def expand(path: Path) -> str:
         if not path.is_file():
             raise ExportError(f"template not found: {path.name} (looked in {root})")
         seen.add(path)
-        text = _PRAGMA_ONCE.sub("", path.read_text(encoding="utf-8"))
+        return expand_text(path, _PRAGMA_ONCE.sub("", path.read_text(encoding="utf-8")))
 
+    def expand_text(path: Path, text: str) -> str:
         def replace(m: re.Match[str]) -> str:
             inc = (path.parent / m["path"]).resolve()
             rel = inc.relative_to(root).as_posix() if inc.is_relative_to(root) else None
             if rel is not None and rel in rendered:
                 body = rendered.pop(rel).rstrip()  # inlined once, like the files
+                return f"// ---- begin {m['path']} (rendered) ----\n{body}\n// ---- end ----"
+            if rel is not None and rel in expanded:
+                body = expand_text(inc, expanded.pop(rel)).rstrip()
                 return f"// ---- begin {m['path']} (rendered) ----\n{body}\n// ---- end ----"
             if rel is None or not inc.is_file():
                 raise ExportError(
@@ -281,21 +298,42 @@ _PREAMBLE = """\
 """
 
 
-_NVCC_FA2 = """\
+_NVCC_PLAIN = """\
 //   nvcc -std=c++17 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_80,code=sm_80 ..."""
 
-_NVCC_FA3 = """\
-// The configs of the Hopper family (fa3) run from sm_90a code, on GPUs of compute capability
-// 9.0 only; for any other target they compile to stubs the dispatch never picks (it takes
-// FlashAttention-2's default config instead). To run them, compile for sm_90a (in place of
-// sm_90: that code runs the fa2 configs on the H100/H200 as well):
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a ...                  (H100/H200)
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//        -gencode=arch=compute_80,code=sm_80 ...                   (H100/H200, A100, ...)"""
+
+def _nvcc_note(f: Family) -> str | None:
+    """How to build for a family that runs from architecture-specific code only (its targets
+    all end in ``a``, like the Hopper family's sm_90a); None for a portable family, whose
+    configs every sm_80+ target in the plain command line runs."""
+    specific = [a for a in f.archs if a.endswith("a")]
+    if not specific or len(specific) != len(f.archs):
+        return None
+    arch = specific[0]
+    digits = arch.removeprefix("sm_").rstrip("a")
+    plain, cc = arch.rstrip("a"), f"{digits[:-1]}.{digits[-1]}"
+    gencode = f"-gencode=arch=compute_{digits}a,code={arch}"
+    return "\n".join(
+        [
+            f"// The configs of the {f.name} family run from {arch} code, on GPUs of compute "
+            f"capability",
+            f"// {cc} only; for any other target they compile to stubs the dispatch never "
+            "picks (it takes",
+            "// the nearest config that can run, or FlashAttention-2's default). To run them, "
+            "compile",
+            f"// for {arch} (in place of {plain}: that code runs the other families' configs "
+            "as well):",
+            f"//   nvcc -std=c++17 {gencode} ...",
+            f"//   nvcc -std=c++17 {gencode}",
+            "//        -gencode=arch=compute_80,code=sm_80 ...            (and sm_80+ GPUs)",
+        ]
+    )
 
 
 def _choice(shape: Shape | None, cfg: AnyConfig) -> str:
-    """One ``Choice``: the tuned shape (all 0 for a default), launcher, name and guard."""
+    """One ``Choice``: the tuned shape (all 0 for a default), launcher, name, guard and the
+    caller-workspace entry points (``Workspace<alias>``, nullptr in C++ for a family without
+    a workspace; fa2_dispatch.cuh finds a family's by its Traits)."""
     part = family_of(cfg).header
     alias = f"fa2tune_configs::{cfg.name}"
     guard = "nullptr" if part.guard is None else f"&{part.guard}<{alias}>"
@@ -304,7 +342,15 @@ def _choice(shape: Shape | None, cfg: AnyConfig) -> str:
         if shape is None
         else (shape.nq, shape.nk, shape.batch, shape.heads, shape.kv_heads)
     )
-    return _braced(_braced(*dims), f"&{part.launcher}<{alias}>", _c_string(cfg.name), guard)
+    workspace = f"Workspace<{alias}>"
+    return _braced(
+        _braced(*dims),
+        f"&{part.launcher}<{alias}>",
+        _c_string(cfg.name),
+        guard,
+        f"{workspace}::size",
+        f"{workspace}::launch",
+    )
 
 
 def _table_row(d: int, dtype: Dtype, causal: bool, choices: str, count: int) -> str:
@@ -446,13 +492,18 @@ def render_header(
         f"{template_hash(template_dir, main=f.templates[0])})"
         for f in families
     ]
-    nvcc = _NVCC_FA2 + ("\n" + _NVCC_FA3 if "fa3" in used else "")
-    # A family without configs here: its part of the dispatch code is left out.
-    left_out = {
-        f.header.template: f"// ({f.name}: no config of this family in the header)"
-        for f in FAMILIES.values()
-        if f.name not in used
-    }
+    nvcc = "\n".join([_NVCC_PLAIN, *filter(None, map(_nvcc_note, families))])
+    # Each used family's part once, in registry order (two families may share a template);
+    # a family without configs here is left out, with a comment in its place.
+    parts: list[str] = []
+    for f in FAMILIES.values():
+        line = (
+            f'#include "{f.header.template}"'
+            if f.name in used
+            else f"// ({f.name}: no config of this family in the header)"
+        )
+        if line not in parts:
+            parts.append(line)
 
     when = (generated_at or datetime.now(UTC)).isoformat(timespec="seconds")
     provenance = _provenance_lines(kept) or ["//   (none: every shape uses the defaults)"]
@@ -478,6 +529,9 @@ def render_header(
         provenance="\n".join(provenance),
     )
     body = inline_template(
-        template_dir, DISPATCH_TEMPLATE, generated={**left_out, TABLE_INCLUDE: table}
+        template_dir,
+        DISPATCH_TEMPLATE,
+        generated={TABLE_INCLUDE: table},
+        included={FAMILIES_INCLUDE: "\n".join(parts)},
     )
     return f"{_seal_comments(preamble)}{body.rstrip()}\n"

@@ -2,7 +2,7 @@
 
 A tuned result is measured at one shape; users call many. When the exact shape was not tuned,
 the store, the service and the exported header all answer with the tuned shape nearest under
-:func:`shape_distance` (the C++ twin lives in ``codegen/templates/fa2_dispatch.cuh``; a
+:func:`shape_distance` (the C++ twin lives in ``codegen/templates/fa_shape.cuh``; a
 compile-tier test holds the two to the same answers). The distance sums four log ratios, each
 a property a kernel's best tile choice depends on:
 

@@ -177,7 +177,9 @@ def test_render_dedupes_and_needs_no_store() -> None:
     cfg = KernelConfig(64, "fp16", False, 64, 64, 4, 2, 0, True)
     pts = [TunedPoint(64, "fp16", False, 1024, cfg), TunedPoint(64, "fp16", False, 1024, cfg)]
     text = render_header("NVIDIA H100 80GB HBM3", pts, ds=[64], dtypes=["fp16"])
-    assert text.count(f'"{cfg.name}", nullptr}}') == 1
+    alias = f"fa2tune_configs::{cfg.name}"
+    workspace = f"Workspace<{alias}>::size, Workspace<{alias}>::launch}}"
+    assert text.count(f'"{cfg.name}", nullptr, {workspace}') == 1
     assert 'kTunedGpu[] = "h100 80gb hbm3"' in text
     assert "measured ?" in text  # unknown provenance is marked, not invented
 

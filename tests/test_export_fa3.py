@@ -86,7 +86,8 @@ def header(store: Store) -> str:
 
 _CHOICE = re.compile(
     r'\{\{(\d+), \1, 2, 16, 16\}, &(fa[23])::launch<fa2tune_configs::(\w+)>, "(\w+)", '
-    r"(nullptr|&fa3::can_launch<fa2tune_configs::(\w+)>)\}"
+    r"(nullptr|&fa3::can_launch<fa2tune_configs::(\w+)>), "
+    r"Workspace<fa2tune_configs::\3>::size, Workspace<fa2tune_configs::\3>::launch\}"
 )
 
 
@@ -120,7 +121,8 @@ def test_table_holds_each_shapes_winner_of_either_family(header: str, store: Sto
         for dtype in ("fp16", "bf16"):
             for causal in (False, True):
                 name = fa2_default_config(d, dtype, causal).name
-                assert f'&fa2::launch<fa2tune_configs::{name}>, "{name}", nullptr}}' in defaults
+                alias = f"fa2tune_configs::{name}"
+                assert f'&fa2::launch<{alias}>, "{name}", nullptr, Workspace<{alias}>' in defaults
     assert "fa3" not in defaults
 
 

@@ -50,7 +50,8 @@ def dispatch_table(header: str) -> dict[tuple[int, str, bool, int], str]:
         # Every shipped problem is square at B=2 H=16: the entry's shape is {N, N, 2, 16, 16}.
         choices = re.findall(
             r"\{\{(\d+), \1, 2, 16, 16\}, "
-            r'&fa2::launch<fa2tune_configs::(\w+)>, "(\w+)", nullptr\}',
+            r'&fa2::launch<fa2tune_configs::(\w+)>, "(\w+)", nullptr, '
+            r"Workspace<fa2tune_configs::\2>::size, Workspace<fa2tune_configs::\2>::launch\}",
             arrays[ident],
         )
         assert len(choices) == int(count)

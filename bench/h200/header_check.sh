@@ -11,9 +11,17 @@
 #   sm_80+sm_90a    the fat binary: correct whichever cubin the runtime loads (log says which);
 #   sm_90 (no "a")  the fa3 kernels are stubs: the dispatch must fall back to fa2 defaults, no
 #                   config=fa3_ in the log, and still correct.
-# STAGES="shipped fa3" (default both) picks the parts.
+#
+# Then the split-KV header (issue 13): a store seeded with a splitkv winner on the decode problem
+# D=128 fp16 full, Nq=1 Nk=8192 B=8 H=32 KV=8 (splitkv_d128_fp16_full_r16_n32_w4_s2_k8) and an
+# fa2 winner at N=1024, so decode calls dispatch to splitkv. bench/h200/splitkv_header_probe.cu
+# is built for sm_90 and for sm_80+sm_90a (splitkv is portable: both must run it) and makes
+# decode calls (nq 1 and 2, several nk) through fa2tune_forward (cached workspace),
+# fa2tune_forward_with_workspace (the caller's buffer) and a captured CUDA graph, twice each,
+# against a float32 CPU reference: one PASS/FAIL line per call.
+# STAGES="shipped fa3 splitkv" (default all three) picks the parts.
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-STAGES=${STAGES:-shipped fa3}
+STAGES=${STAGES:-shipped fa3 splitkv}
 if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; fi
 export PYTHONPATH=/tmp/site:$PWD FA2TUNE_DATA_DIR=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/header_check.log
@@ -79,6 +87,51 @@ for v in sm90a fat sm90; do
   done
 done
 grep -H "real" $OUT/header_check_fa3_build_*.log | sed 's/^/nvcc /'
+fi
+
+if [[ " $STAGES " == *" splitkv "* ]]; then
+LOGS=$OUT/header_check_splitkv.log
+PYTHONPATH=$PYTHONPATH:$PWD/tests python3 - /tmp/fa2_tuned_splitkv.cuh > $LOGS 2>&1 <<'PY' || { echo "FAIL splitkv export" | tee -a $LOGS; status=1; }
+import sys, tempfile
+from pathlib import Path
+from factories import H200, make_config, make_report, ok_result
+from core.problem import Problem
+from core.splitkv_config import SplitKvConfig
+from db.store import Store
+from service.header import export_header
+s = Store.from_url(f"sqlite:///{Path(tempfile.mkdtemp()) / 'splitkv.db'}")
+gpu_id = s.upsert_gpu(H200)
+rows = [
+    (Problem(gpu=H200.name, d=128, n=1, nk=8192, batch=8, heads=32, kv_heads=8),
+     SplitKvConfig.from_name("splitkv_d128_fp16_full_r16_n32_w4_s2_k8")),
+    (Problem(gpu=H200.name, d=128, n=1024), make_config(128, "fp16", False, br=64, bc=64, stages=2, swizzle=True)),
+]
+for problem, cfg in rows:
+    bid = s.record_build(make_report(cfg, arch="sm_90"))
+    s.record_measurement(s.problem_id(problem, gpu_id), bid, ok_result(0.05, problem), H200, trial_number=0)
+text = export_header(s, "H200", [128], dtypes=["fp16"])
+Path(sys.argv[1]).write_text(text)
+print(f"exported {len(text)} bytes; splitkv configs: {text.count('template cudaError_t splitkv::launch<')}")
+PY
+declare -A GENS=(
+  [sm90]="-gencode=arch=compute_90,code=sm_90"
+  [fat]="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a"
+)
+for v in sm90 fat; do
+  ( set -x; time nvcc -std=c++17 -O2 ${GENS[$v]} -I/tmp -DFA2TUNE_HEADER='"fa2_tuned_splitkv.cuh"' \
+      bench/h200/splitkv_header_probe.cu -o /tmp/splitkv_probe_$v ) > $OUT/header_check_splitkv_build_$v.log 2>&1 &
+done
+wait
+for v in sm90 fat; do
+  cat $OUT/header_check_splitkv_build_$v.log >> $LOGS
+  if [ ! -x /tmp/splitkv_probe_$v ]; then echo "FAIL splitkv $v build" | tee -a $LOGS; status=1; continue; fi
+  /tmp/splitkv_probe_$v > /tmp/splitkv_run_$v.log 2>&1
+  rc=$?; sed "s/^/[$v] /" /tmp/splitkv_run_$v.log | tee -a $LOGS | grep -E "^\[$v\] (PASS|FAIL|device|splitkv probe)"
+  pass=$(grep -c "^PASS" /tmp/splitkv_run_$v.log); fail=$(grep -c "^FAIL" /tmp/splitkv_run_$v.log)
+  echo "splitkv $v exit $rc, $pass PASS, $fail FAIL" | tee -a $LOGS
+  if [ $rc != 0 ] || [ "$fail" != 0 ] || [ "$pass" = 0 ]; then status=1; fi
+done
+grep -H "real" $OUT/header_check_splitkv_build_*.log | sed 's/^/nvcc /'
 fi
 
 tail -40 $OUT/header_check.log

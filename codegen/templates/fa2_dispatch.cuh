@@ -13,6 +13,29 @@
 //     was not generated for or for misaligned/invalid parameters; otherwise the launch's
 //     status.
 //
+//   size_t fa2tune_workspace_size(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+//                                 bool causal);
+//   cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_dim,
+//                                              fa2tune_dtype dtype, bool causal,
+//                                              void* workspace, size_t workspace_bytes,
+//                                              cudaStream_t stream = 0);
+//     For callers that manage device memory themselves. fa2tune_workspace_size is the bytes
+//     of scratch the config fa2tune_forward would launch on the current device needs for p:
+//     0 for every family but the split-KV one (splitkv, names "splitkv_..."), and 0 for
+//     invalid parameters. fa2tune_forward_with_workspace launches like fa2tune_forward, but a
+//     splitkv config uses the caller's buffer (at least fa2tune_workspace_size bytes, 16-byte
+//     aligned; cudaErrorInvalidValue otherwise) instead of one the header allocates; other
+//     families ignore it (it may be nullptr when the size is 0). The contract: zero-fill the
+//     buffer (cudaMemset) once before its first use. A launch leaves it ready for any later
+//     launch ordered after it (the same stream, or synchronised) whose nq, batch, q_heads and
+//     kv_heads are the same (nk and the config may change); zero it again before a launch
+//     with other values of those, or after a launch that failed. Two launches that may run
+//     at the same time need two buffers.
+//     Without a workspace (fa2tune_forward), a splitkv config allocates its own on the first
+//     launch that needs one, one per (device, stream), grow-only and kept for the process:
+//     launch every shape once before capturing a CUDA graph (cudaMalloc cannot be captured);
+//     or use fa2tune_forward_with_workspace, which allocates nothing.
+//
 //   const char* fa2tune_config_name(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
 //                                   bool causal);
 //     The config fa2tune_forward would launch (nullptr when it would refuse).
@@ -40,7 +63,9 @@
 // config for the head dim is used. A tuned config of the Hopper family (fa3, names
 // "fa3_...") is a candidate only where it can run: a GPU of compute capability 9.0, a
 // program compiled for sm_90a and parameters TMA can address (fa3::can_launch); the nearest
-// of the others is used instead, and the default config when none can run.
+// of the others is used instead, and the default config when none can run. Split-KV configs
+// (splitkv, tuned on decode shapes: few query rows, long keys) run on every sm_80+ target,
+// like FlashAttention-2's, and compete by the same shape distance.
 //
 // Compiling: C++17, any list of sm_80+ targets. The fa3 kernels (when the header has any)
 // exist only in sm_90a code; for other targets they compile to stubs that are never launched:
@@ -53,24 +78,30 @@
 // codegen/templates/fa2_dispatch.cuh: the exported header's dispatch and launch code. Not a
 // header to include on its own: codegen/export.py inlines it (and, in place of its
 // #include lines, the kernel templates, the GPU-name rule and the rendered table) after the
-// generated comment with the GPU name and the provenance of every tuned config. A family's
-// part (fa3_launch.cuh) is inlined only when the header holds a config of it; otherwise the
-// exporter puts a comment in place of its #include.
+// generated comment with the GPU name and the provenance of every tuned config. Each kernel
+// family's part (its HeaderPart.template in codegen/families.py: fa2_fwd.cuh,
+// fa3_launch.cuh, splitkv_launch.cuh, ...) is inlined only when the header holds a config of
+// it, once, in the registry's order: the exporter renders "fa2_dispatch_families.inc" as
+// their #include lines (a comment for each family left out), and inlines those in turn.
 //
 // The contract with the rendered table ("fa2_dispatch_table.inc", written by the exporter
 // from the tuned results; the only generated C++ in the header; fa_shape.cuh, the shape
 // distance, is inlined before it):
 //   - namespace fa2tune_configs: one `using <config name> = <family>::Traits<...>;` per config
 //     compiled into the header (tuned winners and defaults), followed by the explicit
-//     instantiations of each config's kernel and launcher (fa2::fwd_kernel, fa2::launch;
-//     fa3::fwd_kernel, fa3::launch and its guard fa3::can_launch);
+//     instantiations of each config's kernel and launcher and its family's guard if any
+//     (HeaderPart.instantiations: fa2::fwd_kernel, fa2::launch; fa3::fwd_kernel,
+//     fa3::launch, fa3::can_launch; splitkv::fwd_kernel, splitkv::launch);
 //   - in namespace fa2tune_detail:
 //       kTunedGpu      the tuned GPU's name, already normalised (normalise_name);
 //       kTuned         kTunedCount tables, one per tuned (D, dtype, causal), each with one
 //                      choice per tuned problem, carrying the whole shape it was measured at
 //                      (every field >= 1), sorted by (nq, nk, batch, heads, kv_heads) and
 //                      distinct; a choice's `accepts` is its family's guard, or nullptr
-//                      (fa2: runs wherever the header's code does);
+//                      (fa2, splitkv: run wherever the header's code does), and its
+//                      `workspace_size` / `launch_with_workspace` are
+//                      Workspace<alias>::size / ::launch (nullptr for families that take no
+//                      workspace);
 //                      kTunedCount may be 0 (one sentinel entry then, never read);
 //       kDefaults      kDefaultCount tables, one per supported (D, dtype, causal), each with
 //                      exactly one choice (shape all 0): FlashAttention-2's default, whose
@@ -85,13 +116,17 @@
 // it is the same struct, byte for byte, instead of defining it again.
 #define FA2TUNE_FA2PARAMS_DEFINED
 #include "fa_abi.cuh"
-#include "fa3_launch.cuh"
+// Every family with a config in the header, in registry order (generated by the exporter).
+#include "fa2_dispatch_families.inc"
 #include "fa2_gpu_name.cuh"
 #include "fa_shape.cuh"
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 // The values are part of the API (stable across exports): never renumber.
 enum fa2tune_dtype : int { FA2TUNE_FP16 = 0, FA2TUNE_BF16 = 1 };
@@ -100,12 +135,42 @@ namespace fa2tune_detail {
 
 using LaunchFn = cudaError_t (*)(const Fa2Params&, cudaStream_t);
 using AcceptsFn = bool (*)(const Fa2Params&);
+using WorkspaceSizeFn = size_t (*)(const Fa2Params&);
+using LaunchWorkspaceFn = cudaError_t (*)(const Fa2Params&, void*, size_t, cudaStream_t);
+
+// A config's caller-workspace entry points. A family whose launches can take a caller's
+// workspace defines, in its namespace, workspace_hook_size(Traits*, const Fa2Params&) and
+// workspace_hook_launch(Traits*, const Fa2Params&, void*, size_t, cudaStream_t)
+// (splitkv_launch.cuh); argument-dependent lookup on the config's Traits finds them, so the
+// table names Workspace<alias>::size / ::launch for every config, whatever its family, and
+// they are nullptr where the family defines no hooks (it needs no workspace).
+template <class T, class = void>
+struct Workspace {
+  static constexpr WorkspaceSizeFn size = nullptr;
+  static constexpr LaunchWorkspaceFn launch = nullptr;
+};
+
+template <class T>
+struct Workspace<T, std::void_t<decltype(workspace_hook_size(static_cast<T*>(nullptr),
+                                                              std::declval<const Fa2Params&>()))>> {
+  static size_t size_of(const Fa2Params& p) {
+    return workspace_hook_size(static_cast<T*>(nullptr), p);
+  }
+  static cudaError_t launch_with(const Fa2Params& p, void* workspace, size_t bytes,
+                                 cudaStream_t stream) {
+    return workspace_hook_launch(static_cast<T*>(nullptr), p, workspace, bytes, stream);
+  }
+  static constexpr WorkspaceSizeFn size = &size_of;
+  static constexpr LaunchWorkspaceFn launch = &launch_with;
+};
 
 struct Choice {
   fa2tune_shape::Shape shape;  // the shape this config was tuned at (all 0 for a default)
   LaunchFn launch;
   const char* name;
   AcceptsFn accepts;  // whether `launch` can run p on the current device; nullptr: always
+  WorkspaceSizeFn workspace_size;           // nullptr: the family takes no workspace
+  LaunchWorkspaceFn launch_with_workspace;  // nullptr: the family takes no workspace
 };
 
 struct Table {
@@ -280,6 +345,28 @@ inline cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dty
       fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
   if (c == nullptr) return cudaErrorInvalidValue;
   return c->launch(p, stream);
+}
+
+// Scratch bytes the config fa2tune_forward would launch here needs (see the top).
+inline size_t fa2tune_workspace_size(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+                                     bool causal) {
+  if (!fa2tune_detail::valid(p)) return 0;
+  const fa2tune_detail::Choice* c =
+      fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
+  return c == nullptr || c->workspace_size == nullptr ? 0 : c->workspace_size(p);
+}
+
+// fa2tune_forward with the caller's workspace (contract: see the top).
+inline cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_dim,
+                                                  fa2tune_dtype dtype, bool causal,
+                                                  void* workspace, size_t workspace_bytes,
+                                                  cudaStream_t stream = 0) {
+  if (!fa2tune_detail::valid(p)) return cudaErrorInvalidValue;
+  const fa2tune_detail::Choice* c =
+      fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
+  if (c == nullptr) return cudaErrorInvalidValue;
+  if (c->launch_with_workspace == nullptr) return c->launch(p, stream);
+  return c->launch_with_workspace(p, workspace, workspace_bytes, stream);
 }
 
 #endif  // FA2TUNE_EXPORTED_HEADER_

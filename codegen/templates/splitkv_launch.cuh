@@ -1,15 +1,26 @@
 // fa2tune: host launchers of the split-KV family for the exported header.
 //
 // A split launch needs a float32 workspace (partial O and LSE per row tile and split) and a
-// zeroed counter per row tile; the kernel leaves the counters at zero when it finishes, so
-// one workspace serves every later launch that is ordered after it on the same stream.
+// zeroed int counter per row tile; the kernel's last block of a tile resets that tile's
+// counter, so counters that were zero before a launch are zero after it. The partials are
+// scratch, but whatever lies where a later launch keeps its counters must be zero: so the
+// counters never share memory with partials of another launch.
 //
-// launch() keeps one grow-only workspace per (device, stream), allocated and zeroed on the
-// first launch that needs it (so run each shape once before capturing a CUDA graph: the
-// allocation cannot happen during capture). launch_with_workspace() takes the caller's
-// buffer instead: workspace_size() bytes, zero-filled once before its first use.
+// launch() keeps, per (device, stream), one grow-only counter buffer (zeroed when allocated,
+// only ever holding counters) and one grow-only buffer for the partials, allocated on the
+// first launch that needs them (so run each shape once before capturing a CUDA graph: the
+// allocation cannot happen during capture). Any shapes and configs may share them.
+//
+// launch_with_workspace() takes the caller's buffer instead: workspace_size() bytes,
+// 16-byte aligned, zero-filled once before its first use. Its layout puts the counters first,
+// in a region sized for the smallest row tile (16 rows), which depends only on the call's
+// (nq, batch, q_heads, kv_heads): every config, any key length, keeps its counters there and
+// its partials after it. So a launch leaves the buffer ready for any later launch ordered
+// after it (same stream) with the same (nq, batch, q_heads, kv_heads); zero it again before
+// using it for other values of those (or after a failed launch).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -18,53 +29,39 @@
 
 namespace splitkv {
 
-struct WorkspaceCache {
-  std::mutex mutex;
-  std::map<std::pair<int, cudaStream_t>, std::pair<void*, size_t>> buffers;
-};
+namespace launch_detail {
 
-inline WorkspaceCache& workspace_cache() {
-  static WorkspaceCache cache;  // never destroyed before the last launch of the process
-  return cache;
+// Row tiles of T's launch: ceil(group * nq / Rows) per (KV head, batch).
+template <class T>
+inline int64_t row_tiles(const Fa2Params& p) {
+  const int64_t rows = static_cast<int64_t>(p.q_heads / p.kv_heads) * p.nq;
+  return (rows + T::Rows - 1) / T::Rows * p.kv_heads * p.batch;
 }
 
-// A zero-filled buffer of at least `bytes` for launches on `stream` of the current device.
-inline cudaError_t cached_workspace(cudaStream_t stream, size_t bytes, void** out) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  WorkspaceCache& cache = workspace_cache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  std::pair<void*, size_t>& slot = cache.buffers[{device, stream}];
-  if (slot.second < bytes) {
-    if (slot.first != nullptr) cudaFree(slot.first);  // waits for the launches using it
-    slot = {nullptr, 0};
-    if ((err = cudaMalloc(&slot.first, bytes)) != cudaSuccess) return err;
-    if ((err = cudaMemsetAsync(slot.first, 0, bytes, stream)) != cudaSuccess) return err;
-    slot.second = bytes;
-  }
-  *out = slot.first;
-  return cudaSuccess;
+// Bytes of the counter region of a caller's workspace: one int per row tile of the smallest
+// tile any config has (16 rows), rounded up to 16 bytes so the float4 partials after it stay
+// aligned. Independent of the config and of nk (see the top).
+inline size_t counter_bytes(const Fa2Params& p) {
+  const int64_t rows = static_cast<int64_t>(p.q_heads / p.kv_heads) * p.nq;
+  const int64_t tiles = (rows + 15) / 16 * p.kv_heads * p.batch;
+  return static_cast<size_t>((tiles * 4 + 15) / 16 * 16);
+}
+
+// Bytes of partial O and LSE of T's launch with `splits` splits (0 with one split: the
+// blocks write O themselves).
+template <class T>
+inline size_t partial_bytes(const Fa2Params& p, int splits) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(row_tiles<T>(p) * splits * T::Rows * (T::D + 1) * 4);
 }
 
 template <class T>
-inline size_t workspace_size(const Fa2Params& p) {
-  return workspace_bytes<T>(p, splits_for<T>(p));
-}
-
-template <class T>
-inline cudaError_t launch_with_workspace(const Fa2Params& p, void* workspace, size_t bytes,
-                                         cudaStream_t stream) {
-  const int splits = splits_for<T>(p);
-  const size_t need = workspace_bytes<T>(p, splits);
-  if (bytes < need || (need > 0 && workspace == nullptr)) return cudaErrorInvalidValue;
-  const int64_t tiles = static_cast<int64_t>((p.q_heads / p.kv_heads) * p.nq + T::Rows - 1) /
-                        T::Rows * p.kv_heads * p.batch;
+inline cudaError_t run(const Fa2Params& p, int splits, float* ws_o, int* ws_count,
+                       cudaStream_t stream) {
+  const int64_t tiles = row_tiles<T>(p);
   if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  float* ws_o = static_cast<float*>(workspace);
   const int64_t partial = splits > 1 ? tiles * splits * T::Rows : 0;
   float* ws_lse = ws_o == nullptr ? nullptr : ws_o + partial * T::D;
-  int* ws_count = ws_lse == nullptr ? nullptr : reinterpret_cast<int*>(ws_lse + partial);
   cudaError_t err = cudaFuncSetAttribute(fwd_kernel<T>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          T::kSmemBytes);
@@ -74,15 +71,85 @@ inline cudaError_t launch_with_workspace(const Fa2Params& p, void* workspace, si
   return cudaGetLastError();
 }
 
+// One grow-only buffer; cudaFree of a smaller one waits for the launches using it.
+struct Buffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  cudaError_t reserve(size_t need, bool zero, cudaStream_t stream) {
+    if (bytes >= need) return cudaSuccess;
+    if (ptr != nullptr) cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+    cudaError_t err = cudaMalloc(&ptr, need);
+    if (err != cudaSuccess) return err;
+    if (zero && (err = cudaMemsetAsync(ptr, 0, need, stream)) != cudaSuccess) return err;
+    bytes = need;
+    return cudaSuccess;
+  }
+};
+
+struct WorkspaceCache {
+  std::mutex mutex;
+  std::map<std::pair<int, cudaStream_t>, std::pair<Buffer, Buffer>> slots;  // counters, partials
+};
+
+inline WorkspaceCache& workspace_cache() {
+  static WorkspaceCache cache;  // never destroyed before the last launch of the process
+  return cache;
+}
+
+}  // namespace launch_detail
+
+// Bytes of caller workspace launch_with_workspace<T> needs for p (0: none, one split).
+template <class T>
+inline size_t workspace_size(const Fa2Params& p) {
+  const size_t partial = launch_detail::partial_bytes<T>(p, splits_for<T>(p));
+  return partial == 0 ? 0 : launch_detail::counter_bytes(p) + partial;
+}
+
+template <class T>
+inline cudaError_t launch_with_workspace(const Fa2Params& p, void* workspace, size_t bytes,
+                                         cudaStream_t stream) {
+  const size_t need = workspace_size<T>(p);
+  if (need == 0) return launch_detail::run<T>(p, 1, nullptr, nullptr, stream);
+  if (bytes < need || workspace == nullptr ||
+      (reinterpret_cast<std::uintptr_t>(workspace) & 15u) != 0)
+    return cudaErrorInvalidValue;
+  char* base = static_cast<char*>(workspace);
+  float* ws_o = reinterpret_cast<float*>(base + launch_detail::counter_bytes(p));
+  return launch_detail::run<T>(p, splits_for<T>(p), ws_o, reinterpret_cast<int*>(base), stream);
+}
+
 template <class T>
 inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
-  const size_t bytes = workspace_size<T>(p);
-  void* workspace = nullptr;
-  if (bytes > 0) {
-    cudaError_t err = cached_workspace(stream, bytes, &workspace);
-    if (err != cudaSuccess) return err;
-  }
-  return launch_with_workspace<T>(p, workspace, bytes, stream);
+  const int splits = splits_for<T>(p);
+  const size_t partial = launch_detail::partial_bytes<T>(p, splits);
+  if (partial == 0) return launch_detail::run<T>(p, 1, nullptr, nullptr, stream);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  launch_detail::WorkspaceCache& cache = launch_detail::workspace_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto& slot = cache.slots[{device, stream}];
+  const size_t counters = static_cast<size_t>(launch_detail::row_tiles<T>(p)) * 4;
+  if ((err = slot.first.reserve(counters, true, stream)) != cudaSuccess) return err;
+  if ((err = slot.second.reserve(partial, false, stream)) != cudaSuccess) return err;
+  return launch_detail::run<T>(p, splits, static_cast<float*>(slot.second.ptr),
+                               static_cast<int*>(slot.first.ptr), stream);
+}
+
+// Hooks the exported header's dispatch finds by argument-dependent lookup on a config's
+// Traits (fa2_dispatch.cuh, fa2tune_detail::Workspace): a family whose launches can take a
+// caller's workspace defines both; the others define neither.
+template <int D, class E, bool C, int R, int B, int W, int S, int P>
+inline size_t workspace_hook_size(Traits<D, E, C, R, B, W, S, P>*, const Fa2Params& p) {
+  return workspace_size<Traits<D, E, C, R, B, W, S, P>>(p);
+}
+
+template <int D, class E, bool C, int R, int B, int W, int S, int P>
+inline cudaError_t workspace_hook_launch(Traits<D, E, C, R, B, W, S, P>*, const Fa2Params& p,
+                                         void* workspace, size_t bytes, cudaStream_t stream) {
+  return launch_with_workspace<Traits<D, E, C, R, B, W, S, P>>(p, workspace, bytes, stream);
 }
 
 }  // namespace splitkv
