@@ -10,10 +10,11 @@ agrees on.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Literal
+
+from core.config_common import name_key
 
 Dtype = Literal["fp16", "bf16"]
 DTYPES: tuple[Dtype, ...] = ("fp16", "bf16")
@@ -69,7 +70,7 @@ class KernelConfig:
     @property
     def key(self) -> str:
         """Stable 16-hex-digit key derived from the name."""
-        return hashlib.sha256(self.name.encode()).hexdigest()[:16]
+        return name_key(self.name)
 
     @property
     def threads(self) -> int:

@@ -9,12 +9,12 @@ is codegen/templates/fa3_fwd.cuh and its ABI is in docs/fa3_kernel.md.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from core.config import ELEMENT_BYTES, Dtype
+from core.config_common import int_value, name_key
 
 #: Columns of one 128-byte-swizzled TMA box of 2-byte elements; a tile row of D columns
 #: takes ceil(D / 64) boxes (D=96 zero-fills half of its second box).
@@ -76,7 +76,7 @@ class Fa3Config:
     @property
     def key(self) -> str:
         """Stable 16-hex-digit key derived from the name."""
-        return hashlib.sha256(self.name.encode()).hexdigest()[:16]
+        return name_key(self.name)
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -126,10 +126,7 @@ class Fa3Config:
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> Fa3Config:
         def num(key: str) -> int:
-            value = data[key]
-            if not isinstance(value, int | str):
-                raise TypeError(f"{key}: expected an integer, got {value!r}")
-            return int(value)
+            return int_value(data, key)
 
         return cls(
             d=num("d"),

@@ -9,12 +9,12 @@ and docs/splitkv_kernel.md describes it.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from core.config import ELEMENT_BYTES, Dtype
+from core.config_common import int_value, name_key
 
 _NAME_RE = re.compile(
     r"^splitkv_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
@@ -65,7 +65,7 @@ class SplitKvConfig:
     @property
     def key(self) -> str:
         """Stable 16-hex-digit key derived from the name."""
-        return hashlib.sha256(self.name.encode()).hexdigest()[:16]
+        return name_key(self.name)
 
     @property
     def threads(self) -> int:
@@ -118,10 +118,7 @@ class SplitKvConfig:
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> SplitKvConfig:
         def num(key: str) -> int:
-            value = data[key]
-            if not isinstance(value, int | str):
-                raise TypeError(f"{key}: expected an integer, got {value!r}")
-            return int(value)
+            return int_value(data, key)
 
         return cls(
             d=num("d"),
