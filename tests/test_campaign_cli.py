@@ -548,3 +548,17 @@ def test_family_and_timing_target_reach_the_gpu_campaign(
     assert bad.exit_code == 2 and "unknown fa9 (known: fa2, fa3, splitkv)" in bad.output
     with pytest.raises(ValueError, match="unknown kernel family 'fa9'"):
         CampaignOptions(families=("fa9",))
+
+
+def test_a_worker_that_cannot_start_is_one_line_naming_what_to_install() -> None:
+    from measure.worker import WorkerStartError
+
+    child = WorkerStartError(
+        "worker setup failed:\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+        "ModuleNotFoundError: No module named 'torch'\n"
+    )
+    assert tune_cli.worker_error(child) == (
+        "worker setup failed: ModuleNotFoundError: No module named 'torch' "
+        "(install the GPU extra: pip install 'fa2tune[gpu]')"
+    )
+    assert tune_cli.worker_error(WorkerStartError("no CUDA device")) == "no CUDA device"

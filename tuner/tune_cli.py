@@ -84,6 +84,19 @@ def _unique(items: Sequence[T]) -> list[T]:
     return list(dict.fromkeys(items))
 
 
+def worker_error(exc: BaseException) -> str:
+    """One line for a worker that could not start: the child's traceback reduced to its last
+    line (the exception), with what to install when torch or cuda-bindings is missing."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    head, last = lines[0], lines[-1]
+    text = head if len(lines) == 1 else f"{head.rstrip(':')}: {last}"
+    if "No module named 'torch'" in text or "No module named 'cuda'" in text:
+        text += " (install the GPU extra: pip install 'fa2tune[gpu]')"
+    return text
+
+
 def parse_families(text: str | None) -> tuple[str, ...] | None:
     """``--family``: known kernel family names, in the registry's order; None when not given.
 
@@ -547,7 +560,8 @@ def _tune_gpu(
             )  # fmt: skip
     except WorkerStartError as exc:
         # The campaign so far is saved; the same command resumes it once a worker starts.
-        typer.echo(f"fa2tune tune: no GPU worker on device {device}: {exc}", err=True)
+        log.debug("worker start failed", exc_info=True)
+        typer.echo(f"fa2tune tune: no GPU worker on device {device}: {worker_error(exc)}", err=True)
         raise typer.Exit(code=1) from None
 
 
