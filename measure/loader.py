@@ -247,6 +247,53 @@ class BoundLaunch:
             raise CudaError("cuLaunchKernel", int(err), _error_name(cu, err), self.symbol)
 
 
+#: Most blocks a launch grid may have in y and in z (x allows 2^31 - 1).
+GRID_YZ_LIMIT = 65535
+
+
+class ChainedLaunch:
+    """Several bound launches called in order on one stream (a batch cut into slices)."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self, launches: Sequence[BoundLaunch]) -> None:
+        self.launches = tuple(launches)
+
+    def __call__(self) -> None:
+        for launch in self.launches:
+            launch()
+
+
+def _batch_slice(
+    config: AnyConfig, q: torch.Tensor, k: torch.Tensor, layout: Layout, batch: int
+) -> int:
+    """The largest batch slice whose grid fits :data:`GRID_YZ_LIMIT` in y and z (``batch``
+    itself when the whole grid fits).
+
+    Raises:
+        ValueError: when even one sequence's grid does not fit (heads past the limit).
+    """
+    seq_dim, head_dim = (1, 2) if layout == "bnhd" else (2, 1)
+    nq, heads = int(q.shape[seq_dim]), int(q.shape[head_dim])
+    nk, kv_heads = int(k.shape[seq_dim]), int(k.shape[head_dim])
+
+    def fits(b: int) -> bool:
+        grid, _ = launch_geometry(config, nq, heads, b, nk=nk, kv_heads=kv_heads)
+        return grid[1] <= GRID_YZ_LIMIT and grid[2] <= GRID_YZ_LIMIT
+
+    if fits(batch):
+        return batch
+    if not fits(1):
+        raise ValueError(
+            f"{config.name}: {heads} heads need a launch grid past {GRID_YZ_LIMIT} blocks "
+            "in y or z even for one sequence"
+        )
+    step = min(batch, GRID_YZ_LIMIT)
+    while not fits(step):  # grids grow with the batch in y or z: halve until it fits
+        step //= 2
+    return step
+
+
 class LoadedKernel:
     """One kernel of a cubin, loaded into the current context.
 
@@ -374,17 +421,46 @@ class LoadedKernel:
         scale: float,
         layout: Layout,
         stream_handle: int,
-    ) -> BoundLaunch:
+    ) -> BoundLaunch | ChainedLaunch:
         """Everything one launch of ``config``'s kernel on these tensors needs, bound.
 
         :func:`make_params`, the family's extra arguments (:func:`extra_args`), its grid and
         block (:func:`launch_geometry`) and ``config.smem_bytes`` of dynamic shared memory.
+        When the grid's y or z would pass :data:`GRID_YZ_LIMIT` (the split-Q families put the
+        batch in z), the batch is cut into slices that fit and each slice is bound on its own:
+        the result launches them in order (batch 70,000 runs; without this the driver refuses).
 
         Raises:
             ValueError: on tensors the ABI does not take (see :func:`make_params` and the
-                family's ``host_prep``).
+                family's ``host_prep``), or heads alone past the grid limit.
             CudaError: when the family's preparation fails in the driver.
         """
+        batch = int(q.shape[0])
+        step = _batch_slice(config, q, k, layout, batch)
+        if step >= batch:
+            return self._bind_slice(config, q, k, v, o, lse, scale, layout, stream_handle)
+        slices = []
+        for b in range(0, batch, step):
+            part = slice(b, b + step)
+            part_lse = None if lse is None else lse[part]
+            bound = self._bind_slice(
+                config, q[part], k[part], v[part], o[part], part_lse, scale, layout, stream_handle
+            )
+            slices.append(bound)
+        return ChainedLaunch(slices)
+
+    def _bind_slice(
+        self,
+        config: AnyConfig,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        o: torch.Tensor,
+        lse: torch.Tensor | None,
+        scale: float,
+        layout: Layout,
+        stream_handle: int,
+    ) -> BoundLaunch:
         params = make_params(q, k, v, o, lse, scale, layout)
         extra = extra_args(config, q, k, v, layout)
         grid, block = launch_geometry(

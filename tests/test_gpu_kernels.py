@@ -109,3 +109,9 @@ def test_sample_configs(d: int, dtype: str, causal: bool) -> None:
     sample = rng.sample(space, min(8, len(space)))
     configs = sorted(set(seed_configs(d, dt, causal)) | set(sample))
     _run_configs(configs, shape_problems(d, dt, causal, SAMPLE_SHAPES), ["bnhd", "bhnd"])
+
+
+def test_a_batch_past_the_grid_z_limit_runs_in_slices() -> None:
+    """Batch 70,000 (grid z allows 65,535): the loader cuts the launch into batch slices."""
+    cfg = seed_configs(64, "fp16", False)[0]
+    _run_configs([cfg], shape_problems(64, "fp16", False, [(70_000, 1, 1, 16, 16)]), ["bnhd"])

@@ -64,3 +64,26 @@ def test_driver_api_version_and_arch() -> None:
     info = GpuInfo(name="H200", compute_capability="9.0", sm_count=132, driver_version="x",
                    cuda_version="13.0")  # fmt: skip
     assert arch_for(info) == "sm_90"
+
+
+def test_batches_past_the_grid_limit_are_cut_into_slices_that_fit() -> None:
+    from types import SimpleNamespace
+
+    from core.splitkv_config import SplitKvConfig
+    from measure.loader import GRID_YZ_LIMIT, _batch_slice
+
+    fa2 = KernelConfig.from_name("fa2_d64_fp16_full_br64_bc64_w4_s1_pad8")
+    splitkv = SplitKvConfig(64, "fp16", False)
+
+    def tensors(batch: int, heads: int) -> tuple[SimpleNamespace, SimpleNamespace]:
+        q = SimpleNamespace(shape=(batch, 16, heads, 64))  # bnhd: [B, N, H, D]
+        return q, SimpleNamespace(shape=(batch, 64, heads, 64))
+
+    q, k = tensors(70_000, 1)
+    assert _batch_slice(fa2, q, k, "bnhd", 70_000) == GRID_YZ_LIMIT  # batch is grid z
+    assert _batch_slice(splitkv, q, k, "bnhd", 70_000) == 70_000  # batch x heads is grid x
+    q, k = tensors(5, 3)
+    assert _batch_slice(fa2, q, k, "bnhd", 5) == 5
+    q, k = tensors(2, 70_000)
+    with pytest.raises(ValueError, match="70000 heads need a launch grid past 65535"):
+        _batch_slice(fa2, q, k, "bnhd", 2)
