@@ -338,13 +338,36 @@ inline bool fa2tune_nearest_tuned(int head_dim, fa2tune_dtype dtype, bool causal
   return true;
 }
 
+namespace fa2tune_detail {
+// The split-Q families (fa2, fa3) put the batch in grid z, which stops at 65,535 blocks: a
+// larger batch is launched as slices of at most that many sequences, in order on the stream
+// (the split-KV family puts batch x heads in grid x and launches whole). Every element type
+// the table holds is 2 bytes wide.
+inline cudaError_t launch_batch_slices(const Choice& c, const Fa2Params& p, cudaStream_t stream) {
+  constexpr int kMaxGridZ = 65535;
+  if (c.workspace_size != nullptr || p.batch <= kMaxGridZ) return c.launch(p, stream);
+  for (int b0 = 0; b0 < p.batch; b0 += kMaxGridZ) {
+    Fa2Params s = p;
+    s.batch = p.batch - b0 < kMaxGridZ ? p.batch - b0 : kMaxGridZ;
+    s.q = static_cast<const char*>(p.q) + 2 * b0 * p.q_batch_stride;
+    s.k = static_cast<const char*>(p.k) + 2 * b0 * p.k_batch_stride;
+    s.v = static_cast<const char*>(p.v) + 2 * b0 * p.v_batch_stride;
+    s.o = static_cast<char*>(p.o) + 2 * b0 * p.o_batch_stride;
+    if (p.lse != nullptr) s.lse = p.lse + static_cast<int64_t>(b0) * p.q_heads * p.nq;
+    const cudaError_t err = c.launch(s, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+}  // namespace fa2tune_detail
+
 inline cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
                                    bool causal, cudaStream_t stream = 0) {
   if (!fa2tune_detail::valid(p)) return cudaErrorInvalidValue;
   const fa2tune_detail::Choice* c =
       fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
   if (c == nullptr) return cudaErrorInvalidValue;
-  return c->launch(p, stream);
+  return fa2tune_detail::launch_batch_slices(*c, p, stream);
 }
 
 // Scratch bytes the config fa2tune_forward would launch here needs (see the top).
@@ -365,7 +388,7 @@ inline cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_d
   const fa2tune_detail::Choice* c =
       fa2tune_detail::select(p, head_dim, static_cast<int>(dtype), causal);
   if (c == nullptr) return cudaErrorInvalidValue;
-  if (c->launch_with_workspace == nullptr) return c->launch(p, stream);
+  if (c->launch_with_workspace == nullptr) return fa2tune_detail::launch_batch_slices(*c, p, stream);
   return c->launch_with_workspace(p, workspace, workspace_bytes, stream);
 }
 

@@ -1,7 +1,7 @@
 // fa2tune: what every family's host launcher in the exported header checks before a launch:
 // the kernel ABI's rules for Fa2Params (codegen/templates/fa_params.cuh, docs/architecture.md).
 // Pointers are 16-byte aligned and strides multiples of 8 elements (the kernels move 16-byte
-// vectors), the GQA groups are whole, and the grid fits CUDA's limits. Include it after a
+// vectors), the GQA groups are whole, and the heads fit grid y (the dispatch slices the batch). Include it after a
 // family template has defined Fa2Params. Header-side only: no kernel build reads it.
 #pragma once
 
@@ -24,7 +24,8 @@ inline bool valid(const Fa2Params& p) {
     if (s % 8 != 0) return false;
   if (p.batch < 1 || p.q_heads < 1 || p.kv_heads < 1 || p.nq < 1 || p.nk < 0) return false;
   if (p.q_heads % p.kv_heads != 0) return false;
-  return p.q_heads <= 65535 && p.batch <= 65535;
+  // Heads go to grid y; a batch past grid z's 65,535 is launched in slices by the dispatch.
+  return p.q_heads <= 65535;
 }
 
 }  // namespace fa2tune_abi
