@@ -58,6 +58,10 @@ class Settings(BaseSettings):
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="parallel nvcc jobs"
     )
     log_level: str = Field(default="INFO", description="logging level")
+    print_choice: bool = Field(
+        default=False,
+        description="fa2tune.torch: log each (shape -> config, source) choice once per process",
+    )
 
 
 @lru_cache(maxsize=1)

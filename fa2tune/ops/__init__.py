@@ -1,0 +1,13 @@
+"""Calling the tuned kernels from PyTorch: the pieces behind :mod:`fa2tune.torch`.
+
+* :mod:`fa2tune.ops.choice`: which config serves a call (torch-free, so it is testable and
+  importable on any machine);
+* :mod:`fa2tune.ops.kernels`: building and loading a chosen config once per process and
+  device, and the launch of one call (imports torch);
+* :mod:`fa2tune.ops.torch_op`: the ``torch.ops.fa2tune.attention`` custom op, its fake
+  implementation and the SDPA fallback (imports torch).
+
+Only :mod:`fa2tune.ops.choice` is imported here: ``import fa2tune.ops`` never needs torch.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,38 @@
+"""``fa2tune.torch``: FlashAttention forward on the kernels tuned for this GPU, from PyTorch.
+
+    from fa2tune.torch import attention
+    o = attention(q, k, v, causal=True)              # q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D]
+    o, lse = attention(q, k, v, return_lse=True, layout="bhnd")
+
+Importing this module imports torch and registers ``torch.ops.fa2tune.attention`` (a
+``torch.library`` custom op with a fake implementation: ``torch.compile(fullgraph=True)``
+and CUDA-graph capture work). The base package never imports it, so fa2tune stays
+installable without torch. See docs/torch.md for how a config is chosen and when a call
+falls back to ``torch.nn.functional.scaled_dot_product_attention``.
+
+The implementation lives in :mod:`fa2tune.ops`. This module is named like the torch package
+but cannot shadow it: imports are absolute, so ``import torch`` inside fa2tune means the
+real torch; only a script run from inside the ``fa2tune/`` directory (which puts that
+directory first on ``sys.path``) would find this file as ``torch``, and that is refused below
+with a clear error instead of a confusing one.
+"""
+
+from __future__ import annotations
+
+if __name__ == "torch":  # pragma: no cover - only when fa2tune/ itself is on sys.path
+    raise ImportError(
+        "fa2tune/torch.py was imported as 'torch': do not run scripts from inside the "
+        "fa2tune/ package directory (use `python -m fa2tune.cli` or the fa2tune command)"
+    )
+
+try:
+    import torch as _torch  # noqa: F401  (the clear error below instead of one from deep inside)
+except ImportError as _exc:  # pragma: no cover - exercised on machines without torch
+    raise ImportError(
+        "fa2tune.torch needs PyTorch (pip install 'fa2tune[gpu]'); the rest of fa2tune does not"
+    ) from _exc
+
+from fa2tune.ops.choice import FallbackWarning, Unsupported
+from fa2tune.ops.torch_op import attention, attention_op, clear_caches
+
+__all__ = ["FallbackWarning", "Unsupported", "attention", "attention_op", "clear_caches"]
