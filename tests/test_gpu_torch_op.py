@@ -334,3 +334,31 @@ def test_workspace_sizes_match_the_worker(seeded_db: dict[str, Any]) -> None:
     assert ws_lse.owner.numel() == partial
     assert ws_o.owner.numel() == partial * d
     assert count.owner.numel() == tiles
+
+
+def test_same_shape_other_strides(seeded_db: dict[str, Any]) -> None:
+    """A cached decision re-checks strides: padded views work, unaligned ones fall back."""
+    import torch
+
+    from fa2tune.torch import FallbackWarning, attention
+
+    shape, _ = seeded_db["fa2"]
+    q, k, v = _inputs(shape, torch.float16, "bnhd", seed=9)
+    attention(q, k, v, causal=True)  # contiguous first: the decision and its strides
+    padded = [torch.zeros(*t.shape[:-1], t.shape[-1] + 8, dtype=t.dtype, device="cuda")
+              for t in (q, k, v)]  # fmt: skip
+    views = [p[..., : t.shape[-1]] for p, t in zip(padded, (q, k, v), strict=True)]
+    for view, t in zip(views, (q, k, v), strict=True):
+        view.copy_(t)
+    ref = _reference(q, k, v, True, "bnhd")[0]
+    _close(attention(*views, causal=True), ref, torch.float16)
+    odd = [
+        torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device="cuda") for t in (q, k, v)
+    ]  # fmt: skip  (strides not a multiple of 8 elements)
+    odd_views = [p[..., : t.shape[-1]] for p, t in zip(odd, (q, k, v), strict=True)]
+    for view, t in zip(odd_views, (q, k, v), strict=True):
+        view.copy_(t)
+    with pytest.warns(FallbackWarning, match="tensor layout"):
+        out = attention(*odd_views, causal=True)
+    _close(out, ref, torch.float16)
+    _close(attention(q, k, v, causal=True), ref, torch.float16)

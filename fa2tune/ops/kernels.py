@@ -38,10 +38,17 @@ from measure.loader import (
     host_prep,
     launch_geometry,
 )
-from measure.params import Layout, make_params
+from measure.params import ALIGN_BYTES, Fa2Params, Layout, make_params
 from measure.splitkv import DevicePointer
 
 log = logging.getLogger(__name__)
+
+# The current stream's handle without building a torch.cuda.Stream object (a few µs a call);
+# torch's own code generators use it. The public path stands in where it is missing.
+_raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+#: Fa2Params's fields after the five pointers and before the scale: strides and sizes.
+_SHAPE_FIELDS = tuple(str(field[0]) for field in Fa2Params._fields_[5:-1])
 
 _lock = threading.Lock()
 _loaded: dict[tuple[int, str], LoadedKernel] = {}
@@ -151,7 +158,9 @@ class Launcher:
     """One decision of the op: a loaded kernel, its config and the launch geometry of one
     call shape. Calling it launches on the current stream of the tensors' device."""
 
-    __slots__ = ("_block", "_extra", "_grid", "_sliced", "config", "kernel", "source")
+    __slots__ = (
+        "_block", "_extra", "_fast", "_grid", "_sliced", "config", "kernel", "source",
+    )  # fmt: skip
 
     def __init__(self, kernel: LoadedKernel, config: AnyConfig, source: str, shape: Shape):
         self.kernel = kernel
@@ -164,6 +173,9 @@ class Launcher:
         self._block = block
         # A batch past the grid's y/z limit is cut into slices by bind_config (rare: slow path).
         self._sliced = max(grid[1], grid[2]) > GRID_YZ_LIMIT
+        # (strides of q, k, v and whether an LSE is written) that make_params accepted, with
+        # the strides and sizes it computed: a call with the same strides skips its checks.
+        self._fast: tuple[object, tuple[int, ...]] | None = None
         self._extra: Extra
         if isinstance(config, SplitKvConfig):
             self._extra = _splitkv_extra(config, shape)
@@ -191,10 +203,40 @@ class Launcher:
                 back or re-raises.
             CudaError: the driver refused the launch.
         """
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+        index = q.device.index
+        if _raw_stream is not None and index is not None:
+            stream = _raw_stream(index)
+        else:
+            stream = torch.cuda.current_stream(q.device).cuda_stream
         if self._sliced:
             self.kernel.bind_config(self.config, q, k, v, o, lse, scale, layout, stream)()
             return
-        params = make_params(q, k, v, o, lse, scale, layout)
+        params = self._params(q, k, v, o, lse, scale, layout)
         extra = self._extra(q, k, v, layout)
         self.kernel.bind(params, self._grid, self._block, self.config.smem_bytes, stream, extra)()
+
+    def _params(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        o: torch.Tensor,
+        lse: torch.Tensor | None,
+        scale: float,
+        layout: Layout,
+    ) -> Fa2Params:
+        """:func:`make_params`, its checks run once per stride pattern (the shape, dtype and
+        device are the decision's key; ``o`` and ``lse`` are the op's own, contiguous)."""
+        strides = (q.stride(), k.stride(), v.stride(), lse is not None)
+        fast = self._fast
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+        if (
+            fast is not None
+            and fast[0] == strides
+            and not ((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % ALIGN_BYTES)
+        ):
+            lse_ptr = lse.data_ptr() if lse is not None else None
+            return Fa2Params(*ptrs, lse_ptr, *fast[1], float(scale))
+        params = make_params(q, k, v, o, lse, scale, layout)  # raises ValueError on bad input
+        self._fast = (strides, tuple(getattr(params, name) for name in _SHAPE_FIELDS))
+        return params

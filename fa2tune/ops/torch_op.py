@@ -152,6 +152,10 @@ def sdpa_fallback(
     are computed in float32 here.
     """
     qh, kh, vh = (t if layout == "bhnd" else t.transpose(1, 2) for t in (q, k, v))
+    if any(s % 8 for t in (qh, kh, vh) for s in t.stride()[:-1]):
+        # SDPA's fused kernels gave wrong results on such strides (16-byte rows they assume;
+        # seen with torch 2.11): a dense copy costs little next to a fallback's math.
+        qh, kh, vh = qh.contiguous(), kh.contiguous(), vh.contiguous()
     h, nq = int(qh.shape[1]), int(qh.shape[2])
     nk = int(kh.shape[2])
     group = h // int(kh.shape[1])
