@@ -37,8 +37,8 @@ def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: 
     import torch
 
     from codegen.build import build_configs
-    from measure.loader import LoadedKernel, ensure_context, grid_for
-    from measure.params import Layout, make_params
+    from measure.loader import LoadedKernel, ensure_context
+    from measure.params import Layout
     from measure.reference import make_inputset
     from measure.verify import check_output, poison
 
@@ -59,11 +59,11 @@ def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: 
             for inputs in inputsets:
                 out, lse = inputs.outputs()
                 poison(out, lse)
-                params = make_params(
-                    inputs.q, inputs.k, inputs.v, out, lse, inputs.scale, inputs.layout
-                )
-                grid, block = grid_for(report.config, inputs.problem)
-                kernel.launch(params, grid, block, report.config.smem_bytes, stream)
+                # The product's launch path: geometry, extra arguments and batch slices.
+                kernel.bind_config(
+                    report.config, inputs.q, inputs.k, inputs.v, out, lse, inputs.scale,
+                    inputs.layout, stream,
+                )()  # fmt: skip
                 torch.cuda.synchronize()
                 result = check_output(out, lse, inputs)
                 if not result.ok:
