@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from platformdirs import user_cache_dir, user_data_dir
 from pydantic import Field
@@ -61,6 +62,28 @@ class Settings(BaseSettings):
     print_choice: bool = Field(
         default=False,
         description="fa2tune.torch: log each (shape -> config, source) choice once per process",
+    )
+    autotune: Literal["off", "cached", "on_first_call"] = Field(
+        default="off",
+        description="fa2tune.torch: tune untuned shapes on first use (on_first_call), never "
+        "(off, cached); fa2tune.torch.autotune() overrides it per process",
+    )
+    autotune_budget_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=24 * 3600,
+        description="fa2tune.torch: wall-clock budget of one first-use tuning campaign (s)",
+    )
+    service_url: str | None = Field(
+        default=None,
+        description="fa2tune.torch: ask this fa2tune service's GET /v1/best for configs "
+        "(e.g. http://host:8000) before the local database",
+    )
+    service_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=60,
+        description="fa2tune.torch: seconds to wait for the service before using local results",
     )
 
 

@@ -28,6 +28,7 @@ from core.config import Dtype
 from core.family import AnyConfig
 from core.problem import Problem
 from core.shape import NOMINAL_BLOCK_ROWS, Shape
+from core.splitkv_config import SplitKvConfig
 from db.store import Store
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 #: Where a choice came from: measured at the call's shape, at the nearest tuned shape, or a
 #: family's default (nothing tuned).
 Source = Literal["exact", "nearest", "default"]
+
+#: Who answered: the local database (with the shipped results) or a running fa2tune service.
+Origin = Literal["local", "service"]
 
 #: Head dims some family has kernels for (fa2's, fa3's and split-KV's).
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(
@@ -74,17 +78,22 @@ class Choice:
         config: the kernel config (any family).
         source: ``exact``, ``nearest`` or ``default``.
         measured: the shape the config was measured at (None for a default).
+        origin: who answered: ``local`` (shipped results and the local database, or a
+            default) or ``service`` (a running fa2tune service, ``FA2TUNE_SERVICE_URL``).
     """
 
     config: AnyConfig
     source: Source
     measured: Shape | None = None
+    origin: Origin = "local"
 
     def describe(self, asked: Shape) -> str:
-        """One line: ``asked -> config (source[, measured at])``."""
+        """One line: ``asked -> config (source[, measured at][, from the service])``."""
         where = ""
         if self.source == "nearest" and self.measured is not None:
             where = f", measured at {self.measured.describe()}"
+        if self.origin == "service":
+            where += ", from the service"
         return f"{asked.describe()} -> {self.config.name} ({self.source}{where})"
 
 
@@ -127,8 +136,26 @@ def default_config(
     return None
 
 
-def _builds_here(config: AnyConfig, compute_capability: str) -> bool:
+def builds_here(config: AnyConfig, compute_capability: str) -> bool:
+    """Whether ``config``'s family builds for a GPU of this compute capability."""
     return family_of(config).arch_for(compute_capability) is not None
+
+
+def check_supported(dtype: str, d: int, compute_capability: str) -> None:
+    """Refuse what no family serves: a dtype, a head dim or a GPU fa2tune builds nothing for.
+
+    Raises:
+        Unsupported: naming which.
+    """
+    if dtype not in DTYPE_NAMES.values():
+        raise Unsupported(f"dtype {dtype} is not fp16 or bf16")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise Unsupported(unsupported_head_dim(d))
+    if arch_of(compute_capability) is None:
+        raise Unsupported(
+            f"no fa2tune build for compute capability {compute_capability} "
+            f"(builds: {', '.join(fa2_space.SUPPORTED_ARCHS)})"
+        )
 
 
 def choose_config(
@@ -159,15 +186,7 @@ def choose_config(
     Raises:
         Unsupported: an unsupported head dim or dtype, or a GPU fa2tune builds nothing for.
     """
-    if dtype not in DTYPE_NAMES.values():
-        raise Unsupported(f"dtype {dtype} is not fp16 or bf16")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise Unsupported(unsupported_head_dim(d))
-    if arch_of(compute_capability) is None:
-        raise Unsupported(
-            f"no fa2tune build for compute capability {compute_capability} "
-            f"(builds: {', '.join(fa2_space.SUPPORTED_ARCHS)})"
-        )
+    check_supported(dtype, d, compute_capability)
     typed: Dtype = "fp16" if dtype == "fp16" else "bf16"
     if store is not None:
         try:
@@ -175,14 +194,31 @@ def choose_config(
         except Exception as exc:  # a broken database must not break the model: defaults
             log.warning("fa2tune.torch: database lookup failed, using defaults: %s", exc)
             found = None
-        if found is not None and _builds_here(found.config, compute_capability):
+        if found is not None and builds_here(found.config, compute_capability):
             measured = Shape(found.n, found.nk, found.batch, found.heads, found.kv_heads)
             return Choice(found.config, "exact" if found.exact else "nearest", measured)
     config = default_config(d, typed, causal, shape, sm_count)
-    if config is None or not _builds_here(config, compute_capability):
+    if config is None or not builds_here(config, compute_capability):
         raise Unsupported(f"no kernel family serves head dim {d} on compute capability "
                           f"{compute_capability}")  # fmt: skip
     return Choice(config, "default")
+
+
+def splitkv_workspace_sizes(config: SplitKvConfig, shape: Shape) -> tuple[int, int]:
+    """``(counters, partial rows)`` of a split-KV launch's workspace: one int32 counter per
+    row tile and ``tiles * splits * rows`` float32 rows of partial O (``d`` each) and LSE (1
+    each); ``(0, 0)`` with one split (the kernel then touches no workspace).
+
+    From :meth:`SplitKvConfig.workspace_bytes`, so the formula lives in one place: with
+    ``splits`` and ``rows`` known, ``bytes = tiles * 4 * (splits * rows * (d + 1) + 1)``.
+    """
+    total = config.workspace_bytes(shape.nq, shape.heads, shape.kv_heads, shape.batch, shape.nk)
+    splits = config.splits_for(shape.nk)
+    per_tile = 4 * (splits * config.rows * (config.d + 1) + 1)
+    tiles, rest = divmod(total, per_tile)
+    if rest:  # pragma: no cover - workspace_bytes changed its layout
+        raise AssertionError(f"{config.name}: {total} workspace bytes are not whole row tiles")
+    return tiles, tiles * splits * config.rows
 
 
 def call_reason(
