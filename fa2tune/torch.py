@@ -3,6 +3,7 @@
     from fa2tune.torch import attention
     o = attention(q, k, v, causal=True)              # q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D]
     o, lse = attention(q, k, v, return_lse=True, layout="bhnd")
+    autotune("on_first_call", budget_s=30)       # tune untuned shapes in the background
 
 Importing this module imports torch and registers ``torch.ops.fa2tune.attention`` (a
 ``torch.library`` custom op with a fake implementation: ``torch.compile(fullgraph=True)``
@@ -32,7 +33,16 @@ except ImportError as _exc:  # pragma: no cover - exercised on machines without 
         "fa2tune.torch needs PyTorch (pip install 'fa2tune[gpu]'); the rest of fa2tune does not"
     ) from _exc
 
+from fa2tune.ops.autotune import AutoTuner, autotune
 from fa2tune.ops.choice import FallbackWarning, Unsupported
 from fa2tune.ops.torch_op import attention, attention_op, clear_caches
 
-__all__ = ["FallbackWarning", "Unsupported", "attention", "attention_op", "clear_caches"]
+__all__ = [
+    "AutoTuner",
+    "FallbackWarning",
+    "Unsupported",
+    "attention",
+    "attention_op",
+    "autotune",
+    "clear_caches",
+]

@@ -6,7 +6,7 @@ family: fa2 (prefill, N=1000, D=64, causal), split-KV (decode: Nq=1, Nk=8192, B=
 Hkv=8, D=128) and, on compute capability 9.0, fa3 (N=1000, D=128). The shipped results are
 loaded into it as ``fa2tune best`` does. Checked: outputs and LSE in both layouts,
 ``torch.compile(fullgraph=True)``, CUDA-graph capture and replay with new inputs, the fake
-implementation under FakeTensorMode, the SDPA fallback warning (once) for D=80 and
+implementation under FakeTensorMode, the SDPA fallback warning (once) for D=264 and
 ``fallback=False`` raising, and FA2TUNE_PRINT_CHOICE's log line.
 
 Skipped, with the reason, without torch, cuda-bindings, a CUDA GPU of sm_80+ or nvcc.
@@ -254,9 +254,9 @@ def test_unsupported_head_dim_falls_back_once(seeded_db: dict[str, Any]) -> None
 
     from fa2tune.torch import FallbackWarning, Unsupported, attention
 
-    shape = (1, 4, 2, 37, 50, 80, True)  # D=80: no family; causal with Nq != Nk
+    shape = (1, 4, 2, 37, 50, 264, True)  # D=264: no family; causal with Nq != Nk
     q, k, v = _inputs(shape, torch.float16, "bnhd", seed=5)
-    with pytest.warns(FallbackWarning, match="head dim 80"):
+    with pytest.warns(FallbackWarning, match="head dim 264"):
         o = attention(q, k, v, causal=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second call: no second warning
@@ -265,7 +265,7 @@ def test_unsupported_head_dim_falls_back_once(seeded_db: dict[str, Any]) -> None
     _close(o, ref_o, torch.float16)
     _close(o2, ref_o, torch.float16)
     assert torch.allclose(lse, ref_lse, atol=1e-3)
-    with pytest.raises(Unsupported, match="head dim 80"):
+    with pytest.raises(Unsupported, match="head dim 264"):
         attention(q, k, v, causal=True, fallback=False)
     cpu = [t.cpu() for t in (q, k, v)]
     with pytest.raises(Unsupported, match="cpu"):
@@ -323,17 +323,17 @@ def test_workspace_sizes_match_the_worker(seeded_db: dict[str, Any]) -> None:
     import torch
 
     from core.shape import Shape
-    from fa2tune.ops.kernels import splitkv_sizes
+    from fa2tune.ops.choice import splitkv_workspace_sizes
     from measure.splitkv import splitkv_workspace
 
     shape, config = seeded_db["splitkv"]
     b, h, hkv, nq, nk, d, _ = shape
     q, k, v = _inputs(shape, torch.float16, "bnhd", seed=8)
     ws_o, ws_lse, count = splitkv_workspace(config, q, k, v, "bnhd")
-    partial, tiles = splitkv_sizes(config, Shape(nq, nk, b, h, hkv))
+    counters, partial = splitkv_workspace_sizes(config, Shape(nq, nk, b, h, hkv))
     assert ws_lse.owner.numel() == partial
     assert ws_o.owner.numel() == partial * d
-    assert count.owner.numel() == tiles
+    assert count.owner.numel() == counters
 
 
 def test_same_shape_other_strides(seeded_db: dict[str, Any]) -> None:

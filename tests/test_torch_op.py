@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from fa2tune.ops.choice import (
     call_reason,
     choose_config,
     default_config,
+    splitkv_workspace_sizes,
 )
 from fa2tune.settings import Settings
 from tests.factories import H200, make_config, ok_result, seed_measurement
@@ -94,11 +94,14 @@ def test_default_for_decode_is_splitkv() -> None:
     # Enough query blocks to fill the GPU: FA2's default even for few packed rows.
     wide = Shape(1, 8192, 64, 32, 8)
     assert default_config(128, "fp16", False, wide, SMS) == fa2_default_config(128, "fp16", False)
-    # A head dim only split-KV has is served by it on any shape.
-    assert default_config(160, "fp16", True, Shape(2048, 2048, 2, 8, 8), SMS) == splitkv_default(
-        160, "fp16", True
-    )
-    assert default_config(80, "fp16", False, decode, SMS) is None
+    # A head dim only split-KV has (if any: fa2 may take every multiple of 8) is served by it
+    # on any shape.
+    from codegen import space, splitkv_space
+
+    for d in sorted(set(splitkv_space.HEAD_DIMS) - set(space.VALID_HEAD_DIMS)):
+        prefill = Shape(2048, 2048, 2, 8, 8)
+        assert default_config(d, "fp16", True, prefill, SMS) == splitkv_default(d, "fp16", True)
+    assert default_config(264, "fp16", False, decode, SMS) is None
 
 
 def test_tuned_config_of_a_family_that_does_not_build_here(store: Store) -> None:
@@ -115,7 +118,7 @@ def test_tuned_config_of_a_family_that_does_not_build_here(store: Store) -> None
 @pytest.mark.parametrize(
     ("d", "dtype", "cc", "words"),
     [
-        (80, "fp16", "9.0", "head dim 80"),
+        (264, "fp16", "9.0", "head dim 264"),
         (128, "fp32", "9.0", "dtype fp32"),
         (128, "fp16", "7.5", "compute capability 7.5"),
         (128, "fp16", "10.0", "compute capability 10.0"),
@@ -147,7 +150,7 @@ def test_call_reasons() -> None:
     cases = {
         "tensors on cpu": {**ok, "device_type": "cpu"},
         "dtype float32": {**ok, "dtype": "float32"},
-        "head dim 80": {**ok, "d": 80},
+        "head dim 264": {**ok, "d": 264},
         "3-d tensors": {**ok, "ndim": 3},
         "forward-only": {**ok, "requires_grad": True},
     }
@@ -158,7 +161,7 @@ def test_call_reasons() -> None:
 
 def test_supported_head_dims_and_arch() -> None:
     assert {32, 64, 96, 128, 256} <= set(SUPPORTED_HEAD_DIMS)
-    assert 80 not in SUPPORTED_HEAD_DIMS
+    assert 264 not in SUPPORTED_HEAD_DIMS  # past 256: no family
     assert arch_of("9.0") == "sm_90"
     assert arch_of("8.6") == "sm_86"
     assert arch_of("7.5") is None
@@ -172,11 +175,16 @@ def test_print_choice_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().print_choice is True
 
 
-def test_splitkv_config_fields_used_by_the_workspace() -> None:
-    # kernels.splitkv_sizes (torch side) reads these; a rename must fail here, on any machine.
+def test_splitkv_workspace_sizes() -> None:
+    # GQA 32:8, Nq=1, B=2: 4 packed rows per KV head fit one 16-row tile -> 8 * 2 row tiles;
+    # 8192 keys in 32-key tiles allow all 16 splits.
     config = splitkv_default(128, "fp16", False)
-    assert config.splits_for(8192) >= 1
-    assert replace(config, rows=32).rows == 32
+    assert (config.rows, config.block_n, config.splits) == (16, 32, 16)
+    assert splitkv_workspace_sizes(config, Shape(1, 8192, 2, 32, 8)) == (16, 16 * 16 * 16)
+    # Fewer key tiles than splits: as many splits as tiles (3 here).
+    assert splitkv_workspace_sizes(config, Shape(1, 96, 1, 8, 8)) == (8, 8 * 3 * 16)
+    # One key tile: one split, no workspace.
+    assert splitkv_workspace_sizes(config, Shape(1, 32, 2, 32, 8)) == (0, 0)
 
 
 def _run(code: str, *, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:

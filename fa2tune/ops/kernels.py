@@ -5,23 +5,31 @@ every other stage), loaded once per process and device (:class:`measure.loader.L
 in torch's primary context) and launched with the worker's ABI: :func:`measure.params.
 make_params`, then the family's extra arguments, on torch's current stream.
 
-The extra arguments differ from the worker's in one way: split-KV's workspace is allocated
-per call through torch's caching allocator (:class:`Launcher`), not bound once as
-:func:`measure.splitkv.splitkv_workspace` does for a timing loop. A per-call allocation is
-stream-ordered, free after the first call and recorded in a CUDA graph's private pool, so a
-captured call replays with its own workspace; the NaN poisoning the worker uses to catch a
-merge bug is left out (two fill kernels per call).
+Per-call work is kept small (:class:`Launcher`): everything that does not change between
+calls of one decision (kernel, grid, block, shared memory, the packed ``Fa2Params`` with its
+strides and sizes, the ``void*`` argument array, one bound launch per stream) is made once,
+and a call patches the five pointers and the scale and calls ``cuLaunchKernel``.
+
+Split-KV's workspace (:class:`SplitKvWorkspace`): one float32 partial O and LSE per (row tile,
+split) and an int counter per row tile that must be zero before a launch; the kernel's last
+block of a tile resets its counter, so counters that were zero stay zero. Outside CUDA-graph
+capture a grow-only buffer per (device, stream) serves every call (counters zeroed once when
+allocated, only ever holding counters, as splitkv_launch.cuh's ``launch()`` does): no
+allocation per call. During capture a call allocates one tensor from torch's caching allocator
+(the graph's private pool) and zeroes its counter region, so a captured graph owns its
+workspace. With one split the kernel touches no workspace (null pointers, as the header's
+launcher passes). The worker's NaN poisoning of partials is left out.
 
 Imports torch: only :mod:`fa2tune.ops.torch_op` imports this module.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -29,26 +37,37 @@ from codegen.build import NvccNotFoundError, build_configs
 from core.family import AnyConfig
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
-from fa2tune.ops.choice import Unsupported, arch_of
+from fa2tune.ops.choice import Unsupported, arch_of, splitkv_workspace_sizes
 from measure.loader import (
     GRID_YZ_LIMIT,
+    BoundLaunch,
     CudaError,
+    HostPrep,
     LoadedKernel,
     ensure_context,
     host_prep,
     launch_geometry,
 )
 from measure.params import ALIGN_BYTES, Fa2Params, Layout, make_params
-from measure.splitkv import DevicePointer
 
 log = logging.getLogger(__name__)
 
 # The current stream's handle without building a torch.cuda.Stream object (a few µs a call);
 # torch's own code generators use it. The public path stands in where it is missing.
 _raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# torch.cuda.is_current_stream_capturing() without its Python wrapper.
+_capturing: Callable[[], bool] = getattr(
+    torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing
+)
 
-#: Fa2Params's fields after the five pointers and before the scale: strides and sizes.
-_SHAPE_FIELDS = tuple(str(field[0]) for field in Fa2Params._fields_[5:-1])
+
+def current_stream(device: torch.device) -> int:
+    """The raw handle of ``device``'s current stream."""
+    index = device.index
+    if _raw_stream is not None and index is not None:
+        return _raw_stream(index)
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
 
 _lock = threading.Lock()
 _loaded: dict[tuple[int, str], LoadedKernel] = {}
@@ -118,73 +137,131 @@ def load_kernel(config: AnyConfig, device: DeviceInfo) -> LoadedKernel:
         return kernel
 
 
-Extra = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Layout], Sequence[Any]]
+class SplitKvWorkspace:
+    """Split-KV's workspace for one call shape (sizes: :func:`~fa2tune.ops.choice.
+    splitkv_workspace_sizes`) and the buffers a call uses."""
+
+    __slots__ = ("counters", "d", "partial_rows")
+
+    def __init__(self, config: SplitKvConfig, shape: Shape) -> None:
+        self.d = config.d
+        #: int32 counters, one per row tile (0: one split, no workspace at all); float32
+        #: rows of partial O (d each) and LSE (1 each).
+        self.counters, self.partial_rows = splitkv_workspace_sizes(config, shape)
+
+    @property
+    def needed(self) -> bool:
+        return self.counters > 0
+
+    def pointers(self, device: torch.device, stream: int) -> tuple[int, int, int, object]:
+        """``(ws_o, ws_lse, ws_count, owner)`` for one launch on ``stream``: ``owner`` keeps
+        a per-call allocation alive until the launch has been queued."""
+        if not _capturing():
+            bufs = _stream_buffers(device, stream, self.counters, self.partial_rows * (self.d + 1))
+            counters, partials = bufs
+            base = partials.data_ptr()
+            return base, base + 4 * self.partial_rows * self.d, counters.data_ptr(), None
+        # Inside a graph capture: one allocation from the graph's pool, counters first
+        # (rounded to 16 bytes so the float4 partials stay aligned), counters zeroed.
+        head = -(-self.counters // 4) * 4
+        ws = torch.empty(head + self.partial_rows * (self.d + 1), dtype=torch.float32,
+                         device=device)  # fmt: skip
+        ws[:head].zero_()
+        base = ws.data_ptr()
+        o_ptr = base + 4 * head
+        return o_ptr, o_ptr + 4 * self.partial_rows * self.d, base, ws
 
 
-def _pointer(t: torch.Tensor) -> DevicePointer:
-    ptr = DevicePointer(t.data_ptr())
-    ptr.owner = t  # alive until the launch has copied the argument
-    return ptr
+_ws_lock = threading.Lock()
+# (device index, stream) -> (int32 counters, float32 partials): grow-only, shared by every
+# split-KV launch on that stream (launches on one stream run in order; counters stay zero).
+_ws_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def splitkv_sizes(config: SplitKvConfig, shape: Shape) -> tuple[int, int]:
-    """``(partial rows, row tiles)`` of split-KV's workspace for a call's shape (as
-    :func:`measure.splitkv.splitkv_workspace` sizes it; 1 partial row when unsplit)."""
-    splits = config.splits_for(shape.nk)
-    tiles = -(-shape.group * shape.nq // config.rows) * shape.kv_heads * shape.batch
-    partial = tiles * splits * config.rows if splits > 1 else 1  # 1: a valid, unused pointer
-    return partial, max(tiles, 1)
+def _stream_buffers(
+    device: torch.device, stream: int, counters: int, floats: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (device.index or 0, stream)
+    bufs = _ws_cache.get(key)
+    if bufs is not None and bufs[0].numel() >= counters and bufs[1].numel() >= floats:
+        return bufs
+    with _ws_lock:
+        bufs = _ws_cache.get(key)
+        have_c = bufs[0] if bufs is not None else None
+        have_p = bufs[1] if bufs is not None else None
+        # Allocated while ``stream`` is current (it is: the call's), so the caching
+        # allocator reuses a replaced buffer only after this stream's earlier launches.
+        if have_c is None or have_c.numel() < counters:
+            have_c = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
+        if have_p is None or have_p.numel() < floats:
+            have_p = torch.empty(max(floats, 1 << 16), dtype=torch.float32, device=device)
+        bufs = (have_c, have_p)
+        _ws_cache[key] = bufs
+        return bufs
 
 
-def _splitkv_extra(config: SplitKvConfig, shape: Shape) -> Extra:
-    partial, tiles = splitkv_sizes(config, shape)
-    d = config.d
+class _Variant:
+    """One stride pattern of a launcher: its packed argument and a bound launch per stream."""
 
-    def extra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) -> Sequence[Any]:
-        # One float32 block for partial O and LSE; the counters must start at zero (the last
-        # block of a row tile resets its counter, but fresh memory is not zero).
-        ws = torch.empty(partial * (d + 1), dtype=torch.float32, device=q.device)
-        count = torch.zeros(tiles, dtype=torch.int32, device=q.device)
-        return (_pointer(ws[: partial * d]), _pointer(ws[partial * d :]), _pointer(count))
+    __slots__ = ("bound", "params")
 
-    return extra
-
-
-def _no_extra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) -> Sequence[Any]:
-    return ()
+    def __init__(self, params: Fa2Params) -> None:
+        self.params = params
+        self.bound: dict[int, BoundLaunch] = {}
 
 
 class Launcher:
-    """One decision of the op: a loaded kernel, its config and the launch geometry of one
-    call shape. Calling it launches on the current stream of the tensors' device."""
+    """One decision of the op: a loaded kernel, its config and the launch of one call shape.
+
+    Calling it launches on the current stream of the tensors' device. Made once per decision:
+    grid, block, shared memory, and per stride pattern of (q, k, v) the checked
+    :class:`Fa2Params` (strides and sizes filled in) with a bound launch per stream. A call
+    patches the pointers and the scale in place and launches; the driver copies the argument
+    at launch, and a lock keeps two threads from patching one argument at once.
+
+    Attributes:
+        kernel, config, source: what serves the decision and where the choice came from.
+        tag: the decision's :attr:`fa2tune.ops.selection.Call.tag` (tuning results forget it).
+    """
 
     __slots__ = (
-        "_block", "_extra", "_fast", "_grid", "_sliced", "config", "kernel", "source",
+        "_block", "_grid", "_lock", "_prep", "_sliced", "_smem", "_variants", "_ws", "_ws_args",
+        "config", "kernel", "source", "tag",
     )  # fmt: skip
 
-    def __init__(self, kernel: LoadedKernel, config: AnyConfig, source: str, shape: Shape):
+    def __init__(
+        self,
+        kernel: LoadedKernel,
+        config: AnyConfig,
+        source: str,
+        shape: Shape,
+        tag: object = None,
+    ) -> None:
         self.kernel = kernel
         self.config = config
         self.source = source
+        self.tag = tag
         grid, block = launch_geometry(
             config, shape.nq, shape.heads, shape.batch, nk=shape.nk, kv_heads=shape.kv_heads
         )
         self._grid = grid
         self._block = block
+        self._smem = config.smem_bytes
         # A batch past the grid's y/z limit is cut into slices by bind_config (rare: slow path).
         self._sliced = max(grid[1], grid[2]) > GRID_YZ_LIMIT
-        # (strides of q, k, v and whether an LSE is written) that make_params accepted, with
-        # the strides and sizes it computed: a call with the same strides skips its checks.
-        self._fast: tuple[object, tuple[int, ...]] | None = None
-        self._extra: Extra
+        self._lock = threading.Lock()
+        self._variants: dict[tuple[object, ...], _Variant] = {}
+        self._ws: SplitKvWorkspace | None = None
+        self._ws_args: tuple[ctypes.c_void_p, ...] = ()
+        self._prep: HostPrep | None = None
         if isinstance(config, SplitKvConfig):
-            self._extra = _splitkv_extra(config, shape)
+            self._ws = SplitKvWorkspace(config, shape)
+            if self._ws.needed and self._ws.counters != grid[0]:  # pragma: no cover - drift
+                raise AssertionError(f"{config.name}: {self._ws.counters} counters, grid {grid}")
+            # The kernel's three pointer arguments, patched per call (null: one split).
+            self._ws_args = (ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p())
         else:
-            prep = host_prep(config.family)
-            if prep is None:
-                self._extra = _no_extra
-            else:
-                self._extra = lambda q, k, v, layout: prep(config, q, k, v, layout)
+            self._prep = host_prep(config.family)
 
     def __call__(
         self,
@@ -203,19 +280,40 @@ class Launcher:
                 back or re-raises.
             CudaError: the driver refused the launch.
         """
-        index = q.device.index
-        if _raw_stream is not None and index is not None:
-            stream = _raw_stream(index)
-        else:
-            stream = torch.cuda.current_stream(q.device).cuda_stream
+        stream = current_stream(q.device)
         if self._sliced:
             self.kernel.bind_config(self.config, q, k, v, o, lse, scale, layout, stream)()
             return
-        params = self._params(q, k, v, o, lse, scale, layout)
-        extra = self._extra(q, k, v, layout)
-        self.kernel.bind(params, self._grid, self._block, self.config.smem_bytes, stream, extra)()
+        qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+        variant = self._variants.get((q.stride(), k.stride(), v.stride()))
+        if variant is None or (qp | kp | vp | op) % ALIGN_BYTES:
+            variant = self._variant(q, k, v, o, lse, scale, layout)  # raises ValueError
+        keep: object = None
+        ws = self._ws
+        if ws is not None and ws.needed:
+            o_ptr, lse_ptr, count_ptr, keep = ws.pointers(q.device, stream)
+        with self._lock:
+            p = variant.params
+            p.q, p.k, p.v, p.o = qp, kp, vp, op
+            p.lse = lse.data_ptr() if lse is not None else None
+            p.softmax_scale = scale
+            if self._prep is not None:  # fa3: TMA descriptors of this call's pointers
+                extra = self._prep(self.config, q, k, v, layout)
+                self.kernel.bind(p, self._grid, self._block, self._smem, stream, extra)()
+                return
+            if ws is not None and ws.needed:
+                a = self._ws_args
+                a[0].value, a[1].value, a[2].value = o_ptr, lse_ptr, count_ptr
+            bound = variant.bound.get(stream)
+            if bound is None:
+                bound = self.kernel.bind(
+                    p, self._grid, self._block, self._smem, stream, self._ws_args
+                )
+                variant.bound[stream] = bound
+            bound()
+        del keep  # the launch is queued: a capture's workspace may go back to its pool
 
-    def _params(
+    def _variant(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -224,19 +322,15 @@ class Launcher:
         lse: torch.Tensor | None,
         scale: float,
         layout: Layout,
-    ) -> Fa2Params:
-        """:func:`make_params`, its checks run once per stride pattern (the shape, dtype and
-        device are the decision's key; ``o`` and ``lse`` are the op's own, contiguous)."""
-        strides = (q.stride(), k.stride(), v.stride(), lse is not None)
-        fast = self._fast
-        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
-        if (
-            fast is not None
-            and fast[0] == strides
-            and not ((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]) % ALIGN_BYTES)
-        ):
-            lse_ptr = lse.data_ptr() if lse is not None else None
-            return Fa2Params(*ptrs, lse_ptr, *fast[1], float(scale))
+    ) -> _Variant:
+        """:func:`make_params`'s checks for a new stride pattern (or misaligned pointers);
+        the checked argument is kept for the pattern's later calls."""
         params = make_params(q, k, v, o, lse, scale, layout)  # raises ValueError on bad input
-        self._fast = (strides, tuple(getattr(params, name) for name in _SHAPE_FIELDS))
-        return params
+        key = (q.stride(), k.stride(), v.stride())
+        with self._lock:
+            variant = self._variants.get(key)
+            if variant is None:
+                variant = _Variant(params)
+                if len(self._variants) < 16:  # a few patterns per shape; odd ones stay slow
+                    self._variants[key] = variant
+        return variant

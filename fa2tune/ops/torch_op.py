@@ -22,19 +22,21 @@ import math
 import sys
 import threading
 import warnings
+from dataclasses import replace
 
 import torch
 
 from core.shape import Shape
+from fa2tune.ops import autotune
 from fa2tune.ops.choice import (
     DTYPE_NAMES,
     FallbackWarning,
     Unsupported,
     call_reason,
     choose_config,
-    open_store,
 )
 from fa2tune.ops.kernels import Launcher, device_info, load_kernel
+from fa2tune.ops.selection import Call, job_tag, reset_service_state, select
 from fa2tune.settings import get_settings
 from measure.loader import CudaError
 from measure.params import LAYOUTS, Layout
@@ -51,6 +53,21 @@ def _dims(t: torch.Tensor, layout: Layout) -> tuple[int, int, int, int]:
     """(batch, rows, heads, head dim) of a 4-d tensor in ``layout``."""
     b, x, y, d = (int(s) for s in t.shape)
     return (b, x, y, d) if layout == "bnhd" else (b, y, x, d)
+
+
+def lse_shape(q: torch.Tensor, layout: Layout) -> tuple[int, int, int]:
+    """``[B, Hq, Nq]``: the LSE's shape (the op's real and fake implementations)."""
+    b, nq, h, _ = _dims(q, layout)
+    return (b, h, nq)
+
+
+def no_lse(q: torch.Tensor) -> torch.Tensor:
+    """The empty float32 tensor returned in the LSE's place when it was not asked for."""
+    return q.new_empty((0,), dtype=torch.float32)
+
+
+# torch.cuda.current_device() without its Python wrapper (the device is initialised by then).
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> None:
@@ -106,14 +123,15 @@ def _decide(q: torch.Tensor, k: torch.Tensor, causal: bool, layout: Layout) -> L
         return reason
     b, nq, h, d = _dims(q, layout)
     _, nk, hk, _ = _dims(k, layout)
-    shape = Shape(nq, nk, b, h, hk)
-    dtype = DTYPE_NAMES[str(q.dtype).removeprefix("torch.")]
     device = device_info(q.device.index if q.device.index is not None else 0)
+    call = Call(
+        device=device.index, gpu=device.name, sm_count=device.sm_count,
+        compute_capability=device.compute_capability, shape=Shape(nq, nk, b, h, hk),
+        dtype=DTYPE_NAMES[str(q.dtype).removeprefix("torch.")], causal=causal, d=d,
+    )  # fmt: skip
     try:
-        choice = choose_config(
-            open_store(), device.name, device.sm_count, shape, dtype, causal, d,
-            compute_capability=device.compute_capability,
-        )  # fmt: skip
+        selected = select(call)
+        choice = selected.choice
         try:
             kernel = load_kernel(choice.config, device)
         except Unsupported as first:
@@ -122,16 +140,28 @@ def _decide(q: torch.Tensor, k: torch.Tensor, causal: bool, layout: Layout) -> L
             # A tuned config that does not build or load here: the default may still do.
             log.warning("fa2tune.torch: %s; trying the default config", first.reason)
             choice = choose_config(
-                None, device.name, device.sm_count, shape, dtype, causal, d,
-                compute_capability=device.compute_capability,
+                None, call.gpu, call.sm_count, call.shape, call.dtype, causal, d,
+                compute_capability=call.compute_capability,
             )  # fmt: skip
             kernel = load_kernel(choice.config, device)
     except Unsupported as exc:
         return exc.reason
     if get_settings().print_choice:
-        _show_choice(f"{device.name} {dtype} {'causal' if causal else 'full'} D={d} {layout}: "
-                     f"{choice.describe(shape)}")  # fmt: skip
-    return Launcher(kernel, choice.config, choice.source, shape)
+        _show_choice(f"{device.name} {call.dtype} {'causal' if causal else 'full'} D={d} "
+                     f"{layout}: {replace(selected, choice=choice).describe(call)}")  # fmt: skip
+    return Launcher(kernel, choice.config, choice.source, call.shape, call.tag)
+
+
+def _forget_tuned(job: autotune.TuneJob) -> None:
+    """A tuning job ended: its shape's decisions are made again on their next call."""
+    tag = job_tag(job)
+    with _decide_lock:
+        for key, entry in list(_decisions.items()):
+            if isinstance(entry, Launcher) and entry.tag == tag:
+                del _decisions[key]
+
+
+autotune.add_listener(_forget_tuned)
 
 
 def sdpa_fallback(
@@ -168,7 +198,7 @@ def sdpa_fallback(
         o = torch.nn.functional.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=mask, is_causal=causal and mask is None, scale=scale
         )
-        lse = torch.empty(0, dtype=torch.float32, device=q.device)
+        lse = no_lse(q)
     else:
         s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * scale
         if causal:
@@ -178,8 +208,7 @@ def sdpa_fallback(
         lse_full = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse_full.unsqueeze(-1)).nan_to_num(0.0)  # dead rows: -inf - -inf
         o = torch.matmul(p, vh.float()).to(q.dtype)
-        lse = lse_full.contiguous() if return_lse else torch.empty(0, dtype=torch.float32,
-                                                                   device=q.device)  # fmt: skip
+        lse = lse_full.contiguous() if return_lse else no_lse(q)
     out = o if layout == "bhnd" else o.transpose(1, 2)
     return out.contiguous(), lse
 
@@ -223,14 +252,10 @@ def forward(
             raise Unsupported(entry)
         _warn_once(entry)
         return sdpa_fallback(q, k, v, causal, scale, lay, return_lse)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if return_lse:
-        b, nq, h, _ = _dims(q, lay)
-        lse = torch.empty((b, h, nq), dtype=torch.float32, device=q.device)
-    else:
-        lse = None
+    o = q.new_empty(q.shape)  # contiguous, q's dtype and device
+    lse = q.new_empty(lse_shape(q, lay), dtype=torch.float32) if return_lse else None
     try:
-        if q.device.index == torch.cuda.current_device():
+        if q.device.index == _current_device():
             entry(q, k, v, o, lse, scale, lay)
         else:  # the kernel lives in that device's context: make it current for the launch
             with torch.cuda.device(q.device):
@@ -240,7 +265,7 @@ def forward(
             raise Unsupported(str(exc)) from exc
         _warn_once(f"tensor layout the kernels do not take ({exc})")
         return sdpa_fallback(q, k, v, causal, scale, lay, return_lse)
-    return o, (lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device))
+    return o, (lse if lse is not None else no_lse(q))
 
 
 # Without torch installed (mypy on a CPU machine) the decorators are untyped.
@@ -272,12 +297,9 @@ def _attention_fake(
     return_lse: bool,
     fallback: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    o = q.new_empty(q.shape)
-    if return_lse:
-        b, x, y, _ = q.shape
-        nq, h = (x, y) if layout == "bnhd" else (y, x)
-        return o, q.new_empty((b, h, nq), dtype=torch.float32)
-    return o, q.new_empty((0,), dtype=torch.float32)
+    lay: Layout = "bhnd" if layout == "bhnd" else "bnhd"
+    lse = q.new_empty(lse_shape(q, lay), dtype=torch.float32) if return_lse else no_lse(q)
+    return q.new_empty(q.shape), lse
 
 
 def attention(
@@ -308,6 +330,7 @@ def clear_caches() -> None:
     with _decide_lock:
         _decisions.clear()
         _warned.clear()
+    reset_service_state()
 
 
 __all__ = ["CudaError", "Unsupported", "attention", "attention_op", "clear_caches", "forward"]

@@ -1,0 +1,172 @@
+"""Per-call host overhead of ``fa2tune.torch`` over a bare ``cuLaunchKernel`` loop.
+
+For a tiny call (default B=1, H=1, N=128, D=64, fp16: the GPU finishes each kernel in a few
+µs, so host time is what is measured) and each family the op launches without extra host
+preparation (fa2: split-Q; splitkv: Nq=1, Nk=N, with its workspace), it times host time per
+call of:
+
+* ``bare``: a :class:`measure.loader.BoundLaunch` called in a loop (one ``cuLaunchKernel``
+  through cuda-bindings, everything prepared): the floor;
+* ``launcher``: the op's :class:`fa2tune.ops.kernels.Launcher` on preallocated outputs
+  (pointer patching, stride-pattern lookup, split-KV workspace);
+* ``attention``: ``fa2tune.torch.attention`` eagerly (decision lookup, output allocation,
+  launch): what a model pays; ``overhead`` is this minus ``bare`` (target: at most 10 µs);
+* ``op``: ``torch.ops.fa2tune.attention`` (the dispatcher's custom-op path, as traced code
+  calls it outside a CUDA graph);
+* ``graph``: one call captured in a CUDA graph, replayed (``graph.replay()``: no fa2tune
+  Python runs per call);
+* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on the same tensors.
+
+Each figure is the median over ``--reps`` loops of ``--calls`` calls, host time only (the loop
+is timed without synchronising; the GPU queue is drained between loops and ``--calls`` stays
+well under the launch queue's depth so the host never waits for the GPU).
+
+The decision for each family is pinned (the op's decision cache gets that family's launcher),
+so the choice rule does not decide which family is timed. Needs torch, cuda-bindings, a GPU
+of sm_80+ and nvcc (first build). Run from the repository root::
+
+    PYTHONPATH=$PWD python bench/torch_op_overhead.py [--n 128 --d 64 --calls 200 --reps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("torch_op_overhead")
+
+
+def host_us(fn: Callable[[], object], calls: int, reps: int) -> float:
+    """Median host time per call of ``fn`` in µs (loops of ``calls``, drained in between)."""
+    import torch
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _case(family: str, n: int, d: int, dtype: Any) -> tuple[Any, tuple[int, ...]]:
+    """The config and (batch, heads, kv_heads, nq, nk) timed for ``family``."""
+    from codegen.space import fa2_default_config
+    from codegen.splitkv_space import default_config as splitkv_default
+
+    name = "fp16" if str(dtype) == "torch.float16" else "bf16"
+    if family == "fa2":
+        return fa2_default_config(d, name, False), (1, 1, 1, n, n)
+    return splitkv_default(d, name, False), (1, 1, 1, 1, n)
+
+
+def measure(family: str, n: int, d: int, calls: int, reps: int) -> dict[str, float]:
+    import torch
+
+    from core.shape import Shape
+    from fa2tune.ops import torch_op
+    from fa2tune.ops.kernels import Launcher, current_stream, device_info, load_kernel
+    from fa2tune.torch import attention
+
+    dtype = torch.float16
+    config, (b, h, hkv, nq, nk) = _case(family, n, d, dtype)
+    q = torch.randn(b, nq, h, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, nk, hkv, d, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    o = torch.empty_like(q)
+    scale = d**-0.5
+    device = device_info(0)
+    kernel = load_kernel(config, device)
+    shape = Shape(nq, nk, b, h, hkv)
+    launcher = Launcher(kernel, config, "pinned", shape)
+    # Pin the decision: the op's cache key, as torch_op.forward builds it.
+    key = (q.device, q.dtype, q.shape, k.shape, False, "bnhd")
+    torch_op._decisions[key] = launcher
+
+    stream = current_stream(q.device)
+    if family == "splitkv":
+        from measure.splitkv import splitkv_workspace
+
+        extra = splitkv_workspace(config, q, k, v, "bnhd")
+        from measure.params import make_params
+
+        bound: Callable[[], None] = kernel.bind(
+            make_params(q, k, v, o, None, scale, "bnhd"), launcher._grid, launcher._block,
+            config.smem_bytes, stream, extra,
+        )  # fmt: skip
+    else:
+        bound = kernel.bind_config(config, q, k, v, o, None, scale, "bnhd", stream)
+
+    out = attention(q, k, v)  # a check that the pinned launcher runs and is right
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    ).transpose(1, 2)
+    err = float((out.float() - ref.float()).abs().max())
+    if err > 2e-2:
+        raise SystemExit(f"{config.name}: max error {err} against SDPA")
+
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        attention(q, k, v)  # warm on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        attention(q, k, v)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def op() -> object:
+        return torch.ops.fa2tune.attention(q, k, v, False, scale, "bnhd", False, True)
+
+    row = {
+        "bare": host_us(bound, calls, reps),
+        "launcher": host_us(lambda: launcher(q, k, v, o, None, scale, "bnhd"), calls, reps),
+        "attention": host_us(lambda: attention(q, k, v), calls, reps),
+        "op": host_us(op, calls, reps),
+        "graph": host_us(graph.replay, calls, reps),
+        "sdpa": host_us(
+            lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt), calls, reps
+        ),
+    }
+    row["overhead"] = row["attention"] - row["bare"]
+    log.info("%s: %s", config.name, row)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=128, help="sequence length (splitkv: Nk)")
+    parser.add_argument("--d", type=int, default=64, help="head dim")
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
+    parser.add_argument("--reps", type=int, default=30, help="timed loops (median)")
+    parser.add_argument("--family", default="fa2,splitkv", help="families to time, comma-separated")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+
+    import torch
+
+    cols = ("bare", "launcher", "attention", "overhead", "op", "graph", "sdpa")
+    rows = {
+        family: measure(family, args.n, args.d, args.calls, args.reps)
+        for family in args.family.split(",")
+    }
+    print(f"\nhost time per call (µs), B=1 H=1 N={args.n} D={args.d} fp16, "
+          f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")  # fmt: skip
+    print("| family | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    for family, row in rows.items():
+        print(f"| {family} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + " |")
+    worst = max(row["overhead"] for row in rows.values())
+    print(f"\nworst overhead over a bare launch: {worst:.1f} µs (target: at most 10 µs)")
+
+
+if __name__ == "__main__":
+    main()
