@@ -3,9 +3,11 @@
 :func:`select` is what the op asks the first time it sees a call shape:
 
 1. a running fa2tune service, when ``FA2TUNE_SERVICE_URL`` is set (:mod:`fa2tune.ops.remote`;
-   unreachable: one warning, then the local choice; a 404 is "nothing tuned there");
+   unreachable: one warning, then the local choice; a 404 is "nothing tuned there"): its
+   answer for exactly this shape serves;
 2. the shipped results and the local database (:func:`~fa2tune.ops.choice.choose_config`:
-   the exact shape, else the nearest tuned shape, else a family's default);
+   the exact shape, else the nearest tuned shape, else a family's default); a shape tuned
+   exactly here beats the service's nearest shape, which beats the local nearest or default;
 3. then, in ``on_first_call`` mode (:mod:`fa2tune.ops.autotune`), a shape not measured
    exactly starts one background tuning job; the choice above serves meanwhile.
 """
@@ -116,14 +118,20 @@ def select(call: Call) -> Selected:
 
     settings = get_settings()
     check_supported(call.dtype, call.d, call.compute_capability)
-    choice = None
+    remote = None
     if settings.service_url:
-        choice = _from_service(call, settings.service_url, settings.service_timeout_s)
-    if choice is None:
-        choice = choose_config(
+        remote = _from_service(call, settings.service_url, settings.service_timeout_s)
+    choice = remote
+    if remote is None or remote.source != "exact":
+        local = choose_config(
             open_store(), call.gpu, call.sm_count, call.shape, call.dtype, call.causal, call.d,
             compute_capability=call.compute_capability,
         )  # fmt: skip
+        # The service's nearest shape serves unless this shape was tuned here (first-use
+        # tuning writes to the local database).
+        if remote is None or local.source == "exact":
+            choice = local
+    assert choice is not None
     tuning = False
     if choice.source != "exact":
         tuning = autotune.current().consider(
