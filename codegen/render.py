@@ -44,7 +44,8 @@ def render_instantiation(config: KernelConfig) -> str:
         config: the kernel configuration; its name becomes the kernel symbol.
 
     Returns:
-        ``#include "fa2_fwd.cuh"`` and one ``FA2_DEFINE_KERNEL(...)`` line, newline-terminated.
+        ``#include "fa2_fwd.cuh"`` and one ``FA2_DEFINE_KERNEL(...)`` line (a varlen config:
+        ``FA2_DEFINE_VARLEN_KERNEL(...)``), newline-terminated.
     """
     c = config
     args = ", ".join(
@@ -61,7 +62,8 @@ def render_instantiation(config: KernelConfig) -> str:
             _cpp_bool(c.swizzle),
         )
     )
-    return f'#include "{TEMPLATE_HEADER}"\nFA2_DEFINE_KERNEL({args})\n'
+    macro = "FA2_DEFINE_VARLEN_KERNEL" if c.varlen else "FA2_DEFINE_KERNEL"
+    return f'#include "{TEMPLATE_HEADER}"\n{macro}({args})\n'
 
 
 def write_if_changed(path: Path, text: str) -> bool:

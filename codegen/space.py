@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from core.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig
+from core.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig, tile_head_dim
 
 VALID_HEAD_DIMS: tuple[int, ...] = HEAD_DIMS
 VALID_DTYPES: tuple[Dtype, ...] = DTYPES
@@ -58,12 +58,17 @@ Q_IN_REGS_MAX = 32
 #: ... and the fp32 accumulators plus those fragments stay within this many (``kQInRegs``).
 Q_IN_REGS_MAX_TOTAL = 160
 
-#: FlashAttention-2's forward tile choices per head dim: (br, bc, warps).
+#: FlashAttention-2's forward tile choices per tile head dim (:func:`core.config.tile_head_dim`;
+#: a head dim of 40 runs the 64 tile): (br, bc, warps). 160, 192 and 224 as FA2 takes them on
+#: sm_80 (192 with 8 warps: 16 rows each keeps the O accumulator in registers).
 FA2_TILES: dict[int, tuple[int, int, int]] = {
     32: (128, 128, 4),
     64: (128, 128, 4),
     96: (128, 64, 4),
     128: (128, 64, 4),
+    160: (128, 32, 4),
+    192: (128, 64, 8),
+    224: (128, 32, 4),
     256: (64, 64, 4),
 }
 #: FlashAttention-2's pipeline depth and shared-memory layout that go with :data:`FA2_TILES`:
@@ -101,9 +106,9 @@ def estimate_registers(config: KernelConfig) -> int:
     """
     rows = config.rows_per_warp
     m_tiles = max(rows // MMA_M, 1)
-    accumulators = rows * (config.d + config.bc) // 32
+    accumulators = rows * (config.tile_d + config.bc) // 32
     softmax_state = 4 * m_tiles  # row max and row sum, two rows per lane per m-tile
-    q_frag = m_tiles * (config.d // 16) * 4
+    q_frag = m_tiles * (config.tile_d // 16) * 4
     q_in_regs = q_frag <= Q_IN_REGS_MAX and accumulators + q_frag <= Q_IN_REGS_MAX_TOTAL
     q_regs = q_frag if q_in_regs else 0
     return accumulators + softmax_state + q_regs + BASE_REGISTERS
@@ -112,15 +117,15 @@ def estimate_registers(config: KernelConfig) -> int:
 def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
     """FlashAttention-2's config for a head dim: the fallback for untuned GPUs and shapes.
 
-    Its tile is :data:`FA2_TILES`'s for ``d``, with :data:`FA2_STAGES` stages and the
+    Its tile is :data:`FA2_TILES`'s for ``d``'s tile head dim, with :data:`FA2_STAGES` stages and the
     swizzled shared-memory layout (:data:`FA2_SWIZZLE`).
 
     Raises:
         ValueError: when ``d`` is not a supported head dim.
     """
-    if d not in FA2_TILES:
-        raise ValueError(f"unsupported head dim {d}; supported: {', '.join(map(str, HEAD_DIMS))}")
-    br, bc, warps = FA2_TILES[d]
+    if d not in HEAD_DIMS:
+        raise ValueError(f"unsupported head dim {d}; supported: {_dims_text()}")
+    br, bc, warps = FA2_TILES[tile_head_dim(d)]
     return KernelConfig(
         d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=warps,
         stages=FA2_STAGES, pad=0, swizzle=FA2_SWIZZLE,
@@ -147,7 +152,7 @@ def is_valid(config: KernelConfig, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tupl
     """
     c = config
     if c.d not in VALID_HEAD_DIMS:
-        return False, f"head dim {c.d} is not one of {list(VALID_HEAD_DIMS)}"
+        return False, f"head dim {c.d} is not one of {_dims_text()}"
     if c.dtype not in VALID_DTYPES:
         return False, f"dtype {c.dtype!r} is not one of {list(VALID_DTYPES)}"
     if c.warps not in VALID_WARPS:
@@ -173,7 +178,7 @@ def is_valid(config: KernelConfig, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tupl
         return False, f"swizzle and pad {c.pad} are alternatives: a swizzled layout has pad 0"
     if c.pad not in VALID_PADS:
         return False, f"pad {c.pad} is not one of {list(VALID_PADS)}"
-    if c.swizzle and (c.d // 8) % SWIZZLE_CHUNK_GROUP != 0:
+    if c.swizzle and (c.tile_d // 8) % SWIZZLE_CHUNK_GROUP != 0:
         return False, f"swizzle needs D/8 to be a multiple of {SWIZZLE_CHUNK_GROUP}"
     if c.smem_bytes > smem_limit:
         return False, (
@@ -184,7 +189,7 @@ def is_valid(config: KernelConfig, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tupl
     if est > MAX_EST_REGISTERS:
         return False, (
             f"estimated {est} registers per thread (rows per warp {c.rows_per_warp}, "
-            f"D {c.d} + bc {c.bc} fp32 accumulators), over the budget of {MAX_EST_REGISTERS}"
+            f"D {c.tile_d} + bc {c.bc} fp32 accumulators), over the budget of {MAX_EST_REGISTERS}"
         )
     return True, ""
 
@@ -195,6 +200,8 @@ def enumerate_space(
     causal: bool = False,
     smem_limit: int = DEFAULT_SMEM_LIMIT,
     arch: str = "sm_90",
+    *,
+    varlen: bool = False,
 ) -> list[KernelConfig]:
     """Every valid config for one head dim, dtype and mask, in a deterministic order.
 
@@ -205,6 +212,7 @@ def enumerate_space(
         smem_limit: dynamic shared memory per block in bytes; clamped to the architecture's
             opt-in maximum (:data:`ARCH_SMEM_LIMIT`).
         arch: target architecture, one of :data:`SUPPORTED_ARCHS`.
+        varlen: the packed-sequence kernels (``_vl``) instead of the dense ones.
 
     Returns:
         The valid configs sorted by ``KernelConfig`` order (d, dtype, causal, br, bc, warps,
@@ -215,7 +223,7 @@ def enumerate_space(
     """
     _check_arch(arch)
     if d not in VALID_HEAD_DIMS:
-        raise ValueError(f"head dim {d} is not one of {list(VALID_HEAD_DIMS)}")
+        raise ValueError(f"head dim {d} is not one of {_dims_text()}")
     if dtype not in VALID_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {list(VALID_DTYPES)}")
     limit = min(smem_limit, ARCH_SMEM_LIMIT[arch])
@@ -230,6 +238,7 @@ def enumerate_space(
             stages=stages,
             pad=pad,
             swizzle=swizzle,
+            varlen=varlen,
         )
         for warps in VALID_WARPS
         for br in VALID_BR
@@ -240,7 +249,9 @@ def enumerate_space(
     return _sorted_unique(c for c in candidates if is_valid(c, limit)[0])
 
 
-def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[KernelConfig]:
+def seed_configs(
+    d: int, dtype: Dtype = "fp16", causal: bool = False, *, varlen: bool = False
+) -> list[KernelConfig]:
     """Known-good starting points: FlashAttention-2's tile and the seed kernels' tiles.
 
     FA2's config for ``d`` (:func:`fa2_default_config`: 1 stage, swizzled) comes also in the
@@ -252,18 +263,23 @@ def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[Ke
         d: head dimension.
         dtype: ``"fp16"`` or ``"bf16"``.
         causal: causal mask.
+        varlen: the packed-sequence kernels.
 
     Returns:
         Valid seed configs, sorted and without duplicates.
     """
     found: list[KernelConfig] = []
-    if d in FA2_TILES:
+    if d in VALID_HEAD_DIMS:
         fa2 = fa2_default_config(d, dtype, causal)
         found += [fa2, replace(fa2, pad=8, swizzle=False)]
     for br, bc, warps in SEED_TILES:
         for stages in SEED_STAGES:
             found.append(KernelConfig(d, dtype, causal, br, bc, warps, stages, pad=8))
-    return _sorted_unique(c for c in found if is_valid(c)[0])
+    return _sorted_unique(replace(c, varlen=varlen) for c in found if is_valid(c)[0])
+
+
+def _dims_text() -> str:
+    return "multiples of 8 from 8 to 256"
 
 
 def _sorted_unique(configs: Iterable[KernelConfig]) -> list[KernelConfig]:

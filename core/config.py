@@ -18,13 +18,27 @@ from core.config_common import name_key
 
 Dtype = Literal["fp16", "bf16"]
 DTYPES: tuple[Dtype, ...] = ("fp16", "bf16")
-HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 256)
+#: Every head dim the product takes: multiples of 8 up to 256 (40, 80, 160 and 192 are in
+#: widely used models). The fa2 template rounds its tile up to a multiple of 32
+#: (:attr:`KernelConfig.tile_d`) and masks the extra columns, as FlashAttention-2 does.
+HEAD_DIMS: tuple[int, ...] = tuple(range(8, 257, 8))
+#: The head dims headers export default kernels for when none are asked for (FlashAttention-2's
+#: own instantiations; other dims come with their tuned results or when asked for).
+COMMON_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 256)
+#: The granule the fa2 tile's head dim is rounded up to (the swizzle's 4 chunks of 8 halfs).
+TILE_D_GRANULE = 32
+
+
+def tile_head_dim(d: int) -> int:
+    """The head dim of the kernel's tile for tensors of head dim ``d``: ``d`` rounded up to a
+    multiple of :data:`TILE_D_GRANULE` (40 -> 64, 80 -> 96, 128 -> 128)."""
+    return -(-d // TILE_D_GRANULE) * TILE_D_GRANULE
 ELEMENT_BYTES = 2  # fp16 and bf16
 
 _NAME_RE = re.compile(
     r"^fa2_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
     r"_br(?P<br>\d+)_bc(?P<bc>\d+)_w(?P<warps>\d+)_s(?P<stages>\d+)"
-    r"_(?:pad(?P<pad>\d+)|(?P<swz>swz))$"
+    r"_(?:pad(?P<pad>\d+)|(?P<swz>swz))(?P<vl>_vl)?$"
 )
 
 
@@ -42,10 +56,15 @@ class KernelConfig:
         stages: K/V shared-memory buffers each (1 = load next tile while computing this one).
         pad: halfs of padding per shared-memory row (0, 8 or 16); 0 when ``swizzle``.
         swizzle: XOR-swizzled shared-memory layout instead of padding.
+        varlen: takes packed variable-length sequences (cumulative offsets, a second kernel
+            argument) instead of a dense batch; name suffix ``_vl``.
     """
 
     #: The kernel family this config type belongs to (the name's prefix; see core.family).
     family: ClassVar[str] = "fa2"
+    #: Parameters :meth:`params` leaves out at their default (added after results were
+    #: stored; a dense config's stored parameters stay what they were).
+    optional_params: ClassVar[frozenset[str]] = frozenset({"varlen"})
 
     d: int
     dtype: Dtype
@@ -56,15 +75,17 @@ class KernelConfig:
     stages: int
     pad: int = 0
     swizzle: bool = False
+    varlen: bool = False
 
     @property
     def name(self) -> str:
         """Readable identifier, also the kernel's extern "C" symbol."""
         layout = "swz" if self.swizzle else f"pad{self.pad}"
         mask = "causal" if self.causal else "full"
+        tail = "_vl" if self.varlen else ""
         return (
             f"fa2_d{self.d}_{self.dtype}_{mask}_br{self.br}_bc{self.bc}"
-            f"_w{self.warps}_s{self.stages}_{layout}"
+            f"_w{self.warps}_s{self.stages}_{layout}{tail}"
         )
 
     @property
@@ -81,9 +102,14 @@ class KernelConfig:
         return self.br // self.warps
 
     @property
+    def tile_d(self) -> int:
+        """The head dim of the kernel's tiles (:func:`tile_head_dim`)."""
+        return tile_head_dim(self.d)
+
+    @property
     def smem_row_elems(self) -> int:
-        """Elements per shared-memory row (the head dim plus padding)."""
-        return self.d + self.pad
+        """Elements per shared-memory row (the tile's head dim plus padding)."""
+        return self.tile_d + self.pad
 
     @property
     def smem_bytes(self) -> int:
@@ -99,14 +125,19 @@ class KernelConfig:
     def describe(self) -> str:
         """One line for people: tile, stages and shared-memory layout."""
         layout = "swizzle" if self.swizzle else f"pad {self.pad}"
-        return f"{self.tile}, {self.stages} stage(s), {layout}"
+        packed = ", packed sequences" if self.varlen else ""
+        return f"{self.tile}, {self.stages} stage(s), {layout}{packed}"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def params(self) -> dict[str, Any]:
-        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``."""
-        return {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
+        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``
+        (``varlen`` only when set, see :attr:`optional_params`)."""
+        own = {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
+        if not self.varlen:
+            del own["varlen"]
+        return own
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> KernelConfig:
@@ -120,6 +151,7 @@ class KernelConfig:
             stages=int(data["stages"]),  # type: ignore[call-overload]
             pad=int(data.get("pad", 0)),  # type: ignore[call-overload]
             swizzle=bool(data.get("swizzle", False)),
+            varlen=bool(data.get("varlen", False)),
         )
 
     @classmethod
@@ -145,4 +177,5 @@ class KernelConfig:
             stages=int(m["stages"]),
             pad=int(m["pad"] or 0),
             swizzle=m["swz"] is not None,
+            varlen=m["vl"] is not None,
         )

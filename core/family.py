@@ -122,7 +122,10 @@ def config_from_params(
     unknown = sorted(set(params) - own)
     if unknown:
         raise ValueError(f"{family} configs have no parameter(s) {', '.join(unknown)}")
-    missing = sorted(own - set(params))  # stored parameters are complete: no default stands in
+    # Stored parameters are complete (no default stands in) except those a config type adds
+    # later and leaves out at their default, so that rows stored before them stay the same.
+    optional = getattr(cls, "optional_params", frozenset())
+    missing = sorted(own - set(params) - optional)
     if missing:
         raise ValueError(f"{family} config parameters missing: {', '.join(missing)}")
     return cls.from_dict({"d": d, "dtype": dtype, "causal": causal, **params})

@@ -10,6 +10,15 @@
 // set to -inf before the softmax; tiles wholly above the diagonal are never loaded. Causal is
 // bottom-right aligned as in FlashAttention-2: query i sees key j iff j <= i + nk - nq. A row
 // that sees no key gets O = 0 and LSE = -inf, never NaN.
+//
+// Head dims: any multiple of 8 up to 256. The tile's D is the head dim rounded up to a multiple
+// of 32 (FlashAttention-2 rounds the same way); the extra columns are zero-filled on load, so
+// they add nothing to Q K^T, and P V's extra output columns are never stored.
+//
+// Variable lengths (Varlen): Q, K, V and O are packed, one row per token of every sequence
+// ([total, heads, D]); FaVarlen's cumulative offsets say where each sequence starts. Fa2Params
+// then holds the longest lengths (nq, nk: they size the grid), batch is the number of
+// sequences and the batch strides are unused; LSE is [q_heads, total_q].
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,21 +27,7 @@
 
 #include <cstdint>
 
-// Kernel argument, passed by value. Strides are in elements; the head dim is contiguous.
-struct Fa2Params {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* o;
-  float* lse;  // [batch, q_heads, nq], natural log; may be null
-  int64_t q_batch_stride, q_head_stride, q_row_stride;
-  int64_t k_batch_stride, k_head_stride, k_row_stride;
-  int64_t v_batch_stride, v_head_stride, v_row_stride;
-  int64_t o_batch_stride, o_head_stride, o_row_stride;
-  int32_t batch, q_heads, kv_heads, nq, nk;
-  float softmax_scale;
-};
-static_assert(sizeof(Fa2Params) == 160, "Fa2Params layout is part of the ABI");
+#include "fa_params.cuh"
 
 namespace fa2 {
 
@@ -109,11 +104,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // ---------------------------------------------------------------------------------------------
 // Every constant of one instantiation, derived from its parameters and checked here.
-template <int D_, typename Elem_, bool Causal_, int Br_, int Bc_, int Warps_, int Stages_,
-          int Pad_, bool Swizzle_>
+template <int DHead_, typename Elem_, bool Causal_, int Br_, int Bc_, int Warps_, int Stages_,
+          int Pad_, bool Swizzle_, bool Varlen_ = false>
 struct Traits {
   using Elem = Elem_;
-  static constexpr int D = D_;
+  static constexpr int DHead = DHead_;            // the head dim of the tensors
+  static constexpr int D = (DHead_ + 31) / 32 * 32;  // the tile's: rounded up to 32
+  static constexpr bool Varlen = Varlen_;
   static constexpr bool Causal = Causal_;
   static constexpr int Br = Br_;
   static constexpr int Bc = Bc_;
@@ -128,6 +125,7 @@ struct Traits {
   static constexpr int kSTiles = Bc / 8;          // 8-column tiles of S per m-tile
   static constexpr int kOTiles = D / 8;           // 8-column tiles of O per m-tile
   static constexpr int kChunks = D / 8;           // 16-byte chunks per smem row
+  static constexpr int kHeadChunks = DHead / 8;   // ... of them holding the tensors' data
   static constexpr int kRowElems = D + Pad;
   static constexpr int kQElems = Br * kRowElems;
   static constexpr int kKVElems = Bc * kRowElems;
@@ -137,7 +135,8 @@ struct Traits {
   static constexpr int kQRegs = kMTiles * (D / 16) * 4;
   static constexpr bool kQInRegs = kQRegs <= 32 && kAccRegs + kQRegs <= 160;
 
-  static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim must be 32..256, multiple of 32");
+  static_assert(DHead % 8 == 0 && DHead >= 8 && DHead <= 256,
+                "head dim must be 8..256, multiple of 8");
   static_assert(Br % (16 * Warps) == 0, "each warp needs whole 16-row mma tiles");
   static_assert(Bc % 16 == 0 && Bc >= 16, "Bc must be a multiple of 16");
   static_assert(Stages >= 1 && Stages <= 4, "1..4 K/V stages");
@@ -183,7 +182,8 @@ struct Traits {
 };
 
 // Copies `rows` (a compile-time tile height) rows of D elements to smem; rows at and past
-// `valid_rows` are zero-filled so that no garbage (NaN bit patterns) reaches the mma.
+// `valid_rows`, and the chunks past the head dim, are zero-filled so that no garbage (NaN bit
+// patterns) reaches the mma.
 template <class T, int Rows>
 __device__ __forceinline__ void load_tile(typename T::Elem* smem, const typename T::Elem* gmem,
                                           int64_t row_stride, int valid_rows, int tid) {
@@ -201,7 +201,7 @@ __device__ __forceinline__ void load_tile(typename T::Elem* smem, const typename
     for (int it = 0; it < kIters; ++it) {
       const int r = r0 + it * kRowsPerIter;
       if (Rows % kRowsPerIter == 0 || r < Rows) {
-        const bool valid = r < valid_rows;
+        const bool valid = r < valid_rows && (T::kHeadChunks == T::kChunks || c < T::kHeadChunks);
         cp_async_16(smem_u32(smem + T::offset(r, c)), valid ? src + it * step : gmem,
                     valid ? 16 : 0);
       }
@@ -215,7 +215,7 @@ __device__ __forceinline__ void load_tile(typename T::Elem* smem, const typename
       if (kTotal % T::kThreads == 0 || idx < kTotal) {
         const int r = idx / T::kChunks;
         const int c = idx % T::kChunks;
-        const bool valid = r < valid_rows;
+        const bool valid = r < valid_rows && (T::kHeadChunks == T::kChunks || c < T::kHeadChunks);
         cp_async_16(smem_u32(smem + T::offset(r, c)), valid ? gmem + r * row_stride + c * 8 : gmem,
                     valid ? 16 : 0);
       }
@@ -225,7 +225,7 @@ __device__ __forceinline__ void load_tile(typename T::Elem* smem, const typename
 
 // ---------------------------------------------------------------------------------------------
 template <class T>
-__device__ __forceinline__ void fwd_body(const Fa2Params& p) {
+__device__ __forceinline__ void fwd_body(const Fa2Params& p, const FaVarlen& vl) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
   constexpr int Br = T::Br, Bc = T::Bc, D = T::D, S = T::Stages;
@@ -250,28 +250,48 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
   const int batch = blockIdx.z;
   const int kv_head = head / (p.q_heads / p.kv_heads);
   const int m0 = m_block * Br;
-  const int q_rows = min(Br, p.nq - m0);
-  const int diag = p.nk - p.nq;  // query i sees keys j <= i + diag (causal)
 
-  int key_end = p.nk;
-  if constexpr (T::Causal) key_end = min(p.nk, m0 + Br + diag);
+  // This sequence's lengths and where its rows start: the batch strides when dense, the
+  // cumulative offsets when packed (the grid covers the longest sequence; shorter ones leave
+  // blocks with nothing to do).
+  int nq = p.nq, nk = p.nk, sq = 0, sk = 0;
+  if constexpr (T::Varlen) {
+    sq = vl.cu_seqlens_q[batch];
+    sk = vl.cu_seqlens_k[batch];
+    nq = vl.cu_seqlens_q[batch + 1] - sq;
+    nk = vl.cu_seqlens_k[batch + 1] - sk;
+    if (m0 >= nq) return;
+  }
+  const int q_rows = min(Br, nq - m0);
+  const int diag = nk - nq;  // query i sees keys j <= i + diag (causal)
+
+  int key_end = nk;
+  if constexpr (T::Causal) key_end = min(nk, m0 + Br + diag);
   const int n_tiles = key_end > 0 ? (key_end + Bc - 1) / Bc : 0;
 
-  const Elem* gQ = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride +
-                   head * p.q_head_stride + static_cast<int64_t>(m0) * p.q_row_stride;
-  const Elem* gK =
-      static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
-  const Elem* gV =
-      static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-  Elem* gO = static_cast<Elem*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+  // Row offsets: with packed sequences a sequence's rows start at its cumulative offset.
+  const int64_t q_seq = T::Varlen ? sq * p.q_row_stride : batch * p.q_batch_stride;
+  const int64_t k_seq = T::Varlen ? sk * p.k_row_stride : batch * p.k_batch_stride;
+  const int64_t v_seq = T::Varlen ? sk * p.v_row_stride : batch * p.v_batch_stride;
+  const int64_t o_seq = T::Varlen ? sq * p.o_row_stride : batch * p.o_batch_stride;
+  const Elem* gQ = static_cast<const Elem*>(p.q) + q_seq + head * p.q_head_stride +
+                   static_cast<int64_t>(m0) * p.q_row_stride;
+  const Elem* gK = static_cast<const Elem*>(p.k) + k_seq + kv_head * p.k_head_stride;
+  const Elem* gV = static_cast<const Elem*>(p.v) + v_seq + kv_head * p.v_head_stride;
+  Elem* gO = static_cast<Elem*>(p.o) + o_seq + head * p.o_head_stride +
              static_cast<int64_t>(m0) * p.o_row_stride;
-  float* gLse = p.lse == nullptr ? nullptr
-                                 : p.lse + (static_cast<int64_t>(batch) * p.q_heads + head) *
-                                               p.nq + m0;
+  float* gLse = nullptr;
+  if (p.lse != nullptr) {
+    if constexpr (T::Varlen) {
+      gLse = p.lse + static_cast<int64_t>(head) * vl.total_q + sq + m0;
+    } else {
+      gLse = p.lse + (static_cast<int64_t>(batch) * p.q_heads + head) * p.nq + m0;
+    }
+  }
 
   if (n_tiles == 0) {  // every row of this block sees no key
-    for (int idx = tid; idx < q_rows * T::kChunks; idx += T::kThreads) {
-      const int r = idx / T::kChunks, c = idx % T::kChunks;
+    for (int idx = tid; idx < q_rows * T::kHeadChunks; idx += T::kThreads) {
+      const int r = idx / T::kHeadChunks, c = idx % T::kHeadChunks;
       *reinterpret_cast<uint4*>(gO + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
     }
     if (gLse != nullptr)
@@ -283,14 +303,14 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
     if (tile < n_tiles)
       load_tile<T, Bc>(sK + (tile % S) * T::kKVElems,
                        gK + static_cast<int64_t>(tile) * Bc * p.k_row_stride, p.k_row_stride,
-                       p.nk - tile * Bc, tid);
+                       nk - tile * Bc, tid);
     cp_async_commit();  // empty groups keep the wait counts below constant
   };
   auto load_v = [&](int tile) {
     if (tile < n_tiles)
       load_tile<T, Bc>(sV + (tile % S) * T::kKVElems,
                        gV + static_cast<int64_t>(tile) * Bc * p.v_row_stride, p.v_row_stride,
-                       p.nk - tile * Bc, tid);
+                       nk - tile * Bc, tid);
     cp_async_commit();
   };
 
@@ -386,7 +406,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
     // Mask the tail of the key range and, when causal, keys past the diagonal. Only tiles
     // that reach past the last key or the first row's diagonal pay for this.
     const int n0 = j * Bc;
-    const bool tail = n0 + Bc > p.nk;
+    const bool tail = n0 + Bc > nk;
     const bool diagonal = T::Causal && (n0 + Bc - 1 > m0 + diag);
     if (tail || diagonal) {
 #pragma unroll
@@ -394,7 +414,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = m0 + warp_row0 + mt * 16 + g + 8 * h;
-          const int limit = T::Causal ? min(p.nk, row + diag + 1) : p.nk;  // keys < limit
+          const int limit = T::Causal ? min(nk, row + diag + 1) : nk;  // keys < limit
 #pragma unroll
           for (int nt = 0; nt < kST; ++nt)
 #pragma unroll
@@ -491,19 +511,27 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p) {
         gLse[r] = l > 0.f ? row_max[mt][h] * p.softmax_scale + logf(l) : kNegInf;
     }
   __syncthreads();
-  for (int idx = tid; idx < q_rows * T::kChunks; idx += T::kThreads) {
-    const int r = idx / T::kChunks, c = idx % T::kChunks;
+  for (int idx = tid; idx < q_rows * T::kHeadChunks; idx += T::kThreads) {
+    const int r = idx / T::kHeadChunks, c = idx % T::kHeadChunks;
     *reinterpret_cast<uint4*>(gO + r * p.o_row_stride + c * 8) =
         *reinterpret_cast<const uint4*>(sQ + T::offset(r, c));
   }
 }
 
+// Dense kernels take Fa2Params only; varlen kernels take FaVarlen after it.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads) fwd_kernel(const Fa2Params p) {
-  fwd_body<T>(p);
+  static_assert(!T::Varlen, "varlen kernels take FaVarlen: fwd_varlen_kernel");
+  fwd_body<T>(p, FaVarlen{});
+}
+template <class T>
+__global__ void __launch_bounds__(T::kThreads) fwd_varlen_kernel(const Fa2Params p,
+                                                                  const FaVarlen vl) {
+  static_assert(T::Varlen, "dense kernels take Fa2Params only: fwd_kernel");
+  fwd_body<T>(p, vl);
 }
 
-// Host-side launcher for programs that compile the template themselves (the exported header).
+// Host-side launchers for programs that compile the template themselves (the exported header).
 template <class T>
 inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(fwd_kernel<T>,
@@ -514,6 +542,17 @@ inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
   fwd_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
+// p.nq is the longest query sequence, p.batch the number of sequences.
+template <class T>
+inline cudaError_t launch_varlen(const Fa2Params& p, const FaVarlen& vl, cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(fwd_varlen_kernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.nq + T::Br - 1) / T::Br, p.q_heads, p.batch);
+  fwd_varlen_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, vl);
+  return cudaGetLastError();
+}
 
 }  // namespace fa2
 
@@ -522,5 +561,12 @@ inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
   using NAME##_traits = fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE>;    \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
       NAME(const Fa2Params p) {                                                               \
-    fa2::fwd_body<NAME##_traits>(p);                                                          \
+    fa2::fwd_body<NAME##_traits>(p, FaVarlen{});                                              \
+  }
+#define FA2_DEFINE_VARLEN_KERNEL(NAME, D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE)  \
+  using NAME##_traits =                                                                       \
+      fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE, true>;                \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
+      NAME(const Fa2Params p, const FaVarlen vl) {                                            \
+    fa2::fwd_body<NAME##_traits>(p, vl);                                                      \
   }
