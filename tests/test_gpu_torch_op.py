@@ -5,9 +5,11 @@ one exact-shape result per family for this GPU, so each call below is served by 
 family: fa2 (prefill, N=1000, D=64, causal), split-KV (decode: Nq=1, Nk=8192, B=2, H=32,
 Hkv=8, D=128) and, on compute capability 9.0, fa3 (N=1000, D=128). The shipped results are
 loaded into it as ``fa2tune best`` does. Checked: outputs and LSE in both layouts,
-``torch.compile(fullgraph=True)``, CUDA-graph capture and replay with new inputs, the fake
-implementation under FakeTensorMode, the SDPA fallback warning (once) for D=264 and
-``fallback=False`` raising, and FA2TUNE_PRINT_CHOICE's log line.
+``torch.compile(fullgraph=True)`` (also with ``mode="reduce-overhead"``: CUDA-graph trees),
+CUDA-graph capture and replay with new inputs, the fake implementation under FakeTensorMode,
+the SDPA fallback warning (once) for D=264 and ``fallback=False`` raising,
+FA2TUNE_PRINT_CHOICE's log line, and (marker ``slow`` too: a 25 s campaign plus builds)
+first-use tuning writing a verified result to a temporary database.
 
 Skipped, with the reason, without torch, cuda-bindings, a CUDA GPU of sm_80+ or nvcc.
 """
@@ -362,3 +364,80 @@ def test_same_shape_other_strides(seeded_db: dict[str, Any]) -> None:
         out = attention(*odd_views, causal=True)
     _close(out, ref, torch.float16)
     _close(attention(q, k, v, causal=True), ref, torch.float16)
+
+
+@pytest.mark.parametrize("family", ["fa2", "splitkv"])
+def test_torch_compile_with_cuda_graphs(seeded_db: dict[str, Any], family: str) -> None:
+    """``mode="reduce-overhead"``: CUDA-graph trees warm up eagerly, capture, then replay
+    (no fa2tune Python per call); every replay with new inputs matches the reference."""
+    import torch
+
+    from fa2tune.torch import attention
+
+    shape, _ = seeded_db[family]
+    causal = bool(shape[-1])
+
+    def block(q: Any, k: Any, v: Any) -> Any:
+        return attention(q, k, v, causal=causal) * 2.0
+
+    compiled = torch.compile(block, fullgraph=True, mode="reduce-overhead")
+    for seed in (10, 11, 12, 13):
+        q, k, v = _inputs(shape, torch.float16, "bnhd", seed=seed)
+        out = compiled(q, k, v).clone()  # a replay's output is overwritten by the next
+        torch.cuda.synchronize()
+        _close(out / 2.0, _reference(q, k, v, causal, "bnhd")[0], torch.float16)
+
+
+@pytest.mark.slow
+def test_first_use_tuning_writes_a_verified_result(tmp_path: Any) -> None:
+    """``autotune("on_first_call")`` on an untuned shape: the call is served at once, one
+    campaign (``fa2tune tune``, 25 s budget) writes a verified result to a temporary database,
+    and the next call of the shape runs the tuned config."""
+    import torch
+
+    from core.shape import Shape
+    from fa2tune.ops import autotune, choice, torch_op
+    from fa2tune.torch import attention
+
+    url = f"sqlite:///{tmp_path / 'first_use.db'}"
+    saved = dict(settings_module._overrides)
+    override_settings(db_url=url)
+    choice.reset_store()
+    torch_op.clear_caches()
+    autotune.reset()
+    # B=1, H=4, N=384, D=64: nothing shipped at exactly this shape; FA2's default or the
+    # nearest tuned config serves while tuning.
+    shape = (1, 4, 4, 384, 384, 64, False)
+    b, h, hkv, nq, nk, d, causal = shape
+    try:
+        tuner = autotune.autotune("on_first_call", budget_s=25)
+        q, k, v = _inputs(shape, torch.float16, "bnhd", seed=20)
+        ref = _reference(q, k, v, causal, "bnhd")[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # served by a kernel, not SDPA
+            first = attention(q, k, v)
+        _close(first, ref, torch.float16)
+        assert len(tuner.jobs) == 1
+        job = tuner.jobs[0]
+        assert (job.problem.d, job.problem.n, job.problem.n_keys) == (64, 384, 384)
+        assert tuner.wait(25 + autotune.GRACE_S + 60), "the tuning job did not end"
+        assert not tuner.failed, tuner.failed
+        props = torch.cuda.get_device_properties(0)
+        with Store.from_url(url) as store:
+            found = store.best_for_shape(props.name, d, "fp16", causal,
+                                         Shape(nq, nk, b, h, hkv), exact=True)  # fmt: skip
+        assert found is not None and found.exact  # only verified (OK) results qualify
+        second = attention(q, k, v)
+        key = (q.device, q.dtype, q.shape, k.shape, causal, "bnhd")
+        launcher = torch_op._decisions[key]
+        assert not isinstance(launcher, str), launcher
+        assert launcher.source == "exact" and launcher.config == found.config
+        _close(second, ref, torch.float16)
+        attention(q, k, v)
+        assert len(tuner.jobs) == 1  # once per shape and process
+    finally:
+        autotune.reset()
+        choice.reset_store()
+        torch_op.clear_caches()
+        settings_module._overrides.clear()
+        settings_module._overrides.update(saved)

@@ -13,12 +13,13 @@ and a call patches the five pointers and the scale and calls ``cuLaunchKernel``.
 Split-KV's workspace (:class:`SplitKvWorkspace`): one float32 partial O and LSE per (row tile,
 split) and an int counter per row tile that must be zero before a launch; the kernel's last
 block of a tile resets its counter, so counters that were zero stay zero. Outside CUDA-graph
-capture a grow-only buffer per (device, stream) serves every call (counters zeroed once when
-allocated, only ever holding counters, as splitkv_launch.cuh's ``launch()`` does): no
-allocation per call. During capture a call allocates one tensor from torch's caching allocator
-(the graph's private pool) and zeroes its counter region, so a captured graph owns its
-workspace. With one split the kernel touches no workspace (null pointers, as the header's
-launcher passes). The worker's NaN poisoning of partials is left out.
+capture the partials are one ``torch.empty`` per call (torch's caching allocator: stream
+ordered, no fill) and the counters a grow-only buffer per (device, stream), zeroed once when
+allocated and only ever holding counters, as splitkv_launch.cuh's ``launch()`` keeps them.
+During capture a call allocates one tensor from the graph's private pool and zeroes its
+counter region, so a captured graph owns its workspace. With one split the kernel touches no
+workspace (null pointers, as the header's launcher passes). The worker's NaN poisoning of
+partials is left out.
 
 Imports torch: only :mod:`fa2tune.ops.torch_op` imports this module.
 """
@@ -155,14 +156,18 @@ class SplitKvWorkspace:
 
     def pointers(self, device: torch.device, stream: int) -> tuple[int, int, int, object]:
         """``(ws_o, ws_lse, ws_count, owner)`` for one launch on ``stream``: ``owner`` keeps
-        a per-call allocation alive until the launch has been queued."""
+        the call's allocation alive until the launch has been queued."""
         if not _capturing():
-            bufs = _stream_buffers(device, stream, self.counters, self.partial_rows * (self.d + 1))
-            counters, partials = bufs
-            base = partials.data_ptr()
-            return base, base + 4 * self.partial_rows * self.d, counters.data_ptr(), None
+            # Partials: scratch from torch's caching allocator (stream-ordered, reused at
+            # once); counters: the stream's own buffer, zero between launches.
+            count = _stream_counters(device.index or 0, stream, self.counters)
+            ws = torch.empty(self.partial_rows * (self.d + 1), dtype=torch.float32,
+                             device=device)  # fmt: skip
+            base = ws.data_ptr()
+            return base, base + 4 * self.partial_rows * self.d, count, ws
         # Inside a graph capture: one allocation from the graph's pool, counters first
-        # (rounded to 16 bytes so the float4 partials stay aligned), counters zeroed.
+        # (rounded to 16 bytes so the float4 partials stay aligned), counters zeroed; the
+        # graph owns its workspace and replays on any stream.
         head = -(-self.counters // 4) * 4
         ws = torch.empty(head + self.partial_rows * (self.d + 1), dtype=torch.float32,
                          device=device)  # fmt: skip
@@ -173,31 +178,33 @@ class SplitKvWorkspace:
 
 
 _ws_lock = threading.Lock()
-# (device index, stream) -> (int32 counters, float32 partials): grow-only, shared by every
-# split-KV launch on that stream (launches on one stream run in order; counters stay zero).
-_ws_cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+# (device index, stream) -> (device pointer, int32 counters) of that stream's split-KV
+# counters: grow-only, shared by every split-KV launch on the stream (launches on one stream
+# run in order and each leaves its counters at zero). Allocated with the driver, outside
+# torch's allocator: a buffer kept across calls must not come from a private memory pool
+# (torch.compile's CUDA-graph trees run warm-up calls in one and may recycle its blocks).
+_counters: dict[tuple[int, int], tuple[int, int]] = {}
 
 
-def _stream_buffers(
-    device: torch.device, stream: int, counters: int, floats: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (device.index or 0, stream)
-    bufs = _ws_cache.get(key)
-    if bufs is not None and bufs[0].numel() >= counters and bufs[1].numel() >= floats:
-        return bufs
+def _stream_counters(device: int, stream: int, count: int) -> int:
+    """The device pointer of ``stream``'s counters, at least ``count`` of them, all zero."""
+    entry = _counters.get((device, stream))
+    if entry is not None and entry[1] >= count:
+        return entry[0]
+    from measure.loader import call
+
     with _ws_lock:
-        bufs = _ws_cache.get(key)
-        have_c = bufs[0] if bufs is not None else None
-        have_p = bufs[1] if bufs is not None else None
-        # Allocated while ``stream`` is current (it is: the call's), so the caching
-        # allocator reuses a replaced buffer only after this stream's earlier launches.
-        if have_c is None or have_c.numel() < counters:
-            have_c = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
-        if have_p is None or have_p.numel() < floats:
-            have_p = torch.empty(max(floats, 1 << 16), dtype=torch.float32, device=device)
-        bufs = (have_c, have_p)
-        _ws_cache[key] = bufs
-        return bufs
+        entry = _counters.get((device, stream))
+        if entry is not None and entry[1] >= count:
+            return entry[0]
+        size = max(count, 4096, 2 * entry[1] if entry is not None else 0)
+        ptr = int(call("cuMemAlloc", 4 * size))
+        call("cuMemsetD32Async", ptr, 0, size, stream)  # ordered before the stream's launches
+        if entry is not None:  # the old buffer may still be read by queued launches
+            call("cuStreamSynchronize", stream)
+            call("cuMemFree", entry[0])
+        _counters[(device, stream)] = (ptr, size)
+        return ptr
 
 
 class _Variant:
