@@ -223,16 +223,33 @@ def forward(
     return_lse: bool,
     fallback: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's real implementation (also the eager fast path of ``fa2tune.torch.attention``).
+    """The op's real implementation: ``(o, lse)``, ``lse`` empty when not asked for.
 
     Raises:
         Unsupported: the call cannot be served and ``fallback`` is False.
         CudaError: the driver refused the launch.
     """
+    o, lse = run(q, k, v, causal, scale, layout, return_lse, fallback)
+    return o, (lse if lse is not None else no_lse(q))
+
+
+def run(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    layout: str,
+    return_lse: bool,
+    fallback: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward` without the empty LSE tensor when none is asked for (the eager path of
+    ``fa2tune.torch.attention``: an allocation fewer per call)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     lay: Layout = "bhnd" if layout == "bhnd" else "bnhd"
-    key = (q.device, q.dtype, q.shape, k.shape, causal, lay)
+    device = q.device
+    key = (device, q.dtype, q.shape, k.shape, causal, lay)
     entry = _decisions.get(key)
     if entry is None:
         check_shapes(q, k, v, layout)
@@ -255,17 +272,17 @@ def forward(
     o = q.new_empty(q.shape)  # contiguous, q's dtype and device
     lse = q.new_empty(lse_shape(q, lay), dtype=torch.float32) if return_lse else None
     try:
-        if q.device.index == _current_device():
+        if device.index == _current_device():
             entry(q, k, v, o, lse, scale, lay)
         else:  # the kernel lives in that device's context: make it current for the launch
-            with torch.cuda.device(q.device):
+            with torch.cuda.device(device):
                 entry(q, k, v, o, lse, scale, lay)
     except ValueError as exc:  # strides or alignment this call's tensors have
         if not fallback:
             raise Unsupported(str(exc)) from exc
         _warn_once(f"tensor layout the kernels do not take ({exc})")
         return sdpa_fallback(q, k, v, causal, scale, lay, return_lse)
-    return o, (lse if lse is not None else no_lse(q))
+    return o, lse
 
 
 # Without torch installed (mypy on a CPU machine) the decorators are untyped.
@@ -321,7 +338,10 @@ def attention(
         o, lse = torch.ops.fa2tune.attention(q, k, v, causal, scale, layout, return_lse, fallback)
     else:
         # Eager: the dispatcher's custom-op machinery costs more than the launch itself.
-        o, lse = forward(q, k, v, causal, float(scale), layout, return_lse, fallback)
+        o, lse_or_none = run(q, k, v, causal, float(scale), layout, return_lse, fallback)
+        if not return_lse:
+            return o
+        lse = lse_or_none if lse_or_none is not None else no_lse(q)
     return (o, lse) if return_lse else o
 
 
