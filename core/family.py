@@ -124,7 +124,7 @@ def config_from_params(
         raise ValueError(f"{family} configs have no parameter(s) {', '.join(unknown)}")
     # Stored parameters are complete (no default stands in) except those a config type adds
     # later and leaves out at their default, so that rows stored before them stay the same.
-    optional = getattr(cls, "optional_params", frozenset())
+    optional: frozenset[str] = getattr(cls, "optional_params", frozenset())
     missing = sorted(own - set(params) - optional)
     if missing:
         raise ValueError(f"{family} config parameters missing: {', '.join(missing)}")

@@ -27,7 +27,16 @@
 
 #include <cstdint>
 
-#include "fa_params.cuh"
+#include "fa_params.cuh"  // Fa2Params
+
+// The varlen kernels' second argument, passed by value after Fa2Params.
+struct FaVarlen {
+  const int32_t* cu_seqlens_q;  // [batch + 1]: sequence b's query rows are [cu[b], cu[b+1])
+  const int32_t* cu_seqlens_k;  // [batch + 1]: ... and its key rows
+  int32_t total_q;              // cu_seqlens_q[batch]: the row length of LSE [q_heads, total_q]
+  int32_t reserved;             // 0
+};
+static_assert(sizeof(FaVarlen) == 24 && alignof(FaVarlen) == 8, "FaVarlen is part of the ABI");
 
 namespace fa2 {
 

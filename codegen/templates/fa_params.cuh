@@ -4,12 +4,15 @@
 // dimension is contiguous. Layout and semantics: docs/architecture.md (fa2) and
 // docs/fa3_kernel.md (fa3, which adds three CUtensorMap arguments after it).
 //
-// FaVarlen is the second argument of the varlen kernels (packed sequences, see fa2_fwd.cuh).
+// This is the same struct as the one in fa2_fwd.cuh (byte for byte; the static_asserts below
+// pin it). Until the two are folded, a translation unit includes one family's header only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#ifndef FA2TUNE_FA2PARAMS_DEFINED
+#define FA2TUNE_FA2PARAMS_DEFINED
 struct Fa2Params {
   const void* q;
   const void* k;
@@ -23,15 +26,8 @@ struct Fa2Params {
   int32_t batch, q_heads, kv_heads, nq, nk;
   float softmax_scale;
 };
+#endif
 
-struct FaVarlen {
-  const int32_t* cu_seqlens_q;  // [batch + 1]: sequence b's query rows are [cu[b], cu[b+1])
-  const int32_t* cu_seqlens_k;  // [batch + 1]: ... and its key rows
-  int32_t total_q;              // cu_seqlens_q[batch]: the row length of LSE [q_heads, total_q]
-  int32_t reserved;             // 0
-};
-
-static_assert(sizeof(FaVarlen) == 24 && alignof(FaVarlen) == 8, "FaVarlen is part of the ABI");
 static_assert(sizeof(Fa2Params) == 160, "Fa2Params layout is part of the ABI");
 static_assert(alignof(Fa2Params) == 8, "Fa2Params alignment is part of the ABI");
 static_assert(offsetof(Fa2Params, q) == 0 && offsetof(Fa2Params, k) == 8 &&

@@ -1,0 +1,150 @@
+"""Packed variable-length batches and head dims that are not multiples of 32, on a real GPU.
+
+Varlen (``_vl`` configs): sequences of odd lengths (1, 3, 17, 255, 1000, ...), query and key
+lengths that differ per sequence (causal is bottom-right per sequence, so a sequence with
+fewer keys than queries has rows that see no key), GQA and MQA, fp16 and bf16, LSE
+``[heads, total_q]``; every sequence is checked against its own float32 reference with the
+dense rule (measure.verify). More sequences than grid z allows run in offset slices.
+
+Head dims 8..256 that are multiples of 8 (40, 80, 160, 192, ...): the tile is rounded up to a
+multiple of 32 and the extra columns must neither change the result nor be written (outputs
+are poisoned, and O is allocated exactly d wide).
+
+Run on a GPU machine: ``pytest -m gpu tests/test_gpu_varlen.py``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from gpu_support import gpu_marks, shape_problems
+
+from codegen.space import enumerate_space, seed_configs
+from core.config import Dtype, KernelConfig
+
+pytestmark = gpu_marks()
+
+# (query lengths, key lengths or None for the same)
+VARLEN_CASES: list[tuple[list[int], list[int] | None]] = [
+    ([1, 17, 255, 1000, 3, 64, 129], None),
+    ([300, 5, 77], [1000, 5, 40]),  # more keys; fewer keys than queries (dead rows if causal)
+    ([4000, 100], None),
+]
+
+
+def _build(configs: list[KernelConfig]) -> dict[KernelConfig, Any]:
+    from codegen.build import build_configs
+
+    reports = build_configs(configs, "sm_90")
+    unbuilt = [f"{r.config.name}: {r.status} {r.error}" for r in reports if not r.usable]
+    assert not unbuilt, "configs failed to build:\n" + "\n".join(unbuilt)
+    return {r.config: r for r in reports}
+
+
+def _check_varlen(configs: list[KernelConfig], heads: int, kv_heads: int) -> list[str]:
+    import torch
+
+    from measure.loader import LoadedKernel, ensure_context
+    from measure.varlen import bind_varlen, check_varlen, make_varlen_inputs
+    from measure.verify import poison
+
+    ensure_context(torch.cuda.current_device())
+    reports = _build(configs)
+    stream = torch.cuda.current_stream().cuda_stream
+    failures = []
+    by_key: dict[tuple[int, str, bool], list[KernelConfig]] = {}
+    for c in configs:
+        by_key.setdefault((c.d, c.dtype, c.causal), []).append(c)
+    for (d, dtype, causal), group in by_key.items():
+        for lens_q, lens_k in VARLEN_CASES:
+            inputs = make_varlen_inputs(
+                lens_q, lens_k, heads=heads, kv_heads=kv_heads, d=d, dtype=dtype, causal=causal
+            )
+            for cfg in group:
+                kernel = LoadedKernel.for_config(cfg, reports[cfg].cubin)
+                try:
+                    for with_lse in (True, False):
+                        o, lse = inputs.outputs()
+                        poison(o, lse)
+                        launch = bind_varlen(kernel, cfg, inputs, o, lse if with_lse else None,
+                                             stream)  # fmt: skip
+                        launch()
+                        launch()  # twice: nothing may depend on state a launch leaves
+                        torch.cuda.synchronize()
+                        got = check_varlen(o, lse if with_lse else None, inputs)
+                        if not got.ok:
+                            failures.append(f"{cfg.name} q={lens_q} k={lens_k}: {got.message}")
+                finally:
+                    kernel.unload()
+    return failures
+
+
+@pytest.mark.parametrize(
+    ("d", "dtype", "causal"),
+    [(128, "fp16", True), (128, "fp16", False), (64, "bf16", True), (40, "fp16", True),
+     (80, "bf16", False), (192, "fp16", True)],
+)  # fmt: skip
+def test_varlen_configs_match_the_reference(d: int, dtype: str, causal: bool) -> None:
+    dt: Dtype = dtype  # type: ignore[assignment]
+    seeds = seed_configs(d, dt, causal, varlen=True)
+    rng = random.Random(f"vl{d}{dtype}{causal}")
+    space = enumerate_space(d, dt, causal, varlen=True)
+    configs = sorted(set(seeds) | set(rng.sample(space, min(3, len(space)))))
+    assert configs and all(c.varlen for c in configs)
+    failures = _check_varlen(configs, heads=8, kv_heads=2)
+    assert not failures, "\n".join(failures)
+
+
+def test_varlen_mqa_and_one_head() -> None:
+    cfg = seed_configs(128, "fp16", True, varlen=True)[0]
+    assert not _check_varlen([cfg], heads=4, kv_heads=1)
+    assert not _check_varlen([replace(cfg, causal=False)], heads=1, kv_heads=1)
+
+
+def test_varlen_past_the_grid_z_limit_runs_in_offset_slices() -> None:
+    """70,000 sequences of 1-3 tokens: more than grid z's 65,535, cut into offset slices."""
+    import torch
+
+    from measure.loader import LoadedKernel, ensure_context
+    from measure.varlen import bind_varlen, make_varlen_inputs, sequence_inputs
+    from measure.verify import check_output, poison
+
+    ensure_context(torch.cuda.current_device())
+    cfg = seed_configs(64, "fp16", True, varlen=True)[0]
+    report = _build([cfg])[cfg]
+    rng = random.Random(7)
+    lens = [rng.randint(1, 3) for _ in range(70_000)]
+    inputs = make_varlen_inputs(lens, heads=1, d=64, dtype="fp16", causal=True, reference=False)
+    kernel = LoadedKernel.for_config(cfg, report.cubin)
+    o, lse = inputs.outputs()
+    poison(o, lse)
+    stream = torch.cuda.current_stream().cuda_stream
+    bind_varlen(kernel, cfg, inputs, o, lse, stream)()
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(o).all()) and bool(torch.isfinite(lse).all())
+    # Sequences on both sides of the slice boundary against their reference.
+    offs = inputs.offsets_q
+    for i in (0, 1, 65_534, 65_535, 65_536, 69_999):
+        seq = sequence_inputs(inputs, i, sdpa_ref=False)
+        s, e = offs[i], offs[i + 1]
+        got = check_output(o[s:e].unsqueeze(0), lse[:, s:e].unsqueeze(0), seq)
+        assert got.ok, f"sequence {i}: {got.message}"
+    kernel.unload()
+
+
+@pytest.mark.parametrize("d", [8, 24, 40, 72, 80, 136, 160, 192, 200, 224, 248])
+def test_head_dims_not_multiples_of_32(d: int) -> None:
+    """Dense calls at head dims the tile is rounded up for: seeds and a sample, GQA, both
+    layouts, LSE, square and ragged shapes, causal and not."""
+    from test_gpu_kernels import _run_configs
+
+    shapes = [(2, 4, 2, 257, 257), (1, 2, 2, 1, 33), (1, 2, 1, 700, 100), (1, 2, 2, 1000, 1000)]
+    for causal in (False, True):
+        dtype: Dtype = "bf16" if d % 16 else "fp16"
+        space = enumerate_space(d, dtype, causal)
+        rng = random.Random(f"hd{d}{causal}")
+        configs = sorted(set(seed_configs(d, dtype, causal)) | set(rng.sample(space, 2)))
+        _run_configs(configs, shape_problems(d, dtype, causal, shapes), ["bnhd", "bhnd"])
