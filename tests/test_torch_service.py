@@ -78,7 +78,9 @@ def service_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def local_db(tmp_path: Path) -> Iterator[str]:
+def local_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    # Only what the test seeds: the shipped H200 results would compete (and take seconds).
+    monkeypatch.setattr("db.shipped.load_shipped_results", lambda store: None)
     url = f"sqlite:///{tmp_path / 'local.db'}"
     _seed(url, LOCAL, LOCAL_WINNER)
     saved = dict(settings_module._overrides)
