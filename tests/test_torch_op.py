@@ -201,6 +201,7 @@ def test_base_package_does_not_import_torch() -> None:
         """
         import sys
         import fa2tune, fa2tune.cli, fa2tune.ops, fa2tune.ops.choice
+        import fa2tune.ops.autotune, fa2tune.ops.remote, fa2tune.ops.selection
         assert "torch" not in sys.modules, "torch was imported"
         """
     )

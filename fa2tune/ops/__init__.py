@@ -2,12 +2,15 @@
 
 * :mod:`fa2tune.ops.choice`: which config serves a call (torch-free, so it is testable and
   importable on any machine);
+* :mod:`fa2tune.ops.remote`: asking a running fa2tune service instead (torch-free);
+* :mod:`fa2tune.ops.autotune`: tuning untuned shapes on first use (torch-free);
+* :mod:`fa2tune.ops.selection`: the sources in order for one call shape (torch-free);
 * :mod:`fa2tune.ops.kernels`: building and loading a chosen config once per process and
   device, and the launch of one call (imports torch);
 * :mod:`fa2tune.ops.torch_op`: the ``torch.ops.fa2tune.attention`` custom op, its fake
   implementation and the SDPA fallback (imports torch).
 
-Only :mod:`fa2tune.ops.choice` is imported here: ``import fa2tune.ops`` never needs torch.
+Nothing is imported here: ``import fa2tune.ops`` never needs torch.
 """
 
 from __future__ import annotations
