@@ -181,6 +181,12 @@ def test_matches_reference(
     _close(o, ref_o, dtype)
     _close(o_only, ref_o, dtype)
     assert torch.allclose(lse, ref_lse, atol=1e-2, rtol=1e-3)
+    # Other tensors of the same shape (new pointers: fa3 encodes new TMA descriptors), then
+    # the first ones again (their cached descriptors).
+    q2, k2, v2 = _inputs(shape, dtype, layout, seed=1)
+    _close(attention(q2, k2, v2, causal=causal, layout=layout), _reference(
+        q2, k2, v2, causal, layout)[0], dtype)  # fmt: skip
+    _close(attention(q, k, v, causal=causal, layout=layout), ref_o, dtype)
 
 
 def test_torch_compile_fullgraph(seeded_db: dict[str, Any]) -> None:

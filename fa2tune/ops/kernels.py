@@ -8,7 +8,9 @@ make_params`, then the family's extra arguments, on torch's current stream.
 Per-call work is kept small (:class:`Launcher`): everything that does not change between
 calls of one decision (kernel, grid, block, shared memory, the packed ``Fa2Params`` with its
 strides and sizes, the ``void*`` argument array, one bound launch per stream) is made once,
-and a call patches the five pointers and the scale and calls ``cuLaunchKernel``.
+and a call patches the five pointers and the scale and calls ``cuLaunchKernel``. The Hopper
+family's TMA descriptors (which hold the Q, K and V addresses) are encoded once per pointer
+triple and stride pattern, the last 64 kept.
 
 Split-KV's workspace (:class:`SplitKvWorkspace`): one float32 partial O and LSE per (row tile,
 split) and an int counter per row tile that must be zero before a launch; the kernel's last
@@ -207,14 +209,20 @@ def _stream_counters(device: int, stream: int, count: int) -> int:
         return ptr
 
 
-class _Variant:
-    """One stride pattern of a launcher: its packed argument and a bound launch per stream."""
+#: Bound launches with their TMA descriptors kept per stride pattern (fa3), by pointers.
+_TMA_CACHE = 64
 
-    __slots__ = ("bound", "params")
+
+class _Variant:
+    """One stride pattern of a launcher: its packed argument, a bound launch per stream and
+    (fa3) bound launches with their TMA descriptors per (q, k, v pointers, stream)."""
+
+    __slots__ = ("bound", "params", "tma")
 
     def __init__(self, params: Fa2Params) -> None:
         self.params = params
         self.bound: dict[int, BoundLaunch] = {}
+        self.tma: dict[tuple[int, int, int, int], BoundLaunch] = {}
 
 
 class Launcher:
@@ -304,9 +312,19 @@ class Launcher:
             p.q, p.k, p.v, p.o = qp, kp, vp, op
             p.lse = lse.data_ptr() if lse is not None else None
             p.softmax_scale = scale
-            if self._prep is not None:  # fa3: TMA descriptors of this call's pointers
-                extra = self._prep(self.config, q, k, v, layout)
-                self.kernel.bind(p, self._grid, self._block, self._smem, stream, extra)()
+            if self._prep is not None:
+                # fa3: TMA descriptors hold the pointers (and this pattern's shape and
+                # strides): encoded once per pointer triple, the last few kept.
+                tma_key = (qp, kp, vp, stream)
+                bound = variant.tma.get(tma_key)
+                if bound is None:
+                    extra = self._prep(self.config, q, k, v, layout)  # may raise ValueError
+                    bound = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
+                                             extra)  # fmt: skip
+                    if len(variant.tma) >= _TMA_CACHE:
+                        del variant.tma[next(iter(variant.tma))]
+                    variant.tma[tma_key] = bound
+                bound()
                 return
             if ws is not None and ws.needed:
                 a = self._ws_args
