@@ -43,6 +43,8 @@ log = logging.getLogger("torch_attention")
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 4e-2}
+#: SDPA takes fewer KV heads itself (enable_gqa) from torch 2.5; before, K and V are repeated.
+SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -57,11 +59,11 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     else:
         mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
         causal = False
-    try:
+    if SDPA_GQA:
         o = F.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=mask, is_causal=causal, enable_gqa=True
         )
-    except TypeError:  # torch < 2.5: no enable_gqa
+    else:
         group = qh.shape[1] // kh.shape[1]
         kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal)
@@ -152,7 +154,8 @@ def run_phase(
             modes: dict[str, Callable[..., torch.Tensor]] = {"eager": block}
             if not args.no_compile:
                 kwargs = {} if args.compile_mode == "default" else {"mode": args.compile_mode}
-                modes["compiled"] = torch.compile(block, fullgraph=True, **kwargs)
+                # Static shapes: each phase compiles (and captures) its own graphs.
+                modes["compiled"] = torch.compile(block, fullgraph=True, dynamic=False, **kwargs)
             for mode, fn in modes.items():
                 log.info("%s: %s %s", phase, backend, mode)
                 out = fn(*inputs).float()  # compile (and capture) on the first calls
