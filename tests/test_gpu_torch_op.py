@@ -298,7 +298,7 @@ def test_print_choice_logs_each_choice_once(
             attention(q, k, v, causal=True)
             attention(q, k, v, causal=True)
         lines = [r.getMessage() for r in caplog.records if config.name in r.getMessage()]
-        assert len(lines) == 1 and "(exact)" in lines[0], lines
+        assert len(lines) == 1 and "(exact, database)" in lines[0], lines
     finally:
         settings_module._overrides.clear()
         settings_module._overrides.update(saved)

@@ -58,7 +58,7 @@ def test_exact_shape_wins(store: Store) -> None:
     _seed(store, shape, tuned)
     choice = choose_config(store, GPU, SMS, shape, "fp16", False, 128)
     assert (choice.config, choice.source, choice.measured) == (tuned, "exact", shape)
-    assert "(exact)" in choice.describe(shape)
+    assert "(exact, database)" in choice.describe(shape)
 
 
 def test_nearest_shape_when_not_tuned(store: Store) -> None:
@@ -70,7 +70,7 @@ def test_nearest_shape_when_not_tuned(store: Store) -> None:
     assert choice.source == "nearest"
     assert choice.config == make_config(br=64, bc=64)
     assert choice.measured == near
-    assert "measured at" in choice.describe(asked)
+    assert f"(nearest, measured at {near.describe()}, database)" in choice.describe(asked)
 
 
 def test_default_when_nothing_tuned(store: Store) -> None:

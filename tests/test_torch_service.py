@@ -108,7 +108,7 @@ def test_service_answer_is_used(service_url: str, local_db: str) -> None:
     assert selected.choice.config == SERVICE_WINNER
     assert (selected.choice.source, selected.choice.origin) == ("exact", "service")
     assert selected.choice.measured == ON_SERVICE
-    assert "from the service" in selected.describe(_call(ON_SERVICE))
+    assert "(exact, service)" in selected.describe(_call(ON_SERVICE))
     # A shape the service only has a nearest answer for, but that was tuned exactly here
     # (first-use tuning writes locally): the local result serves.
     here = select(_call(LOCAL))

@@ -88,12 +88,14 @@ class Choice:
     origin: Origin = "local"
 
     def describe(self, asked: Shape) -> str:
-        """One line: ``asked -> config (source[, measured at][, from the service])``."""
+        """One line: ``asked -> config (source[, measured at], from)``, ``from`` being
+        ``database`` (the shipped results and the local database) or ``service``; a default
+        says ``(default)``."""
         where = ""
         if self.source == "nearest" and self.measured is not None:
             where = f", measured at {self.measured.describe()}"
-        if self.origin == "service":
-            where += ", from the service"
+        if self.source != "default":
+            where += ", service" if self.origin == "service" else ", database"
         return f"{asked.describe()} -> {self.config.name} ({self.source}{where})"
 
 
