@@ -73,6 +73,7 @@ from tuner.summary import (
     ProblemSummary,
     TimeSplit,
 )
+from tuner.warm_start import WarmStart, with_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class CampaignOptions:
         grace_period: seconds after which a silent RUNNING trial is failed and re-queued.
         families: kernel families the default space searches (None: every family that runs
             on the GPU and serves the problem).
+        warm_start: earlier results whose fastest configs each new study measures first,
+            before the seeds (:mod:`tuner.warm_start`).
 
     Raises:
         ValueError: for an unknown sampler.
@@ -137,6 +140,7 @@ class CampaignOptions:
     heartbeat_interval: int = search.DEFAULT_HEARTBEAT_S
     grace_period: int = search.DEFAULT_GRACE_S
     families: tuple[str, ...] | None = None
+    warm_start: WarmStart | None = None
 
     def __post_init__(self) -> None:
         if self.families is not None:
@@ -227,6 +231,12 @@ def run_campaign(
     space_fn, seeds_fn, build_fn = _defaults(
         options.arch, gpu, space_fn, seeds_fn, build_fn, options.families
     )
+    if options.warm_start is not None:
+        base_seeds, warm = seeds_fn, options.warm_start
+
+        def seeds_fn(p: Problem) -> Sequence[AnyConfig]:
+            return with_warm_start(warm, base_seeds(p), p)
+
     observer: CampaignObserver = progress if progress is not None else NullObserver()
     trials, time_budget_s = options.trials, options.time_budget_s
     started = time.monotonic()

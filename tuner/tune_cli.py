@@ -40,6 +40,8 @@ from tuner import search
 from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignOptions, run_campaign
 from tuner.progress import RichProgress, render_summary
 from tuner.summary import CampaignSummary
+from tuner.warm_start import DEFAULT_TOP as DEFAULT_WARM_TOP
+from tuner.warm_start import TransferError, load_warm_start
 from tuner.workload import Target, WorkloadError, load_workload, unique_targets
 
 if TYPE_CHECKING:
@@ -488,6 +490,21 @@ def tune(
     summary_json: Annotated[
         Path | None, typer.Option("--summary-json", help="also write the summary as JSON here")
     ] = None,
+    warm_start: Annotated[
+        Path | None,
+        typer.Option(
+            "--warm-start",
+            help=(
+                "a results file (fa2tune dump) whose fastest configs per problem each new "
+                "study measures first, e.g. to re-time earlier winners after the templates "
+                "changed"
+            ),
+        ),
+    ] = None,
+    warm_start_top: Annotated[
+        int,
+        typer.Option("--warm-start-top", min=1, help="configs per problem taken from --warm-start"),
+    ] = DEFAULT_WARM_TOP,
 ) -> None:
     """Tune every (D, shape, dtype, causal) problem: one optuna study each, resumable."""
     if sampler not in search.sampler_names():
@@ -495,6 +512,10 @@ def tune(
     budget_s = parse_duration(time_budget) if time_budget is not None else None
     trials, budget_s = resolve_budget(sampler, trials, budget_s)
     families = parse_families(family)
+    try:
+        warm = load_warm_start(warm_start, warm_start_top) if warm_start is not None else None
+    except TransferError as exc:
+        raise _bad("--warm-start", str(exc)) from None
     options = CampaignOptions(
         sampler=sampler,
         trials=trials,
@@ -502,6 +523,7 @@ def tune(
         max_spill_bytes=None if allow_spills else max_spill_bytes,
         seed=seed,
         families=families,
+        warm_start=warm,
     )
     shape_options = ShapeOptions(
         d=d, n=n, nq=nq, nk=nk, dtype=dtype, causal=causal, batch=batch, heads=heads,

@@ -1,0 +1,94 @@
+"""Warm starts: a results file's fastest configs per problem, measured first.
+
+After the kernel templates change (a new fa2tune), results measured with the old builds no
+longer describe what the current templates compile to. ``fa2tune tune --warm-start FILE``
+re-measures the configs that were fastest in ``FILE`` first (for every problem of the campaign
+that the file has), ahead of the families' seeds, so a short campaign (``--trials`` a little
+above ``--warm-start-top``) re-verifies and re-times the earlier winners on the new builds.
+The file is a results file (``fa2tune dump``); problems match on their shape, dtype and mask
+(the GPU is the one tuned now, whatever the file's was).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.family import AnyConfig
+from core.problem import Problem
+from core.records import MeasureStatus
+from db.dump_format import TransferError, load_dump
+
+log = logging.getLogger(__name__)
+
+#: Configs per problem a warm start queues when not told otherwise.
+DEFAULT_TOP = 5
+
+#: (d, nq, nk, batch, heads, kv_heads, dtype, causal)
+ShapeKey = tuple[int, int, int, int, int, int, str, bool]
+
+
+def shape_key(problem: Problem) -> ShapeKey:
+    p = problem
+    return (p.d, p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads, p.dtype, p.causal)
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Per problem shape, earlier results' fastest verified configs, fastest first."""
+
+    source: str
+    configs: dict[ShapeKey, tuple[AnyConfig, ...]]
+
+    def configs_for(self, problem: Problem) -> tuple[AnyConfig, ...]:
+        return self.configs.get(shape_key(problem), ())
+
+
+def load_warm_start(path: Path, top: int = DEFAULT_TOP) -> WarmStart:
+    """The ``top`` fastest verified configs of every problem in the results file ``path``.
+
+    Raises:
+        ValueError: ``top`` below 1.
+        TransferError: the file is missing or not a valid results file (one line).
+    """
+    if top < 1:
+        raise ValueError(f"top must be at least 1, got {top}")
+    dump = load_dump(path)
+    configs = {b.key: b.config.to_config() for b in dump.builds}
+    timed: dict[ShapeKey, dict[str, tuple[float, AnyConfig]]] = {}
+    for m in dump.measurements:
+        if m.status != MeasureStatus.OK or m.median_ms is None:
+            continue
+        p = m.problem
+        key: ShapeKey = (p.d, p.n, p.nk, p.batch, p.heads, p.kv_heads, p.dtype, p.causal)
+        config = configs[m.build.key]
+        seen = timed.setdefault(key, {})
+        best = seen.get(config.name)
+        if best is None or m.median_ms < best[0]:
+            seen[config.name] = (m.median_ms, config)
+    chosen = {
+        key: tuple(c for _, c in sorted(by_name.values(), key=lambda t: t[0])[:top])
+        for key, by_name in timed.items()
+    }
+    log.info("warm start from %s: %d problems, up to %d configs each", path, len(chosen), top)
+    return WarmStart(str(path), chosen)
+
+
+def with_warm_start(
+    warm: WarmStart | None, seeds: Sequence[AnyConfig], problem: Problem
+) -> list[AnyConfig]:
+    """``problem``'s warm-start configs, then ``seeds`` not among them."""
+    first = list(warm.configs_for(problem)) if warm is not None else []
+    return first + [c for c in seeds if c not in first]
+
+
+__all__ = [
+    "DEFAULT_TOP",
+    "TransferError",
+    "WarmStart",
+    "load_warm_start",
+    "shape_key",
+    "with_warm_start",
+]
