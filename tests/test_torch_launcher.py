@@ -1,0 +1,174 @@
+"""The op's per-call launch path (:class:`fa2tune.ops.kernels.Launcher`) without a GPU.
+
+A fake kernel records what each ``cuLaunchKernel`` would get (the ``Fa2Params`` bytes as
+patched at launch time, the extra pointer arguments, the stream); CPU tensors stand in for
+CUDA ones (the CUDA-device check of ``make_params`` is the one check left out). Checked:
+pointers and scale patched per call on one bound launch per stride pattern and stream, a new
+stride pattern or misaligned pointers re-checked, split-KV's workspace pointers (per stream
+outside capture, one zeroed allocation inside, null with one split) and fa3's descriptor
+cache. Skipped without torch; the real launches are tests/test_gpu_torch_op.py's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from codegen.fa3_space import default_config as fa3_default  # noqa: E402
+from codegen.space import fa2_default_config  # noqa: E402
+from codegen.splitkv_space import default_config as splitkv_default  # noqa: E402
+from core.shape import Shape  # noqa: E402
+from measure import params as mp  # noqa: E402
+
+COUNTERS = 0xC0C0
+
+
+class FakeBound:
+    def __init__(self, log: list[dict[str, Any]], params: Any, extra: Any, stream: int) -> None:
+        self.log, self.params, self.extra, self.stream = log, params, tuple(extra), stream
+
+    def __call__(self) -> None:
+        p = self.params
+        self.log.append({
+            "q": p.q, "o": p.o, "lse": p.lse, "scale": p.softmax_scale, "nq": p.nq,
+            "extra": [getattr(x, "value", x) for x in self.extra], "stream": self.stream,
+            "bound": id(self),
+        })  # fmt: skip
+
+
+class FakeKernel:
+    def __init__(self) -> None:
+        self.log: list[dict[str, Any]] = []
+        self.binds = 0
+
+    def bind(self, params: Any, grid: Any, block: Any, smem: int, stream: int,
+             extra: Any = ()) -> FakeBound:  # fmt: skip
+        self.binds += 1
+        return FakeBound(self.log, params, extra, stream)
+
+
+def _make_params(q: Any, k: Any, v: Any, o: Any, lse: Any, scale: float, layout: Any) -> Any:
+    """make_params's checks and fields, for CPU tensors."""
+    for name, t in {"q": q, "k": k, "v": v, "o": o}.items():
+        mp._check_tensor(name, t, layout)
+    b, nq, hq, _ = mp._dims(q, layout)
+    _, nk, hkv, _ = mp._dims(k, layout)
+    strides = [s for t in (q, k, v, o) for s in mp._strides(t, layout)]
+    return mp.Fa2Params(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+        lse.data_ptr() if lse is not None else None, *strides, b, hq, hkv, nq, nk, float(scale),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from fa2tune.ops import kernels as module
+
+    streams = iter(range(100, 10_000))
+    state = {"stream": next(streams), "capturing": False}
+    monkeypatch.setattr(module, "make_params", _make_params)
+    monkeypatch.setattr(module, "current_stream", lambda device: state["stream"])
+    monkeypatch.setattr(module, "_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(module, "_stream_counters", lambda device, stream, n: COUNTERS)
+    module.test_state = state  # type: ignore[attr-defined]
+    return module
+
+
+def _qkv(b: int, h: int, hkv: int, nq: int, nk: int, d: int) -> tuple[Any, Any, Any]:
+    q = torch.randn(b, nq, h, d, dtype=torch.float16)
+    k = torch.randn(b, nk, hkv, d, dtype=torch.float16)
+    return q, k, torch.randn_like(k)
+
+
+def test_pointers_patched_on_one_bound_launch(kernels: Any) -> None:
+    kernel = FakeKernel()
+    launcher = kernels.Launcher(kernel, fa2_default_config(64, "fp16", False), "exact",
+                                Shape(128, 128, 2, 4, 4))  # fmt: skip
+    q, k, v = _qkv(2, 4, 4, 128, 128, 64)
+    o, o2 = torch.empty_like(q), torch.empty_like(q)
+    lse = torch.empty(2, 4, 128)
+    launcher(q, k, v, o, None, 0.125, "bnhd")
+    q2 = torch.randn_like(q)
+    launcher(q2, k, v, o2, lse, 0.5, "bnhd")
+    first, second = kernel.log
+    assert (first["q"], first["o"], first["lse"]) == (q.data_ptr(), o.data_ptr(), None)
+    assert (second["q"], second["o"], second["lse"]) == (q2.data_ptr(), o2.data_ptr(),
+                                                         lse.data_ptr())  # fmt: skip
+    assert (first["scale"], second["scale"]) == (0.125, 0.5)
+    assert first["bound"] == second["bound"] and kernel.binds == 1 and first["extra"] == []
+    kernels.test_state["stream"] = 7  # another stream: its own bound launch
+    launcher(q, k, v, o, None, 0.125, "bnhd")
+    assert kernel.log[-1]["stream"] == 7 and kernel.binds == 2
+
+
+def test_new_stride_patterns_and_misaligned_pointers_are_checked(kernels: Any) -> None:
+    kernel = FakeKernel()
+    launcher = kernels.Launcher(kernel, fa2_default_config(64, "fp16", False), "exact",
+                                Shape(128, 128, 2, 4, 4))  # fmt: skip
+    q, k, v = _qkv(2, 4, 4, 128, 128, 64)
+    o = torch.empty_like(q)
+    launcher(q, k, v, o, None, 0.125, "bnhd")
+    padded = torch.randn(2, 128, 4, 72, dtype=torch.float16)[..., :64]
+    launcher(padded, k, v, o, None, 0.125, "bnhd")
+    assert len(launcher._variants) == 2
+    odd = torch.randn(2, 128, 4, 65, dtype=torch.float16)[..., :64]
+    with pytest.raises(ValueError, match="multiple of 8"):
+        launcher(odd, k, v, o, None, 0.125, "bnhd")
+    flat = torch.randn(2 * 128 * 4 * 64 + 1, dtype=torch.float16)
+    shifted = flat[1:].view(2, 128, 4, 64)  # the contiguous pattern, a misaligned pointer
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        launcher(shifted, k, v, o, None, 0.125, "bnhd")
+    assert len(kernel.log) == 2
+
+
+def test_splitkv_workspace_pointers(kernels: Any) -> None:
+    kernel = FakeKernel()
+    config = splitkv_default(128, "fp16", False)
+    launcher = kernels.Launcher(kernel, config, "exact", Shape(1, 8192, 2, 32, 8))
+    ws = launcher._ws
+    assert (ws.counters, ws.partial_rows) == (16, 16 * 16 * 16)
+    assert launcher._grid[0] == ws.counters
+    q, k, v = _qkv(2, 32, 8, 1, 8192, 128)
+    o = torch.empty_like(q)
+    launcher(q, k, v, o, None, 0.1, "bnhd")
+    ws_o, ws_lse, count = kernel.log[-1]["extra"]
+    assert count == COUNTERS  # the stream's counters
+    assert ws_lse - ws_o == 4 * ws.partial_rows * 128 and ws_o % 16 == 0
+    kernels.test_state["capturing"] = True  # one allocation: counters (16 B aligned) first
+    launcher(q, k, v, o, None, 0.1, "bnhd")
+    ws_o, ws_lse, count = kernel.log[-1]["extra"]
+    assert ws_o - count == 4 * 16 and ws_o % 16 == 0
+    assert ws_lse - ws_o == 4 * ws.partial_rows * 128
+    one_split = kernels.Launcher(kernel, config, "exact", Shape(1, 32, 2, 32, 8))
+    k1, v1 = k[:, :32], v[:, :32]
+    one_split(q, k1, v1, o, None, 0.1, "bnhd")
+    assert kernel.log[-1]["extra"] == [None, None, None]  # no workspace: null pointers
+
+
+def test_fa3_descriptors_cached_per_pointer_triple(kernels: Any) -> None:
+    kernel = FakeKernel()
+    launcher = kernels.Launcher(kernel, fa3_default(64, "fp16", False), "exact",
+                                Shape(128, 128, 2, 4, 4))  # fmt: skip
+    encoded: list[int] = []
+
+    def prep(config: Any, q: Any, k: Any, v: Any, layout: str) -> tuple[Any, ...]:
+        encoded.append(q.data_ptr())
+        return (ctypes.c_uint64(q.data_ptr()),)
+
+    launcher._prep = prep
+    q, k, v = _qkv(2, 4, 4, 128, 128, 64)
+    o = torch.empty_like(q)
+    launcher(q, k, v, o, None, 0.125, "bnhd")
+    launcher(q, k, v, o, None, 0.125, "bnhd")
+    assert encoded == [q.data_ptr()] and kernel.binds == 1
+    others = [torch.randn_like(q) for _ in range(kernels._TMA_CACHE)]
+    for other in others:
+        launcher(other, k, v, o, None, 0.125, "bnhd")
+        assert kernel.log[-1]["extra"] == [other.data_ptr()]
+    assert len(launcher._variants[(q.stride(), k.stride(), v.stride())].tma) == kernels._TMA_CACHE
+    launcher(q, k, v, o, None, 0.125, "bnhd")  # evicted: encoded again
+    assert encoded.count(q.data_ptr()) == 2
