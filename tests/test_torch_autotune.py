@@ -9,6 +9,7 @@ again) are checked on any machine. The real campaign is tests/test_gpu_torch_op.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,3 +245,32 @@ def test_campaign_command_is_fa2tune_tune(monkeypatch: pytest.MonkeyPatch) -> No
     assert problems == [problem]
     assert seen["options"].time_budget_s == 30.0 and seen["options"].trials is None
     assert (seen["device"], seen["target_ms"]) == (1, autotune.FIRST_USE_TARGET_MS)
+
+
+def _job(tmp_path: Path, budget_s: float = 5) -> TuneJob:
+    return TuneJob(_call(UNTUNED).problem(), 0, budget_s, f"sqlite:///{tmp_path}/x.db", tmp_path)
+
+
+def test_campaign_process_outcomes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    def script(code: str) -> None:
+        monkeypatch.setattr(autotune, "campaign_command", lambda job: [sys.executable, "-c", code])
+
+    logs = lambda: sorted(Path(tempfile.gettempdir()).glob("fa2tune-autotune-*_d128_n1000_*"))  # noqa: E731
+    before = set(logs())
+    script("print('tuned')")
+    autotune.run_campaign_process(_job(tmp_path))
+    assert set(logs()) == before  # a successful campaign's log is removed
+    script("import sys; print('no GPU worker on device 0'); sys.exit(3)")
+    with pytest.raises(RuntimeError, match="exited with 3") as info:
+        autotune.run_campaign_process(_job(tmp_path))
+    assert "no GPU worker on device 0" in str(info.value)
+    kept = set(logs()) - before
+    assert len(kept) == 1 and str(next(iter(kept))) in str(info.value)
+    monkeypatch.setattr(autotune, "GRACE_S", 0.5)
+    script("import time; time.sleep(30)")
+    with pytest.raises(RuntimeError, match="ran past"):
+        autotune.run_campaign_process(_job(tmp_path, budget_s=0.5))
+    for path in set(logs()) - before:
+        path.unlink()

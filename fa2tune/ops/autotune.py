@@ -18,7 +18,8 @@ Modes (:data:`MODES`):
 
 Jobs run one at a time (one GPU campaign at a time) on a daemon thread that waits for the
 campaign's process: the model's Python threads never run the search. A job still running
-when the model's process exits keeps running to its budget and stores its result.
+when the model's process exits keeps running to its budget and stores its result (its
+output goes to a log file, not to the parent's pipes).
 
 The tuner is a plain callable (:data:`Tuner`), so tests inject a fake one.
 """
@@ -30,6 +31,7 @@ import math
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,21 +124,34 @@ def campaign_command(job: TuneJob, python: str = sys.executable) -> list[str]:
 def run_campaign_process(job: TuneJob) -> None:
     """The default :data:`Tuner`: ``fa2tune tune`` for the job's problem in a child process.
 
+    The child's output goes to a log file in the temporary directory (not to pipes: a child
+    that outlives the model's process must not die writing to a closed pipe), removed when
+    the campaign succeeds.
+
     Raises:
         RuntimeError: the campaign exited non-zero or ran past its budget plus
-            :data:`GRACE_S` (killed); the message ends with its last output lines.
+            :data:`GRACE_S` (killed); the message names the log and ends with its last lines.
     """
     command = campaign_command(job)
     log.debug("first-use tuning: %s", " ".join(command))
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=job.budget_s + GRACE_S, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"fa2tune tune ran past {job.budget_s + GRACE_S:.0f} s") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout or "").strip().splitlines()[-5:])
-        raise RuntimeError(f"fa2tune tune exited with {done.returncode}: {tail}")
+    with tempfile.NamedTemporaryFile(
+        "w", prefix=f"fa2tune-autotune-{job.problem.study_name}-", suffix=".log", delete=False
+    ) as out:
+        path = Path(out.name)
+        try:
+            code = subprocess.run(
+                command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                timeout=job.budget_s + GRACE_S, check=False,
+            ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"fa2tune tune ran past {job.budget_s + GRACE_S:.0f} s (log: {path})"
+            ) from None
+    if code != 0:
+        lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        tail = "\n".join(lines[-5:])
+        raise RuntimeError(f"fa2tune tune exited with {code} (log: {path}): {tail}")
+    path.unlink(missing_ok=True)
 
 
 class AutoTuner:
