@@ -49,7 +49,7 @@ from pathlib import Path
 from codegen.families import FAMILIES, Family, family_of
 from codegen.render import template_hash
 from codegen.space import fa2_default_config
-from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.elements import element
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
@@ -290,7 +290,7 @@ _PREAMBLE = """\
 // nothing but the CUDA toolkit. Needs sm_80 or newer and C++17:
 {nvcc}
 //
-// Head dims: {ds}; dtypes: {dtypes}.
+// Head dims: {ds} (others: re-export with --d); dtypes: {dtypes}.
 // Tuned results, one per tuned shape (the dispatch takes the nearest to a call's shape;
 // see "Dispatch" below), with their provenance:
 {provenance}
@@ -437,7 +437,7 @@ def render_header(
     gpu: str,
     points: Iterable[TunedPoint],
     *,
-    ds: Sequence[int] = HEAD_DIMS,
+    ds: Sequence[int] | None = None,
     dtypes: Sequence[Dtype] = DTYPES,
     template_dir: Path = TEMPLATE_DIR,
     generated_at: datetime | None = None,
@@ -450,7 +450,10 @@ def render_header(
         points: winning configs, one per tuned problem; those outside ``ds``/``dtypes`` are
             ignored, and of several for the same (D, dtype, causal, shape) the first is kept.
             Problems that differ only in Nk, batch, heads or KV heads keep an entry each.
-        ds: head dims the header supports (each gets its default config).
+        ds: head dims the header supports (each gets its default config); None for
+            :data:`~core.config.COMMON_HEAD_DIMS` plus every head dim of ``points`` (every
+            default config is compiled into the user's program, so not all
+            :data:`~core.config.HEAD_DIMS`).
         dtypes: element types the header supports.
         template_dir: where ``fa2_fwd.cuh`` and ``fa2_dispatch.cuh`` live.
         generated_at: timestamp for the comment (now when None).
@@ -463,11 +466,15 @@ def render_header(
         ExportError: when the templates cannot be inlined.
         ValueError: for an unsupported head dim or dtype.
     """
-    ds = sorted(set(ds))
+    points = list(points)
     dtypes = [t for t in DTYPES if t in set(dtypes)]
+    asked = ds is not None
+    if ds is None:
+        ds = [*COMMON_HEAD_DIMS, *(p.d for p in points if p.dtype in dtypes and p.d in HEAD_DIMS)]
+    ds = sorted(set(ds))
     for d in ds:
         if d not in HEAD_DIMS:
-            raise ValueError(f"unsupported head dim {d}; supported: {HEAD_DIMS}")
+            raise ValueError(f"unsupported head dim {d}: not {HEAD_DIMS_RULE}")
     if not dtypes:
         raise ValueError(f"no dtype selected; supported: {', '.join(DTYPES)}")
 
@@ -519,7 +526,7 @@ def render_header(
         date=when,
         gpu=_comment_safe(gpu),
         gpu_arg=_shell_arg(gpu),
-        ds_arg="" if tuple(ds) == HEAD_DIMS else f" --d {','.join(map(str, ds))}",
+        ds_arg=f" --d {','.join(map(str, ds))}" if asked else "",
         dtype_arg="" if tuple(dtypes) == DTYPES else f" --dtype {','.join(dtypes)}",
         templates="// Kernel templates: " + ",\n//   ".join(templates) + ";",
         nvcc=nvcc,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from core.config import DTYPES, HEAD_DIMS, Dtype, KernelConfig, tile_head_dim
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, KernelConfig, tile_head_dim
 
 VALID_HEAD_DIMS: tuple[int, ...] = HEAD_DIMS
 VALID_DTYPES: tuple[Dtype, ...] = DTYPES
@@ -117,14 +117,14 @@ def estimate_registers(config: KernelConfig) -> int:
 def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
     """FlashAttention-2's config for a head dim: the fallback for untuned GPUs and shapes.
 
-    Its tile is :data:`FA2_TILES`'s for ``d``'s tile head dim, with :data:`FA2_STAGES` stages and the
-    swizzled shared-memory layout (:data:`FA2_SWIZZLE`).
+    Its tile is :data:`FA2_TILES`'s for ``d``'s tile head dim, with :data:`FA2_STAGES` stages
+    and the swizzled shared-memory layout (:data:`FA2_SWIZZLE`).
 
     Raises:
         ValueError: when ``d`` is not a supported head dim.
     """
     if d not in HEAD_DIMS:
-        raise ValueError(f"unsupported head dim {d}; supported: {_dims_text()}")
+        raise ValueError(f"unsupported head dim {d}: not {HEAD_DIMS_RULE}")
     br, bc, warps = FA2_TILES[tile_head_dim(d)]
     return KernelConfig(
         d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=warps,
@@ -152,7 +152,7 @@ def is_valid(config: KernelConfig, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tupl
     """
     c = config
     if c.d not in VALID_HEAD_DIMS:
-        return False, f"head dim {c.d} is not one of {_dims_text()}"
+        return False, f"head dim {c.d} is not {HEAD_DIMS_RULE}"
     if c.dtype not in VALID_DTYPES:
         return False, f"dtype {c.dtype!r} is not one of {list(VALID_DTYPES)}"
     if c.warps not in VALID_WARPS:
@@ -223,7 +223,7 @@ def enumerate_space(
     """
     _check_arch(arch)
     if d not in VALID_HEAD_DIMS:
-        raise ValueError(f"head dim {d} is not one of {_dims_text()}")
+        raise ValueError(f"head dim {d} is not {HEAD_DIMS_RULE}")
     if dtype not in VALID_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {list(VALID_DTYPES)}")
     limit = min(smem_limit, ARCH_SMEM_LIMIT[arch])
@@ -276,10 +276,6 @@ def seed_configs(
         for stages in SEED_STAGES:
             found.append(KernelConfig(d, dtype, causal, br, bc, warps, stages, pad=8))
     return _sorted_unique(replace(c, varlen=varlen) for c in found if is_valid(c)[0])
-
-
-def _dims_text() -> str:
-    return "multiples of 8 from 8 to 256"
 
 
 def _sorted_unique(configs: Iterable[KernelConfig]) -> list[KernelConfig]:

@@ -25,6 +25,8 @@ HEAD_DIMS: tuple[int, ...] = tuple(range(8, 257, 8))
 #: The head dims headers export default kernels for when none are asked for (FlashAttention-2's
 #: own instantiations; other dims come with their tuned results or when asked for).
 COMMON_HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 256)
+#: :data:`HEAD_DIMS` in words, for messages ("head dim 12 is not a multiple of 8 from 8 to 256").
+HEAD_DIMS_RULE = "a multiple of 8 from 8 to 256"
 #: The granule the fa2 tile's head dim is rounded up to (the swizzle's 4 chunks of 8 halfs).
 TILE_D_GRANULE = 32
 
@@ -33,6 +35,8 @@ def tile_head_dim(d: int) -> int:
     """The head dim of the kernel's tile for tensors of head dim ``d``: ``d`` rounded up to a
     multiple of :data:`TILE_D_GRANULE` (40 -> 64, 80 -> 96, 128 -> 128)."""
     return -(-d // TILE_D_GRANULE) * TILE_D_GRANULE
+
+
 ELEMENT_BYTES = 2  # fp16 and bf16
 
 _NAME_RE = re.compile(

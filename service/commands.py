@@ -93,7 +93,12 @@ def _parse_dtypes(value: str | None) -> list[Dtype] | None:
 def export(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. 'NVIDIA H200' or H200")],
     d: Annotated[
-        str | None, typer.Option("--d", help="head dims, comma-separated (default: all)")
+        str | None,
+        typer.Option(
+            "--d",
+            help="head dims, comma-separated, each a multiple of 8 from 8 to 256 (default: "
+            "32, 64, 96, 128, 256 and every head dim tuned for the GPU)",
+        ),
     ] = None,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="fp16, bf16 or fp16,bf16 (default: both)")

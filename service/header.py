@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from codegen.export import TunedPoint, render_header
-from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
 from core.shape import Shape, ShapeError
@@ -171,7 +171,9 @@ def export_header(
         store: the results database.
         gpu: the GPU, as users write it (``"H200"``, ``"NVIDIA H200"``).
         ds: head dims to support (each gets FA2's default config, tuned ones their winners);
-            None for every supported head dim.
+            None for :data:`~core.config.COMMON_HEAD_DIMS` plus every head dim with tuned
+            results for ``gpu`` (each default config is compiled into the user's program,
+            so not every supported head dim unless asked for).
         dtypes: element types to support; None for both.
         generated_at: timestamp for the header comment (now when None).
         filename: the header's file name, for the comment.
@@ -184,11 +186,11 @@ def export_header(
         ValueError: unsupported head dim or dtype.
         codegen.export.ExportError: the templates cannot be inlined.
     """
-    ds = tuple(HEAD_DIMS if ds is None else ds)
+    ds = None if ds is None else tuple(ds)
     dtypes = tuple(DTYPES if dtypes is None else dtypes)
-    for d in ds:
+    for d in ds or ():
         if d not in HEAD_DIMS:
-            raise ValueError(f"unsupported head dim {d}; supported: {HEAD_DIMS}")
+            raise ValueError(f"unsupported head dim {d}: not {HEAD_DIMS_RULE}")
     for t in dtypes:
         if t not in DTYPES:
             raise ValueError(f"unsupported dtype {t!r}; supported: {', '.join(DTYPES)}")
@@ -205,7 +207,7 @@ def export_header(
         "exporting %d tuned configs for %s (D=%s, %s)",
         len(results),
         name,
-        ",".join(map(str, ds)),
+        ",".join(map(str, ds)) if ds else "common and tuned",
         ",".join(dtypes),
     )
     return render_header(

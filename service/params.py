@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import Query
 from pydantic import AfterValidator
 
-from core.config import HEAD_DIMS
+from core.config import HEAD_DIMS, HEAD_DIMS_RULE
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
 
 MAX_GPU_NAME = 128  # the gpus.name column
@@ -30,8 +30,7 @@ def _gpu_name(value: str) -> str:
 
 def _head_dim(value: int) -> int:
     if value not in HEAD_DIMS:
-        supported = ", ".join(map(str, HEAD_DIMS))
-        raise ValueError(f"must be one of {supported} (got {value})")
+        raise ValueError(f"must be {HEAD_DIMS_RULE} (got {value})")
     return value
 
 
@@ -51,7 +50,9 @@ GpuQuery = Annotated[
 ]
 HeadDimQuery = Annotated[
     int,
-    Query(description="head dimension", json_schema_extra={"enum": list(HEAD_DIMS)}),
+    Query(
+        description=f"head dimension, {HEAD_DIMS_RULE}", json_schema_extra={"enum": list(HEAD_DIMS)}
+    ),
     AfterValidator(_head_dim),
 ]
 SeqLenQuery = Annotated[

@@ -21,7 +21,7 @@ from codegen.space import (
     is_valid,
     seed_configs,
 )
-from core.config import HEAD_DIMS, KernelConfig
+from core.config import HEAD_DIMS, KernelConfig, tile_head_dim
 
 
 def cfg(
@@ -112,7 +112,7 @@ def test_arch_clamps_the_smem_limit() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"d": 80}, "head dim"),
+        ({"d": 12}, "head dim 12 is not a multiple of 8 from 8 to 256"),
         ({"d": 64, "dtype": "fp32"}, "dtype"),
         ({"d": 64, "arch": "sm_70"}, "architecture"),
     ],
@@ -125,7 +125,7 @@ def test_enumerate_rejects_bad_input(kwargs: dict[str, object], match: str) -> N
 @pytest.mark.parametrize(
     ("config", "fragment"),
     [
-        (cfg(80, 128, 64, 4), "head dim 80"),
+        (cfg(12, 128, 64, 4), "head dim 12 is not a multiple of 8 from 8 to 256"),
         (cfg(64, 128, 64, 3), "warps 3"),
         (cfg(64, 96, 64, 2), "br 96"),
         (cfg(64, 32, 64, 4), "multiple of 16 * warps"),
@@ -167,19 +167,41 @@ def test_seed_configs_are_valid_and_in_the_space(d: int, causal: bool) -> None:
     space = set(enumerate_space(d, "bf16", causal))
     assert seeds == sorted(set(seeds))
     assert all(s in space for s in seeds)
-    br, bc, warps = FA2_TILES[d]
+    br, bc, warps = FA2_TILES[tile_head_dim(d)]
     assert KernelConfig(d, "bf16", causal, br, bc, warps, 1, pad=8) in seeds
     assert KernelConfig(d, "bf16", causal, br, bc, warps, 1, pad=0, swizzle=True) in seeds
 
 
 def test_fa2_default_config_is_fa2s() -> None:
-    expected = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64), 256: (64, 64)}
-    assert set(FA2_TILES) == set(HEAD_DIMS)
-    for d, (br, bc) in expected.items():
+    # Head dims that are not a multiple of 32 take the tile of the next one (40 -> 64).
+    expected = {
+        32: (128, 128, 4),
+        40: (128, 128, 4),
+        64: (128, 128, 4),
+        80: (128, 64, 4),
+        96: (128, 64, 4),
+        128: (128, 64, 4),
+        160: (128, 32, 4),
+        192: (128, 64, 8),
+        256: (64, 64, 4),
+    }
+    assert set(FA2_TILES) == {tile_head_dim(d) for d in HEAD_DIMS}
+    for d, tile in expected.items():
         c = fa2_default_config(d, "fp16", False)
-        assert (c.br, c.bc, c.warps, c.stages, c.pad, c.swizzle) == (br, bc, 4, 1, 0, True)
-    with pytest.raises(ValueError, match="unsupported head dim"):
-        fa2_default_config(80, "fp16", False)
+        assert (c.br, c.bc, c.warps, c.stages, c.pad, c.swizzle) == (*tile, 1, 0, True)
+    for bad in (0, 7, 12, 264, 512):
+        with pytest.raises(ValueError, match="unsupported head dim"):
+            fa2_default_config(bad, "fp16", False)
+
+
+def test_accepted_head_dims_are_the_multiples_of_8_up_to_256() -> None:
+    assert tuple(range(8, 257, 8)) == HEAD_DIMS
+    for d in (40, 80, 160, 192):
+        assert enumerate_space(d)
+        assert is_valid(fa2_default_config(d, "bf16", True)) == (True, "")
+    for bad in (0, 7, 12, 264, 512):
+        with pytest.raises(ValueError, match=f"head dim {bad} is not a multiple of 8 from 8"):
+            enumerate_space(bad)
 
 
 def test_seed_configs_hold_fa2_and_seed_kernel_tiles() -> None:

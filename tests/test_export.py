@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from test_service_data import H200_NS, Seeded, make_store, seed
+from test_service_data import A100, H200_NS, Seeded, make_store, seed
 
 from codegen.export import (
     TEMPLATE_DIR,
@@ -21,11 +21,13 @@ from codegen.export import (
     render_header,
 )
 from codegen.space import fa2_default_config
-from core.config import HEAD_DIMS, KernelConfig
+from core.config import COMMON_HEAD_DIMS, DTYPES, KernelConfig
 from core.gpu_name import normalize_gpu_name as normalise_device_name
+from core.problem import Problem
 from core.shape import Shape, nearest_shape
 from db.store import Store
 from service.header import UnknownGpuError, export_header, tuned_results, tuned_shape_results
+from tests.factories import H200, make_config, make_report, ok_result
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "fa2_example.cu"
@@ -103,7 +105,7 @@ def test_header_instantiates_tuned_and_defaults(
     h200 = {cfg.name for (gpu, *_), cfg in seeded.winners.items() if gpu == "NVIDIA H200"}
     defaults = {
         fa2_default_config(d, t, c).name
-        for d in HEAD_DIMS
+        for d in COMMON_HEAD_DIMS  # the H200's tuned head dims, 64 and 128, are among them
         for t in ("fp16", "bf16")
         for c in (False, True)
     }
@@ -157,8 +159,9 @@ def test_export_unknown_gpu_and_bad_args(seeded_store: tuple[Store, Seeded]) -> 
     store, _ = seeded_store
     with pytest.raises(UnknownGpuError, match="no results for GPU 'RTX 9090'"):
         export_header(store, "RTX 9090")
-    with pytest.raises(ValueError, match="unsupported head dim"):
-        export_header(store, "H200", [80])
+    for bad in (0, 7, 12, 264, 512):
+        with pytest.raises(ValueError, match=f"unsupported head dim {bad}: not a multiple of 8"):
+            export_header(store, "H200", [bad])
     with pytest.raises(ValueError, match="unsupported dtype"):
         export_header(store, "H200", dtypes=["fp8"])  # type: ignore[list-item]
 
@@ -171,6 +174,43 @@ def test_tuned_results_match_store_best(seeded_store: tuple[Store, Seeded]) -> N
         assert seeded.winners[(r.gpu, r.d, r.dtype, r.causal, r.n)] == r.config
     only = tuned_results(store, "a100-sxm4-80gb")
     assert [(r.gpu, r.n) for r in only] == [("NVIDIA A100-SXM4-80GB", 2048)]
+
+
+def test_default_head_dims_are_the_common_ones_and_the_tuned_ones(tmp_path: Path) -> None:
+    """Every default config is compiled into the user's program: without ``ds`` the header
+    has the common head dims and those tuned for the GPU (here 80 and 40 on the H200; the
+    A100's 152 is not the H200's), not all 32 supported ones; asked-for dims are exported."""
+    store = make_store(tmp_path)
+    seed(store)
+    extra = [(H200, 80, False, 1024), (H200, 40, True, 4096), (A100, 152, False, 2048)]
+    for gpu, d, causal, n in extra:
+        gpu_id = store.upsert_gpu(gpu)
+        problem = Problem(gpu=gpu.name, d=d, n=n, dtype="bf16", causal=causal)
+        cfg = make_config(d, "bf16", causal, br=128, bc=64, stages=2, swizzle=True)
+        bid = store.record_build(make_report(cfg))
+        store.record_measurement(
+            store.problem_id(problem, gpu_id), bid, ok_result(0.5, problem), gpu
+        )
+    text = export_header(store, "H200", generated_at=WHEN)
+    expected = (32, 40, 64, 80, 96, 128, 256)
+    assert f"// Head dims: {', '.join(map(str, expected))} (others" in text
+    assert "fa2tune export --gpu 'NVIDIA H200' -o fa2_tuned.cuh" in text  # re-export: no --d
+    dims = {KernelConfig.from_name(n).d for n in instantiated(text)}
+    assert dims == set(expected)
+    defaults = {
+        fa2_default_config(d, t, c).name for d in expected for t in DTYPES for c in (False, True)
+    }
+    assert defaults <= instantiated(text)
+    assert f"inline constexpr int kDefaultCount = {len(defaults)};" in text
+    assert "fa2_d80_bf16_full_br128_bc64_w4_s2_swz" in instantiated(text)
+    # Only fp16 asked for: the bf16-only tuned dims bring no defaults.
+    text = export_header(store, "H200", dtypes=["fp16"], generated_at=WHEN)
+    assert "// Head dims: 32, 64, 96, 128, 256 (others" in text
+    # Asked for, any supported head dim is exported, tuned or not.
+    text = export_header(store, "H200", [152, 200], generated_at=WHEN)
+    assert {KernelConfig.from_name(n).d for n in instantiated(text)} == {152, 200}
+    assert "No tuned results for D=152, 200: defaults only." in text
+    store.close()
 
 
 def test_render_dedupes_and_needs_no_store() -> None:

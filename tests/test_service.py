@@ -182,7 +182,8 @@ def test_best_404_lists_known(client: TestClient) -> None:
         ({"gpu": "H200", "d": 64, "n": -5}, "n"),
         ({"gpu": "H200", "d": 64, "n": 10**12}, "n"),
         ({"gpu": "H200", "d": 64, "n": "1e3"}, "n"),
-        ({"gpu": "H200", "d": 48, "n": 1024}, "d"),
+        ({"gpu": "H200", "d": 12, "n": 1024}, "d"),
+        ({"gpu": "H200", "d": 264, "n": 1024}, "d"),
         ({"gpu": "H200", "d": 512, "n": 1024}, "d"),
         ({"gpu": "", "d": 64, "n": 1024}, "gpu"),
         ({"gpu": "   ", "d": 64, "n": 1024}, "gpu"),
@@ -203,8 +204,8 @@ def test_best_422(client: TestClient, params: dict[str, Any], field: str) -> Non
 
 
 def test_best_422_head_dim_message(client: TestClient) -> None:
-    detail = client.get("/v1/best", params={"gpu": "H200", "d": 48, "n": 1}).json()["detail"]
-    assert detail == "d: must be one of 32, 64, 96, 128, 256 (got 48)"
+    detail = client.get("/v1/best", params={"gpu": "H200", "d": 12, "n": 1}).json()["detail"]
+    assert detail == "d: must be a multiple of 8 from 8 to 256 (got 12)"
 
 
 # ----------------------------------------------------------------- /v1/gpus, /healthz
@@ -271,7 +272,8 @@ def test_results_filters(client: TestClient) -> None:
         {"limit": 1001},
         {"offset": -1},
         {"offset": "x"},
-        {"d": 48},
+        {"d": 12},
+        {"d": 264},
         {"n": 0},
         {"status": "GREAT"},
         {"dtype": "fp32"},
@@ -394,7 +396,9 @@ def test_export_header_endpoint(client: TestClient, seeded: Seeded) -> None:
     ("params", "code"),
     [
         ({"gpu": "RTX 9090"}, 404),
-        ({"gpu": "H200", "d": "48"}, 422),
+        ({"gpu": "H200", "d": "12"}, 422),
+        ({"gpu": "H200", "d": "64,264"}, 422),
+        ({"gpu": "H200", "d": "0"}, 422),
         ({"gpu": "H200", "d": "abc"}, 422),
         ({"gpu": "H200", "dtype": "fp8"}, 422),
         ({"gpu": ""}, 422),
@@ -477,6 +481,7 @@ FAST_PATH_QUERIES = [
     "gpu=H200&d=64&n=2147483648",
     "gpu=H200&d=64&n=99999999999999999999",
     "gpu=H200&d=48&n=1024",
+    "gpu=H200&d=12&n=1024",
     "gpu=H200&d=64.0&n=1024",
     "gpu=&d=64&n=1024",
     "gpu=%20&d=64&n=1024",

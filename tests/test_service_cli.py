@@ -66,7 +66,9 @@ def test_export_unknown_gpu_fails(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args", [["--d", "48"], ["--d", "x"], ["--d", ","], ["--dtype", "fp8"]])
+@pytest.mark.parametrize(
+    "args", [["--d", "12"], ["--d", "264"], ["--d", "x"], ["--d", ","], ["--dtype", "fp8"]]
+)
 def test_export_bad_options(db_url: str, args: list[str]) -> None:
     result = CliRunner().invoke(app, ["--db", db_url, "export", "--gpu", "H200", *args])
     assert result.exit_code == 2, result.output

@@ -24,6 +24,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from core.config import HEAD_DIMS
 from db.dump_format import GPU_NAME_PATTERN
 from db.store import Store
 from fa2tune.settings import get_settings
@@ -213,7 +214,18 @@ def test_header_d_is_documented_as_the_route_reads_it(client: TestClient) -> Non
     assert items == {"type": "string", "pattern": HEAD_DIMS_PATTERN}
 
 
-@pytest.mark.parametrize("d", ["64", "64,128", "32,64,96,128,256"])
+def test_head_dims_pattern_is_the_rule() -> None:
+    """The documented pattern takes exactly the supported head dims, alone or in a list."""
+    pattern = re.compile(HEAD_DIMS_PATTERN)
+    for d in range(0, 600):
+        assert bool(pattern.fullmatch(str(d))) == (d in HEAD_DIMS), d
+    assert pattern.fullmatch(",".join(map(str, HEAD_DIMS)))
+    assert pattern.fullmatch("80,8,256,40")
+    for bad in ("8,", ",8", "8,,16", "08", "2560", "80 ", "8,7"):
+        assert not pattern.fullmatch(bad), bad
+
+
+@pytest.mark.parametrize("d", ["64", "64,128", "32,64,96,128,256", "8", "40,80,160,192", "256"])
 def test_header_takes_documented_head_dims(client: TestClient, d: str) -> None:
     r = client.get("/v1/export/header", params={"gpu": "H200", "d": d})
     assert r.status_code == 200, r.text
@@ -222,7 +234,9 @@ def test_header_takes_documented_head_dims(client: TestClient, d: str) -> None:
 @pytest.mark.parametrize(
     ("d", "why"),
     [
-        ("48", "32, 64, 96, 128, 256"),
+        ("12", "must be a multiple of 8 from 8 to 256 (got 12)"),
+        ("64,264", "must be a multiple of 8 from 8 to 256 (got 264)"),
+        ("0", "must be a multiple of 8 from 8 to 256 (got 0)"),
         ("x", "not an integer: 'x'"),
         (" 64", "write head dims like 64 or 64,128 (got ' 64')"),
         ("064", "write head dims like 64 or 64,128 (got '064')"),

@@ -12,7 +12,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
 from codegen.export import ExportError
-from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from service.deps import IndexHolderDep, SlowDep, SlowEndpoints
 from service.header import UnknownGpuError, export_header
 from service.index import IndexHolder
@@ -23,7 +23,8 @@ router = APIRouter(prefix="/v1/export", tags=["export"])
 
 HEADER_NAME = "fa2_tuned.cuh"
 
-_DIMS = "|".join(str(d) for d in HEAD_DIMS)
+# Longest first, so "80" is not first tried as "8" and backtracked.
+_DIMS = "|".join(str(d) for d in sorted(HEAD_DIMS, key=lambda d: (-len(str(d)), d)))
 # One ``d`` value as the OpenAPI document states it and the route enforces it: supported head
 # dims, comma-separated. Documented as any string, "x" or "48" were valid requests the route
 # refused; and as parse_head_dims alone also takes " 64", "064", "6_4" and empty items, the
@@ -61,8 +62,9 @@ async def header(
     d: Annotated[
         list[HeadDimsItem] | None,
         Query(
-            description="head dims, repeated or comma-separated: d=64&d=128 or d=64,128 "
-            "(default: all)"
+            description="head dims, repeated or comma-separated: d=64&d=128 or d=64,128; "
+            f"each {HEAD_DIMS_RULE} (default: {', '.join(map(str, COMMON_HEAD_DIMS))} and "
+            "every head dim tuned for the GPU)"
         ),
     ] = None,
     dtype: Annotated[
@@ -70,7 +72,8 @@ async def header(
     ] = None,
 ) -> PlainTextResponse:
     """One self-contained header: the kernel template inlined, explicit instantiations of the
-    configs tuned for ``gpu`` plus FlashAttention-2's defaults, and
+    configs tuned for ``gpu`` plus FlashAttention-2's defaults (for the head dims asked for;
+    by default the common ones and every head dim tuned for ``gpu``), and
     ``fa2tune_forward(params, head_dim, dtype, causal, stream)`` dispatching on the device
     name, D, N bucket, dtype and mask. Compiles with plain nvcc (C++17, sm_80+).
 
