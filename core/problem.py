@@ -7,6 +7,7 @@ replay and the store count TFLOP/s the same way.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -20,6 +21,14 @@ class Problem:
 
     ``n`` is both the query and the key length (the campaign's square problems);
     ``nk`` overrides the key length for Nq != Nk. ``kv_heads`` defaults to ``heads``.
+
+    ``seqlens`` makes it a packed variable-length batch (self-attention: each sequence's query
+    and key lengths are equal): ``batch`` is then the number of sequences and ``n`` the
+    longest, both derived from it (pass ``seqlens`` alone via :meth:`varlen`).
+
+    Raises:
+        ValueError: a varlen problem whose ``n``/``batch`` disagree with ``seqlens``, or with
+            ``nk`` set, or a length below 1.
     """
 
     gpu: str
@@ -31,6 +40,30 @@ class Problem:
     causal: bool = False
     kv_heads: int | None = None
     nk: int | None = None
+    seqlens: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.seqlens is None:
+            return
+        lens = tuple(int(x) for x in self.seqlens)
+        object.__setattr__(self, "seqlens", lens)
+        if not lens or min(lens) < 1:
+            raise ValueError(f"seqlens must be one or more lengths >= 1, got {list(lens)}")
+        if self.n != max(lens) or self.batch != len(lens) or self.nk is not None:
+            raise ValueError(
+                f"a varlen problem has n = the longest of seqlens ({max(lens)}), batch = their "
+                f"count ({len(lens)}) and no nk; got n={self.n}, batch={self.batch}, nk={self.nk}"
+            )
+
+    @classmethod
+    def varlen(cls, gpu: str, d: int, seqlens: tuple[int, ...], **kwargs: Any) -> Problem:
+        """A packed variable-length problem over ``seqlens`` (``n`` and ``batch`` derived)."""
+        lens = tuple(int(x) for x in seqlens)
+        return cls(gpu=gpu, d=d, n=max(lens, default=0), batch=len(lens), seqlens=lens, **kwargs)
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.seqlens is not None
 
     @property
     def n_keys(self) -> int:
@@ -42,7 +75,11 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """Forward FLOPs counted the standard way: 4·B·H·Nq·Nk·D, halved for causal."""
+        """Forward FLOPs counted the standard way: 4·B·H·Nq·Nk·D, halved for causal (summed
+        over the sequences of a varlen problem)."""
+        if self.seqlens is not None:
+            f = sum(4.0 * self.heads * n * n * self.d for n in self.seqlens)
+            return f / 2 if self.causal else f
         f = 4.0 * self.batch * self.heads * self.n * self.n_keys * self.d
         return f / 2 if self.causal else f
 
@@ -62,8 +99,10 @@ class Problem:
         mask = "causal" if self.causal else "full"
         tail = f"_nk{self.nk}" if self.nk is not None else ""
         gqa = f"_kv{self.kv_heads}" if self.kv_heads is not None else ""
+        packed = f"_vl{seqlens_digest(self.seqlens)}" if self.seqlens is not None else ""
         return (
             f"{gpu}_d{self.d}_n{self.n}{tail}_b{self.batch}_h{self.heads}{gqa}_{self.dtype}_{mask}"
+            f"{packed}"
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -77,4 +116,23 @@ class Problem:
             TypeError: when ``gpu``, ``d`` or ``n`` is missing.
         """
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        kwargs = {k: v for k, v in data.items() if k in names}
+        if kwargs.get("seqlens") is not None:
+            kwargs["seqlens"] = tuple(kwargs["seqlens"])
+        return cls(**kwargs)
+
+
+def seqlens_digest(seqlens: tuple[int, ...]) -> str:
+    """8 hex digits naming a list of lengths (study names stay short and filesystem safe)."""
+    text = ",".join(map(str, seqlens))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def seqlens_text(seqlens: tuple[int, ...] | None) -> str:
+    """How the store keeps a length list: comma-separated, ``""`` for a dense problem."""
+    return "" if seqlens is None else ",".join(map(str, seqlens))
+
+
+def parse_seqlens(text: str) -> tuple[int, ...] | None:
+    """Inverse of :func:`seqlens_text`."""
+    return tuple(int(x) for x in text.split(",")) if text else None

@@ -68,7 +68,7 @@ MAX_GPU_NAME: Final = 128  # the gpus.name column
 
 GpuKey = tuple[str, str]
 BuildKey = tuple[str, str, str]
-ProblemKey = tuple[GpuKey, int, int, int, int, int, int, str, bool]
+ProblemKey = tuple[GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...]]
 
 
 class TransferError(ValueError):
@@ -461,12 +461,30 @@ class ProblemRecord(_Record):
     kv_heads: Integer = _int32(1, "key/value heads (a divisor of heads)")
     dtype: Dtype
     causal: StrictBool
+    seqlens: list[Integer] | None = Field(
+        default=None,
+        description=(
+            "a packed variable-length batch: each sequence's length (then n is the longest, "
+            "batch the count and nk the total); null for a dense problem"
+        ),
+        json_schema_extra={"maxItems": 65536},
+    )
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        lens = self.seqlens
+        if lens is not None and (
+            not lens
+            or min(lens) < 1
+            or (self.n, self.batch, self.nk) != (max(lens), len(lens), sum(lens))
+        ):
+            raise ValueError(
+                "seqlens must be lengths >= 1 with n = the longest, batch = their count and "
+                f"nk = their total; got n={self.n}, batch={self.batch}, nk={self.nk}"
             )
         return self
 
@@ -486,6 +504,7 @@ class ProblemRecord(_Record):
             self.kv_heads,
             self.dtype,
             self.causal,
+            tuple(self.seqlens or ()),
         )
 
 

@@ -182,9 +182,17 @@ class Problem(Base):
     kv_heads: Mapped[int]
     dtype: Mapped[str] = mapped_column(String(8))
     causal: Mapped[bool]
+    # A packed variable-length batch: its lengths, comma-separated ("" for a dense problem).
+    # Such a row keeps the longest length in n, the count in batch and the total in nk, so
+    # that the identity above tells most length lists apart (see db.writes).
+    seqlens: Mapped[str] = mapped_column(Text, default="", server_default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     gpu: Mapped[Gpu] = relationship(back_populates="problems")
+
+    @property
+    def is_varlen(self) -> bool:
+        return self.seqlens != ""
 
 
 class Measurement(Base):

@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session, contains_eager
 from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
+from core.problem import parse_seqlens
 from core.records import MeasureStatus
-from core.shape import MAX_DIM, Shape, ShapeError, nearest_shape, shape_distance
+from core.shape import MAX_DIM, Shape, ShapeError, nearest_key, nearest_shape, shape_distance
 from db.models import Build, Gpu, Measurement, Problem
 from db.results import MAX_PAGE, BestResult, GpuSummary, ResultPage, ResultRow, StoredOutcome
 from db.session import session_scope
@@ -38,6 +39,7 @@ __all__ = [
     "best",
     "best_for_shape",
     "best_or_nearest",
+    "best_varlen",
     "build_config",
     "effective_sm_count",
     "gpus",
@@ -64,8 +66,19 @@ def build_config(build: Build) -> AnyConfig:
 
 def problem_flops(problem: Problem) -> float:
     """Forward FLOPs of a problem row, counted as :attr:`core.problem.Problem.flops`."""
-    spec = ProblemSpec(
-        gpu="",
+    return problem_spec(problem).flops
+
+
+def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
+    """The problem a row stores, as the campaign's :class:`core.problem.Problem`."""
+    lens = parse_seqlens(problem.seqlens)
+    if lens is not None:
+        return ProblemSpec.varlen(
+            gpu, problem.d, lens, heads=problem.heads, kv_heads=problem.kv_heads,
+            dtype=problem.dtype, causal=problem.causal,
+        )  # fmt: skip
+    return ProblemSpec(
+        gpu=gpu,
         d=problem.d,
         n=problem.n,
         batch=problem.batch,
@@ -75,7 +88,6 @@ def problem_flops(problem: Problem) -> float:
         kv_heads=problem.kv_heads,
         nk=problem.nk,
     )
-    return spec.flops
 
 
 def _best_result(
@@ -209,6 +221,7 @@ def _problems_query(
             Problem.causal == causal,
             # No nk asked for means square problems (the campaign's), never Nq != Nk.
             Problem.nk == (nk if nk is not None else Problem.n),
+            Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
         )
     )
     if batch is not None:
@@ -355,6 +368,7 @@ def _shape_candidates(
             Problem.d == d,
             Problem.dtype == dtype,
             Problem.causal == causal,
+            Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
             has_ok,
         )
         .order_by(Problem.id)
@@ -407,7 +421,7 @@ def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
             select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
             .options(contains_eager(Problem.gpu))
-            .where(has_ok)
+            .where(has_ok, Problem.seqlens == "")  # the header dispatches dense shapes
             .order_by(Problem.id)
         ).all()
         sm_counts: dict[str, list[int]] = {}
@@ -552,3 +566,62 @@ def results(
             for m, p, g, b in rows
         ]
     return ResultPage(total=total or 0, offset=offset, limit=limit, items=items)
+
+
+def varlen_shape(seqlens: Sequence[int], heads: int, kv_heads: int) -> Shape:
+    """The dense shape a packed batch is compared by: its count of sequences at their mean
+    length (the work per sequence of the mean one, the grid of the whole batch)."""
+    mean = max(1, round(sum(seqlens) / len(seqlens)))
+    return Shape(mean, mean, len(seqlens), heads, kv_heads)
+
+
+def best_varlen(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    seqlens: Sequence[int],
+    heads: int,
+    kv_heads: int,
+) -> tuple[BestResult, tuple[int, ...]] | None:
+    """:meth:`db.store.Store.best_varlen`: the fastest verified config of the varlen problem
+    with these lengths, else of the nearest tuned varlen problem (same GPU, D, dtype and mask)
+    under :func:`core.shape.shape_distance` of their :func:`varlen_shape`\\ s; with the lengths
+    it was measured on. None when no varlen problem is tuned there."""
+    lens = tuple(int(x) for x in seqlens)
+    asked = varlen_shape(lens, heads, kv_heads)
+    with session_scope(engine) as s:
+        has_ok = exists().where(
+            Measurement.problem_id == Problem.id,
+            Measurement.status == MeasureStatus.OK.value,
+            Measurement.median_ms.is_not(None),
+        )
+        rows = s.scalars(
+            select(Problem)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))
+            .where(
+                Gpu.name_key == normalize_gpu_name(gpu),
+                Problem.d == d,
+                Problem.dtype == dtype,
+                Problem.causal == causal,
+                Problem.seqlens != "",
+                has_ok,
+            )
+            .order_by(Problem.id)
+        ).all()
+        if not rows:
+            return None
+        measured = {p.id: parse_seqlens(p.seqlens) or () for p in rows}
+        exact = [p for p in rows if measured[p.id] == lens and p.heads == heads
+                 and p.kv_heads == kv_heads]  # fmt: skip
+        if exact:
+            found = _best_of(s, exact, exact=True)
+            return (found, lens) if found is not None else None
+        sm_count = _sm_count(s, normalize_gpu_name(gpu))
+        shapes = {p.id: varlen_shape(measured[p.id], p.heads, p.kv_heads) for p in rows}
+        nearest = min(rows, key=lambda p: (*nearest_key(asked, shapes[p.id], sm_count), p.id))
+        found = _best_of(s, [nearest], exact=False,
+                         distance=shape_distance(asked, shapes[nearest.id], sm_count))  # fmt: skip
+        return (found, measured[nearest.id]) if found is not None else None

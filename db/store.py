@@ -19,6 +19,7 @@ re-exported here as the rule the store keys GPUs on (``gpus.name_key``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import TracebackType
 
 from sqlalchemy import Engine
@@ -249,6 +250,23 @@ class Store:
         return queries.best_for_shape(
             self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family
         )
+
+    def best_varlen(
+        self,
+        gpu: str,
+        d: int,
+        dtype: str,
+        causal: bool,
+        seqlens: Sequence[int],
+        heads: int,
+        kv_heads: int,
+    ) -> tuple[BestResult, tuple[int, ...]] | None:
+        """The best varlen config for a packed batch of ``seqlens``: measured on exactly those
+        lengths (and heads), else on the nearest tuned varlen problem (each compared as its
+        count of sequences at their mean length, :func:`db.queries.varlen_shape`). Returns the
+        result with the lengths it was measured on, or None when no varlen problem of this
+        GPU, D, dtype and mask is tuned."""
+        return queries.best_varlen(self._engine, gpu, d, dtype, causal, seqlens, heads, kv_heads)
 
     def shape_winners(self) -> list[tuple[BestResult, int]]:
         """The winner of every tuned problem (any shape, any family), each with its GPU's SM

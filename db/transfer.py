@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from core.build_report import BuildStatus
 from core.gpu_name import normalize_gpu_name
+from core.problem import parse_seqlens, seqlens_text
 from core.records import MeasureStatus
 from db.dump_format import (
     BuildKey,
@@ -111,6 +112,7 @@ def _problem_record(p: Problem, g: Gpu) -> ProblemRecord:
         kv_heads=p.kv_heads,
         dtype=p.dtype,  # type: ignore[arg-type]
         causal=p.causal,
+        seqlens=list(parse_seqlens(p.seqlens) or ()) or None,
     )
 
 
@@ -317,6 +319,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             p_row.kv_heads,
             p_row.dtype,
             p_row.causal,
+            parse_seqlens(p_row.seqlens) or (),
         )
         problem_ids[key] = p_row.id
     new_problems: dict[ProblemKey, Problem] = {}
@@ -333,6 +336,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             kv_heads=p.kv_heads,
             dtype=p.dtype,
             causal=p.causal,
+            seqlens=seqlens_text(tuple(p.seqlens) if p.seqlens else None),
             created_at=now,
         )
     session.add_all(new_problems.values())

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from core.build_report import BuildReport
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
+from core.problem import seqlens_text
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
 from db.session import session_scope
@@ -52,11 +53,15 @@ def _insert(session: Session, model: type[Any]) -> Any:
 
 
 def _problem_identity(problem: ProblemSpec, gpu_id: int) -> dict[str, Any]:
+    """The row's identity columns plus ``seqlens`` (a varlen row keeps its total token count
+    in ``nk``: see db.models.Problem)."""
+    lens = problem.seqlens
     return {
         "gpu_id": gpu_id,
         "d": problem.d,
         "n": problem.n,
-        "nk": problem.n_keys,
+        "nk": problem.n_keys if lens is None else sum(lens),
+        "seqlens": seqlens_text(lens),
         "batch": problem.batch,
         "heads": problem.heads,
         "kv_heads": problem.n_kv_heads,
@@ -150,7 +155,14 @@ def problem_id(engine: Engine, problem: ProblemSpec, gpu_id: int) -> int:
         s.execute(
             _insert(s, Problem).values(**identity, created_at=utcnow()).on_conflict_do_nothing()
         )
-        return s.scalars(query).one()
+        found = s.scalar(query)
+    if found is None:  # a varlen list that agrees with a stored one on count, max and total
+        raise ValueError(
+            f"another varlen problem with {problem.batch} sequences, longest {problem.n} and "
+            f"{identity['nk']} tokens in all is stored for this GPU, D, dtype and mask; "
+            "the store keeps one length list per such triple"
+        )
+    return found
 
 
 def record_measurement(

@@ -80,8 +80,13 @@ def test_upgrade_keeps_every_row_and_moves_parameters_into_params(db_0001: Path)
     init_db(engine)  # 0001 -> head
     engine.dispose()
     after = {t: _rows(db_0001, t) for t in TABLES}
-    for table in ("gpus", "problems", "measurements", "ingested_files"):
+    for table in ("gpus", "measurements", "ingested_files"):
         assert after[table] == before[table], table
+    # 0003 adds problems.seqlens, "" (dense) on every row that was there.
+    assert [{k: v for k, v in p.items() if k != "seqlens"} for p in after["problems"]] == before[
+        "problems"
+    ]
+    assert {p["seqlens"] for p in after["problems"]} == {""}
     assert len(after["builds"]) == len(before["builds"])
     for old, new in zip(before["builds"], after["builds"], strict=True):
         assert json.loads(new["params"]) == _old_params(old)
@@ -111,14 +116,17 @@ def test_upgraded_shipped_results_answer_as_before(db_0001: Path) -> None:
         _assert_same_answers(store)
 
 
-def test_fresh_ingest_of_the_shipped_file_answers_as_before(sqlite_url: str) -> None:
-    """The same file (format 1) ingested by today's code into a fresh database (without the
-    two-family results shipped beside it, whose faster kernels change the answers)."""
-    from db.shipped import load_shipped_results, shipped_files
+def test_a_dump_of_the_upgraded_file_ingests_and_answers_as_before(
+    db_0001: Path, sqlite_url: str, tmp_path: Path
+) -> None:
+    """The upgraded 0001 file, dumped in today's format and ingested by today's code into a
+    fresh database, answers the recorded queries as the 0001 file did."""
+    from db.transfer import dump, ingest_file
 
-    (fa2_file,) = [f for f in shipped_files() if f.name == "h200_results.json"]
+    with Store.from_url(f"sqlite:///{db_0001}") as old:
+        dump(old, tmp_path / "results.json")
     with Store.from_url(sqlite_url) as store:
-        load_shipped_results(store, files=[fa2_file])
+        ingest_file(store, tmp_path / "results.json")
         _assert_same_answers(store)
 
 
@@ -167,7 +175,7 @@ def test_upgrade_on_postgresql(db_0001: Path, postgres_url: str) -> None:
         params = conn.execute(text("SELECT params FROM builds ORDER BY id")).scalars().all()
         version = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar_one()
     target.dispose()
-    assert version == "0002"
+    assert version == "0003"
     assert params == [_old_params(r) for r in _rows(db_0001, "builds")]
     with Store.from_url(postgres_url) as store:
         _assert_same_answers(store)
