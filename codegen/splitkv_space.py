@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from core.config import Dtype
+from core.config import Dtype, tile_head_dim
 from core.problem import Problem
 from core.splitkv_config import SplitKvConfig
 
-#: Head dims the template instantiates: whole 16-byte chunks that the XOR swizzle permutes.
-HEAD_DIMS: tuple[int, ...] = (32, 64, 96, 128, 160, 192, 224, 256)
+#: Head dims the template instantiates: every multiple of 8 up to 256. The tile's head dim is
+#: rounded up to a multiple of 32 (:attr:`SplitKvConfig.tile_d`: whole groups of the 16-byte
+#: chunks the XOR swizzle permutes); the rules below use the tile's.
+HEAD_DIMS: tuple[int, ...] = tuple(range(8, 257, 8))
 ROWS: tuple[int, ...] = (16, 32, 64)
 BLOCK_N: tuple[int, ...] = (16, 32, 64)
 WARPS: tuple[int, ...] = (1, 2, 4, 8)
@@ -36,9 +38,12 @@ MAX_PACKED_ROWS = 256
 
 
 def accumulator_regs(config: SplitKvConfig) -> int:
-    """fp32 S and O accumulators per thread, plus Q's fragments when they stay in registers."""
-    q_in_regs = config.rows == 16 and config.d <= 128
-    return config.rows * (config.d + config.block_n) // 32 + (config.d // 4 if q_in_regs else 0)
+    """fp32 S and O accumulators per thread, plus Q's fragments when they stay in registers
+    (for the tile's head dim; the kernel may use fewer when the head dim is not a multiple of
+    32)."""
+    d = config.tile_d
+    q_in_regs = config.rows == 16 and d <= 128
+    return config.rows * (d + config.block_n) // 32 + (d // 4 if q_in_regs else 0)
 
 
 def invalid_reasons(config: SplitKvConfig, smem_limit: int = MAX_SMEM_PER_BLOCK) -> list[str]:
@@ -51,8 +56,9 @@ def invalid_reasons(config: SplitKvConfig, smem_limit: int = MAX_SMEM_PER_BLOCK)
         why.append(f"head dim {c.d} is not one of {list(HEAD_DIMS)}")
     if c.rows not in ROWS:
         why.append(f"rows {c.rows} is not one of {list(ROWS)}")
-    if c.rows * c.d > 4096:
-        why.append(f"{c.rows} rows x D={c.d} is over the 4096 the O accumulator allows")
+    if c.rows * c.tile_d > 4096:
+        tile = f" (tile {c.tile_d})" if c.tile_d != c.d else ""
+        why.append(f"{c.rows} rows x D={c.d}{tile} is over the 4096 the O accumulator allows")
     if c.block_n not in BLOCK_N:
         why.append(f"block_n {c.block_n} is not one of {list(BLOCK_N)}")
     if c.warps not in WARPS:
@@ -93,14 +99,15 @@ def enumerate_space(
 
 
 def default_config(d: int, dtype: Dtype, causal: bool) -> SplitKvConfig:
-    """16 packed rows, 4 warps of 32-key tiles (16 for D > 128), 2 stages, up to 16 splits.
+    """16 packed rows, 4 warps of 32-key tiles (16 for a tile D over 128), 2 stages, up to 16
+    splits.
 
     Raises:
         ValueError: for a head dim outside :data:`HEAD_DIMS`.
     """
     if d not in HEAD_DIMS:
         raise ValueError(f"head dim {d} is not one of {list(HEAD_DIMS)} for the splitkv family")
-    return SplitKvConfig(d, dtype, causal, 16, 32 if d <= 128 else 16, 4, 2, 16)
+    return SplitKvConfig(d, dtype, causal, 16, 32 if tile_head_dim(d) <= 128 else 16, 4, 2, 16)
 
 
 def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[SplitKvConfig]:

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from core.config import ELEMENT_BYTES, Dtype
+from core.config import ELEMENT_BYTES, Dtype, tile_head_dim
 from core.config_common import int_value, name_key
 
 _NAME_RE = re.compile(
@@ -30,7 +30,8 @@ class SplitKvConfig:
     """Compile-time parameters of one split-KV forward kernel.
 
     Attributes:
-        d: head dimension.
+        d: head dimension of the tensors (any multiple of 8 up to 256); the kernel's tiles
+            use :attr:`tile_d`, ``d`` rounded up to a multiple of 32.
         dtype: element type of Q, K, V and O.
         causal: bottom-right aligned causal mask.
         rows: packed query rows per block: the query heads of one GQA group times their
@@ -72,15 +73,23 @@ class SplitKvConfig:
         return 32 * self.warps
 
     @property
+    def tile_d(self) -> int:
+        """The head dim of the kernel's tiles (``Traits::D``): :attr:`d` rounded up to a
+        multiple of 32 (:func:`core.config.tile_head_dim`; 40 -> 64, 200 -> 224)."""
+        return tile_head_dim(self.d)
+
+    @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory: the traits' ``kSmemBytes`` (a compile test checks both agree).
 
         The Q tile, then an area that holds every warp's K/V ring during the loop and every
-        warp's float32 O while the warps merge, then the per-warp and merged row statistics.
+        warp's float32 O while the warps merge, then the per-warp and merged row statistics;
+        rows of :attr:`tile_d` elements.
         """
-        q = self.rows * self.d * ELEMENT_BYTES
-        rings = self.warps * self.stages * 2 * self.block_n * self.d * ELEMENT_BYTES
-        merge = self.warps * self.rows * self.d * _F32
+        d = self.tile_d
+        q = self.rows * d * ELEMENT_BYTES
+        rings = self.warps * self.stages * 2 * self.block_n * d * ELEMENT_BYTES
+        merge = self.warps * self.rows * d * _F32
         stats = (2 * self.warps + 2) * self.rows * _F32
         return q + max(rings, merge) + stats
 
@@ -90,7 +99,11 @@ class SplitKvConfig:
         return max(1, min(self.splits, tiles))
 
     def workspace_bytes(self, nq: int, heads: int, kv_heads: int, batch: int, nk: int) -> int:
-        """Float32 workspace a launch needs (partial O and LSE, a counter per row tile)."""
+        """Float32 workspace a launch needs (partial O and LSE, a counter per row tile).
+
+        Partial O rows are :attr:`d` floats (the head dim, not :attr:`tile_d`), as in
+        splitkv_fwd.cuh's ``workspace_bytes`` and splitkv_launch.cuh's layout.
+        """
         splits = self.splits_for(nk)
         if splits == 1:
             return 0

@@ -11,6 +11,9 @@ prefill-like shapes the family is not tuned for but must still get right, and a 
 * ``test_worker_measures_seed_configs``: seeds through the worker, as a campaign measures
   (verified twice: before and after timing, so a workspace that did not reset shows up).
 * ``test_sample_configs``: seeds plus a random sample per (D, dtype, mask), in-process.
+* ``test_more_head_dims``: head dims the tile rounds up (8, 40, 80, 200: columns past the
+  head dim zero-filled and never stored, O and the workspace in head-dim units) and 160, 192;
+  the default plus two sampled configs per (D, dtype, mask) on the decode shapes and Nq > Nk.
 * ``test_every_config`` (also ``slow``): the whole space for D 128, fp16.
 
 Skipped, with the reason, without torch, cuda-bindings, nvcc or an sm_80+ GPU.
@@ -27,7 +30,7 @@ from typing import Any, cast
 import pytest
 from gpu_support import gpu_skip_reason, shape_problems
 
-from codegen.splitkv_space import enumerate_space, seed_configs
+from codegen.splitkv_space import default_config, enumerate_space, seed_configs
 from core.build_report import BuildReport
 from core.config import Dtype
 from core.problem import Problem
@@ -74,6 +77,10 @@ EDGE_SHAPES = [
 ALL_SHAPES = DECODE_SHAPES + EDGE_SHAPES
 DTYPES: tuple[Dtype, ...] = ("fp16", "bf16")
 HEAD_DIMS = (64, 128, 256, 96, 32)
+#: Head dims of test_more_head_dims: tiles of 32 (8), 64 (40), 96 (80) and 224 (200) with
+#: columns past the head dim, and 160 and 192 (whose chunks do not tile a warp).
+MORE_HEAD_DIMS = (40, 80, 160, 192, 8, 200)
+MORE_SHAPES = DECODE_SHAPES + EDGE_SHAPES[:1]
 LAYOUTS: tuple[Layout, ...] = ("bnhd", "bhnd")
 FAST = TimingOptions(warmup=2, target_ms=10.0, min_reps=3, max_reps=50, flush_l2=False)
 
@@ -96,11 +103,29 @@ def _sample(d: int, dtype: Dtype, causal: bool, k: int = 8) -> list[SplitKvConfi
     return sorted(set(seed_configs(d, dtype, causal)) | set(rng.sample(space, min(k, len(space)))))
 
 
+def _few(d: int, dtype: Dtype, causal: bool) -> list[SplitKvConfig]:
+    """The default (up to 16 splits: the workspace merge) and two sampled configs."""
+    rng = random.Random(f"splitkv-more{d}{dtype}{causal}")
+    return sorted(
+        {default_config(d, dtype, causal), *rng.sample(enumerate_space(d, dtype, causal), 2)}
+    )
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("splitkv-builds")
     every = [c for d in HEAD_DIMS for t in DTYPES for m in (False, True) for c in _sample(d, t, m)]
     _build(every, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def more_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """test_more_head_dims' builds, in one batch of their own (``-k more_head_dims`` builds
+    these 72 only)."""
+    path = tmp_path_factory.mktemp("splitkv-more-builds")
+    more = [c for d in MORE_HEAD_DIMS for t in DTYPES for m in (False, True) for c in _few(d, t, m)]
+    _build(more, path)
     return path
 
 
@@ -183,6 +208,14 @@ def _run_configs(configs: list[SplitKvConfig], problems: list[Problem], cache: P
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_sample_configs(d: int, dtype: Dtype, causal: bool, cache: Path) -> None:
     _run_configs(_sample(d, dtype, causal), shape_problems(d, dtype, causal, ALL_SHAPES), cache)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", MORE_HEAD_DIMS)
+def test_more_head_dims(d: int, dtype: Dtype, causal: bool, more_cache: Path) -> None:
+    problems = shape_problems(d, dtype, causal, MORE_SHAPES)
+    _run_configs(_few(d, dtype, causal), problems, more_cache)
 
 
 @pytest.mark.slow

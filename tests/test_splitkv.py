@@ -8,6 +8,7 @@ from codegen.families import SPLITKV, family, family_of
 from codegen.splitkv_space import (
     HEAD_DIMS,
     MAX_PACKED_ROWS,
+    accumulator_regs,
     default_config,
     enumerate_space,
     invalid_reasons,
@@ -50,15 +51,59 @@ def test_space_is_valid_sorted_and_holds_seeds_and_default(d: int) -> None:
 
 
 def test_space_rules_name_what_is_wrong() -> None:
-    bad = SplitKvConfig(80, "fp16", False, rows=64, block_n=24, warps=3, stages=5, splits=3)
+    bad = SplitKvConfig(84, "fp16", False, rows=64, block_n=24, warps=3, stages=5, splits=3)
     why = " | ".join(invalid_reasons(bad))
-    for part in ("head dim 80", "64 rows x D=80", "block_n 24", "warps 3", "stages 5", "splits 3"):
+    for part in ("head dim 84", "64 rows x D=84 (tile 96)", "block_n 24", "warps 3", "stages 5"):
         assert part in why
-    assert enumerate_space(80, "fp16", False) == []
-    with pytest.raises(ValueError, match="head dim 80"):
-        default_config(80, "fp16", False)
+    assert "splits 3" in why
+    for d in (0, 4, 84, 264):
+        assert enumerate_space(d, "fp16", False) == [] and seed_configs(d, "fp16", False) == []
+    with pytest.raises(ValueError, match="head dim 84"):
+        default_config(84, "fp16", False)
     big = SplitKvConfig(256, "fp16", False, rows=16, block_n=64, warps=8, stages=4, splits=1)
     assert any("shared memory" in w or "accumulator" in w for w in invalid_reasons(big))
+
+
+def test_head_dims_are_every_multiple_of_8_and_tiles_round_up_to_32() -> None:
+    assert list(HEAD_DIMS) == list(range(8, 257, 8))
+    tiles = {d: SplitKvConfig(d, "fp16", False).tile_d for d in (8, 32, 40, 80, 160, 192, 200)}
+    assert tiles == {8: 32, 32: 32, 40: 64, 80: 96, 160: 160, 192: 192, 200: 224}
+    # The name keeps the tensors' head dim; the render passes it to the template (which
+    # rounds its tile itself).
+    c = SplitKvConfig(40, "bf16", True, rows=32, block_n=16, warps=2, stages=2, splits=8)
+    assert c.name == "splitkv_d40_bf16_causal_r32_n16_w2_s2_k8"
+    assert config_from_name(c.name) == c
+    assert f"SPLITKV_DEFINE_KERNEL({c.name}, 40, __nv_bfloat16, true, 32, 16, 2, 2, 8)" in (
+        SPLITKV.render(c)
+    )
+    assert SPLITKV.header.traits(c) == "splitkv::Traits<40, __nv_bfloat16, true, 32, 16, 2, 2, 8>"
+
+
+@pytest.mark.parametrize(("d", "tile"), [(40, 64), (80, 96), (160, 160), (192, 192), (200, 224)])
+def test_sizes_use_the_tile_d_for_shared_memory_and_the_head_dim_for_the_workspace(
+    d: int, tile: int
+) -> None:
+    c = SplitKvConfig(d, "fp16", False, rows=16, block_n=32, warps=4, stages=3, splits=16)
+    assert c.tile_d == tile
+    q, rings, merge = 16 * tile * 2, 4 * 3 * 2 * 32 * tile * 2, 4 * 16 * tile * 4
+    assert c.smem_bytes == q + max(rings, merge) + 10 * 16 * 4
+    # GQA 32:8 decode, B=3: 4 packed rows per KV head, one 16-row tile each; 16 splits.
+    tiles, partial = 8 * 3, 8 * 3 * 16 * 16
+    assert c.workspace_bytes(1, 32, 8, 3, 8192) == partial * (d + 1) * 4 + tiles * 4
+    assert c.workspace_bytes(1, 32, 8, 3, 32) == 0
+
+
+def test_register_and_row_rules_use_the_tile_d() -> None:
+    # 64 rows x D=72 is under 4096, but its tile (96) is not.
+    assert any("(tile 96)" in w for w in invalid_reasons(SplitKvConfig(72, "fp16", False, 64)))
+    assert not any("rows x D" in w for w in invalid_reasons(SplitKvConfig(64, "fp16", False, 64)))
+    # d=40 takes exactly what d=64 takes (the same tile), d=8 what d=32 takes.
+    for d, same in ((40, 64), (80, 96), (200, 224), (8, 32)):
+        a, b = enumerate_space(d, "bf16", True), enumerate_space(same, "bf16", True)
+        assert [c.params() for c in a] == [c.params() for c in b], d
+        assert accumulator_regs(a[0]) == accumulator_regs(b[0])
+    assert default_config(136, "fp16", False).block_n == 16  # tile 160
+    assert default_config(120, "fp16", False).block_n == 32  # tile 128
 
 
 def test_splits_never_exceed_key_tiles_and_workspace_follows() -> None:

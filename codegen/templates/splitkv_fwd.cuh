@@ -20,10 +20,17 @@
 // Causal masking is bottom-right aligned (query i sees key j iff j <= i + nk - nq), as in
 // fa2_fwd.cuh; rows that see no key get O = 0 and LSE = -inf.
 //
-// Kernel arguments: Fa2Params, then float* ws_o, float* ws_lse, int* ws_count (sizes: see
-// workspace_bytes below and docs/splitkv_kernel.md). Grid: (row tiles * kv_heads * batch,
-// splits); row tiles = ceil(group * nq / Rows). Batch * heads lives in grid.x, so any batch
-// up to the int32 limits launches.
+// Head dims: any multiple of 8 up to 256. The tile's D is the head dim rounded up to a multiple
+// of 32 (the swizzle permutes groups of 4 chunks), as in fa2_fwd.cuh. Chunks past the head dim
+// are zero-filled on load where an mma reads them and never loaded past the last 16-column
+// k-step; the mma loops stop at that k-step (D=40: 3 of the 64-wide tile's 4); O, the
+// workspace partials and the merge cover the head dim's chunks only.
+//
+// Kernel arguments: Fa2Params, then float* ws_o ([partial rows][DHead]: the head dim, not the
+// tile's), float* ws_lse, int* ws_count (sizes: see workspace_bytes below and
+// docs/splitkv_kernel.md). Grid: (row tiles * kv_heads * batch, splits); row tiles =
+// ceil(group * nq / Rows). Batch * heads lives in grid.x, so any batch up to the int32 limits
+// launches.
 #pragma once
 
 #include "fa2_fwd.cuh"  // Fa2Params and the mma/ldmatrix/cp.async wrappers
@@ -39,11 +46,12 @@ using fa2::ldmatrix_x4;
 using fa2::ldmatrix_x4_trans;
 using fa2::smem_u32;
 
-template <int D_, typename Elem_, bool Causal_, int Rows_, int Bc_, int Warps_, int Stages_,
+template <int DHead_, typename Elem_, bool Causal_, int Rows_, int Bc_, int Warps_, int Stages_,
           int Splits_>
 struct Traits {
   using Elem = Elem_;
-  static constexpr int D = D_;
+  static constexpr int DHead = DHead_;               // the head dim of the tensors
+  static constexpr int D = (DHead_ + 31) / 32 * 32;  // the tile's: rounded up to 32
   static constexpr bool Causal = Causal_;
   static constexpr int Rows = Rows_;
   static constexpr int Bc = Bc_;
@@ -56,6 +64,10 @@ struct Traits {
   static constexpr int kSTiles = Bc / 8;
   static constexpr int kOTiles = D / 8;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kHeadChunks = DHead / 8;         // ... of them holding the tensors' data
+  static constexpr int kKSteps = (DHead + 15) / 16;     // 16-column k-steps the mmas use
+  static constexpr int kUsedChunks = 2 * kKSteps;       // chunks those read (zero past DHead)
+  static constexpr int kUsedOTiles = 2 * kKSteps;       // 8-column O tiles they write
   static constexpr int kTileElems = Bc * D;
   static constexpr int kQBytes = Rows * D * 2;
   static constexpr int kKVBytes = Warps * Stages * 2 * kTileElems * 2;
@@ -65,7 +77,8 @@ struct Traits {
   static constexpr int kSmemBytes = kQBytes + kAreaBytes + kStatBytes;
   static constexpr bool kQInRegs = kMTiles == 1 && D <= 128;  // else ldmatrix per k-step
 
-  static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head dim must be 32..256, multiple of 32");
+  static_assert(DHead % 8 == 0 && DHead >= 8 && DHead <= 256,
+                "head dim must be 8..256, multiple of 8");
   static_assert(Rows == 16 || Rows == 32 || Rows == 64, "16, 32 or 64 packed rows");
   static_assert(Rows * D <= 4096, "the O accumulator must fit in registers");
   static_assert(Bc % 16 == 0 && Bc >= 16 && Bc <= 64, "Bc must be 16, 32, 48 or 64");
@@ -105,15 +118,16 @@ struct FragOffsets {
   }
 };
 
-// Bytes of workspace a launch needs: partial O and LSE per (row tile, split) and one counter
-// per row tile. Zero with one split (the block writes O itself).
+// Bytes of workspace a launch needs: partial O (DHead floats per row: the head dim, not the
+// tile's) and LSE per (row tile, split) and one counter per row tile. Zero with one split (the
+// block writes O itself). core/splitkv_config.py's workspace_bytes is the same formula.
 template <class T>
 inline size_t workspace_bytes(const Fa2Params& p, int splits) {
   if (splits <= 1) return 0;
   const int64_t tiles = static_cast<int64_t>((p.q_heads / p.kv_heads) * p.nq + T::Rows - 1) /
                         T::Rows * p.kv_heads * p.batch;
   const int64_t partial = tiles * splits * T::Rows;
-  return static_cast<size_t>(partial * (T::D + 1) * 4 + tiles * 4);
+  return static_cast<size_t>(partial * (T::DHead + 1) * 4 + tiles * 4);
 }
 
 // Splits a launch uses: the config's, but never more than there are key tiles.
@@ -129,7 +143,10 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
   constexpr int Rows = T::Rows, Bc = T::Bc, D = T::D, S = T::Stages, W = T::Warps;
-  constexpr int kMT = T::kMTiles, kST = T::kSTiles, kOT = T::kOTiles, kCh = T::kChunks;
+  constexpr int kMT = T::kMTiles, kST = T::kSTiles, kCh = T::kChunks;
+  constexpr int kHCh = T::kHeadChunks, kUCh = T::kUsedChunks, kKS = T::kKSteps;
+  constexpr int kUOT = T::kUsedOTiles;  // O tiles past these stay zero and are never read
+  constexpr int DH = T::DHead;
   constexpr float kNegInf = -__builtin_huge_valf();
   constexpr float kLog2e = 1.4426950408889634f;
 
@@ -168,12 +185,13 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
   const int t_end = min(t_begin + per_split, n_tiles);
   const int my_tiles = t_end - t_begin > warp ? (t_end - t_begin - warp + W - 1) / W : 0;
 
-  // Q rows are gathered from `group` heads; rows past the end are zero-filled.
+  // Q rows are gathered from `group` heads; rows past the end, and chunks past the head dim
+  // that an mma reads, are zero-filled.
   const Elem* q_base = static_cast<const Elem*>(p.q) + batch * p.q_batch_stride;
-  for (int idx = tid; idx < Rows * kCh; idx += T::kThreads) {
-    const int r = idx / kCh, c = idx % kCh;
+  for (int idx = tid; idx < Rows * kUCh; idx += T::kThreads) {
+    const int r = idx / kUCh, c = idx % kUCh;
     const int row = r0 + r;
-    const bool valid = r < valid_rows;
+    const bool valid = r < valid_rows && (kHCh == kUCh || c < kHCh);
     const Elem* src = valid ? q_base + (kv_head * group + row % group) * p.q_head_stride +
                                   static_cast<int64_t>(row / group) * p.q_row_stride + c * 8
                             : q_base;
@@ -187,15 +205,18 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
       static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
   Elem* sK_warp = sKV + warp * S * 2 * T::kTileElems;
 
-  // This warp's i-th tile: K and V rows into ring slot i % S, keys past nk zero-filled. A lane
-  // copies chunk column `c` of rows r_lane, r_lane + kRowStep, ...: its global addresses
-  // advance by a fixed stride and its swizzled smem chunk takes few values (see FragOffsets).
+  // This warp's i-th tile: K and V rows into ring slot i % S, keys past nk and chunks past the
+  // head dim zero-filled, chunks no mma reads (kUsedChunks and on) left alone. A lane copies
+  // chunk column `c` of rows r_lane, r_lane + kRowStep, ...: its global addresses advance by
+  // a fixed stride and its swizzled smem chunk takes few values (see FragOffsets).
   constexpr int kRowStep = 32 % kCh == 0 ? 32 / kCh : 0;  // 0: chunks do not tile 32 lanes
   const int c_lane = lane % kCh;
   const int r_lane = lane / kCh;
   // Rows r_lane + it * kRowStep: r_lane sits below kRowStep's bit, so the swizzle term of the
   // row is r_lane's XOR it * kRowStep's, the latter a compile-time constant.
   const int c_swz = c_lane ^ T::swizzle_term(r_lane);
+  const bool c_data = kHCh == kCh || c_lane < kHCh;   // the lane's chunk holds tensor data
+  const bool c_used = kUCh == kCh || c_lane < kUCh;   // an mma reads the lane's chunk
   const uint32_t sKV_warp = smem_u32(sK_warp);
   auto load = [&](int i) {
     if (i < my_tiles) {
@@ -204,17 +225,21 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
       const uint32_t sV = sK + T::kTileElems * 2;
       const int rows_left = p.nk - key0;
       if constexpr (kRowStep > 0) {
-        const Elem* k_src = gK + (static_cast<int64_t>(key0) + r_lane) * p.k_row_stride + c_lane * 8;
-        const Elem* v_src = gV + (static_cast<int64_t>(key0) + r_lane) * p.v_row_stride + c_lane * 8;
+        if (c_used) {  // the same chunk column on every row: a lane's whole loop or nothing
+          const Elem* k_src =
+              gK + (static_cast<int64_t>(key0) + r_lane) * p.k_row_stride + c_lane * 8;
+          const Elem* v_src =
+              gV + (static_cast<int64_t>(key0) + r_lane) * p.v_row_stride + c_lane * 8;
 #pragma unroll
-        for (int it = 0; it < Bc / kRowStep; ++it) {
-          const int r = r_lane + it * kRowStep;
-          const bool valid = r < rows_left;
-          const uint32_t dst = (r * D + (c_swz ^ T::swizzle_term(it * kRowStep)) * 8) * 2;
-          cp_async_16(sK + dst, valid ? k_src : gK, valid ? 16 : 0);
-          cp_async_16(sV + dst, valid ? v_src : gV, valid ? 16 : 0);
-          k_src += kRowStep * p.k_row_stride;
-          v_src += kRowStep * p.v_row_stride;
+          for (int it = 0; it < Bc / kRowStep; ++it) {
+            const int r = r_lane + it * kRowStep;
+            const bool valid = c_data && r < rows_left;
+            const uint32_t dst = (r * D + (c_swz ^ T::swizzle_term(it * kRowStep)) * 8) * 2;
+            cp_async_16(sK + dst, valid ? k_src : gK, valid ? 16 : 0);
+            cp_async_16(sV + dst, valid ? v_src : gV, valid ? 16 : 0);
+            k_src += kRowStep * p.k_row_stride;
+            v_src += kRowStep * p.v_row_stride;
+          }
         }
       } else {
         const Elem* k_tile = gK + static_cast<int64_t>(key0) * p.k_row_stride;
@@ -223,10 +248,14 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
         for (int it = 0; it < Bc * kCh / 32; ++it) {
           const int idx = it * 32 + lane;
           const int r = idx / kCh, c = idx % kCh;
-          const bool valid = r < rows_left;
-          const uint32_t dst = T::offset(r, c) * 2;
-          cp_async_16(sK + dst, valid ? k_tile + r * p.k_row_stride + c * 8 : gK, valid ? 16 : 0);
-          cp_async_16(sV + dst, valid ? v_tile + r * p.v_row_stride + c * 8 : gV, valid ? 16 : 0);
+          if (kUCh == kCh || c < kUCh) {
+            const bool valid = r < rows_left && (kHCh == kCh || c < kHCh);
+            const uint32_t dst = T::offset(r, c) * 2;
+            cp_async_16(sK + dst, valid ? k_tile + r * p.k_row_stride + c * 8 : gK,
+                        valid ? 16 : 0);
+            cp_async_16(sV + dst, valid ? v_tile + r * p.v_row_stride + c * 8 : gV,
+                        valid ? 16 : 0);
+          }
         }
       }
     }
@@ -237,13 +266,13 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
   cp_async_wait<(S > 1 ? S - 1 : 0)>();  // the Q group (the oldest) has landed
   __syncthreads();
 
-  float o_acc[kMT][kOT][4];
+  float o_acc[kMT][kUOT][4];
   float row_max[kMT][2];
   float row_sum[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int dt = 0; dt < kOT; ++dt)
+    for (int dt = 0; dt < kUOT; ++dt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) o_acc[mt][dt][i] = 0.f;
     row_max[mt][0] = row_max[mt][1] = kNegInf;
@@ -262,10 +291,10 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
   const uint32_t sK_b = sKV_warp + k_row * kRowBytes;
   const uint32_t sV_b = sKV_warp + T::kTileElems * 2 + v_row * kRowBytes;
 
-  uint32_t q_frag[T::kQInRegs ? D / 16 : 1][4];
+  uint32_t q_frag[T::kQInRegs ? kKS : 1][4];
   if constexpr (T::kQInRegs) {
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(q_frag[ks], sQ_a + a_off.at(ks));
+    for (int ks = 0; ks < kKS; ++ks) ldmatrix_x4(q_frag[ks], sQ_a + a_off.at(ks));
   }
 
   const int q_first = r0 / group;  // the block's first query row (causal diagonal test)
@@ -285,7 +314,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
         for (int e = 0; e < 4; ++e) s_acc[mt][nt][e] = 0.f;
 
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
+    for (int ks = 0; ks < kKS; ++ks) {
       uint32_t qa[kMT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -341,7 +370,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
         row_max[mt][h] = mx;
         row_sum[mt][h] *= alpha;
 #pragma unroll
-        for (int dt = 0; dt < kOT; ++dt) {
+        for (int dt = 0; dt < kUOT; ++dt) {
           o_acc[mt][dt][2 * h] *= alpha;
           o_acc[mt][dt][2 * h + 1] *= alpha;
         }
@@ -369,7 +398,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
         pa[mt][3] = Ops::pack(s_acc[mt][2 * kk + 1][2], s_acc[mt][2 * kk + 1][3]);
       }
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
+      for (int dp = 0; dp < kKS; ++dp) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, sV_b + slot + kk * 16 * kRowBytes + v_off.at(dp));
 #pragma unroll
@@ -426,7 +455,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
                           : fast_exp2((row_max[mt][h] - mx) * scale_log2) / l;
       float* dst = sMerge + (warp * Rows + r) * D + 2 * t;
 #pragma unroll
-      for (int dt = 0; dt < kOT; ++dt)
+      for (int dt = 0; dt < kUOT; ++dt)
         *reinterpret_cast<float2*>(dst + dt * 8) =
             make_float2(o_acc[mt][dt][2 * h] * w, o_acc[mt][dt][2 * h + 1] * w);
     }
@@ -467,10 +496,10 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
   };
 
   if (splits == 1) {
-    for (int idx = tid; idx < valid_rows * kCh; idx += T::kThreads) {
+    for (int idx = tid; idx < valid_rows * kHCh; idx += T::kThreads) {
       float v[8];
-      merged_chunk(idx / kCh, idx % kCh, v);
-      store_chunk(idx / kCh, idx % kCh, v);
+      merged_chunk(idx / kHCh, idx % kHCh, v);
+      store_chunk(idx / kHCh, idx % kHCh, v);
     }
     if (p.lse != nullptr)
       for (int r = tid; r < valid_rows; r += T::kThreads) *lse_at(r) = row_lse(r);
@@ -479,10 +508,10 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
 
   // ---- Several splits: publish this block's partial, the last block merges them all.
   const int64_t part = (static_cast<int64_t>(blockIdx.x) * splits + split) * Rows;
-  for (int idx = tid; idx < valid_rows * kCh; idx += T::kThreads) {
+  for (int idx = tid; idx < valid_rows * kHCh; idx += T::kThreads) {
     float v[8];
-    merged_chunk(idx / kCh, idx % kCh, v);
-    float4* dst = reinterpret_cast<float4*>(ws_o + (part + idx / kCh) * D + (idx % kCh) * 8);
+    merged_chunk(idx / kHCh, idx % kHCh, v);
+    float4* dst = reinterpret_cast<float4*>(ws_o + (part + idx / kHCh) * DH + (idx % kHCh) * 8);
     dst[0] = make_float4(v[0], v[1], v[2], v[3]);
     dst[1] = make_float4(v[4], v[5], v[6], v[7]);
   }
@@ -513,8 +542,8 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
     if (p.lse != nullptr) *lse_at(r) = sum > 0.f ? mx + logf(sum) : kNegInf;
   }
   __syncthreads();
-  for (int idx = tid; idx < valid_rows * kCh; idx += T::kThreads) {
-    const int r = idx / kCh, c = idx % kCh;
+  for (int idx = tid; idx < valid_rows * kHCh; idx += T::kThreads) {
+    const int r = idx / kHCh, c = idx % kHCh;
     float v[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = 0.f;
@@ -522,7 +551,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
       const float w = sWeight[r * splits + s];
       if (w == 0.f) continue;  // also skips partials of splits that saw no key
       const float4* src =
-          reinterpret_cast<const float4*>(ws_o + (part0 + s * Rows + r) * D + c * 8);
+          reinterpret_cast<const float4*>(ws_o + (part0 + s * Rows + r) * DH + c * 8);
       const float4 a = __ldcg(src), b = __ldcg(src + 1);
       v[0] += w * a.x, v[1] += w * a.y, v[2] += w * a.z, v[3] += w * a.w;
       v[4] += w * b.x, v[5] += w * b.y, v[6] += w * b.z, v[7] += w * b.w;

@@ -47,12 +47,12 @@ inline size_t counter_bytes(const Fa2Params& p) {
   return static_cast<size_t>((tiles * 4 + 15) / 16 * 16);
 }
 
-// Bytes of partial O and LSE of T's launch with `splits` splits (0 with one split: the
-// blocks write O themselves).
+// Bytes of partial O (DHead floats a row: the head dim, not the tile's) and LSE of T's launch
+// with `splits` splits (0 with one split: the blocks write O themselves).
 template <class T>
 inline size_t partial_bytes(const Fa2Params& p, int splits) {
   if (splits <= 1) return 0;
-  return static_cast<size_t>(row_tiles<T>(p) * splits * T::Rows * (T::D + 1) * 4);
+  return static_cast<size_t>(row_tiles<T>(p) * splits * T::Rows * (T::DHead + 1) * 4);
 }
 
 template <class T>
@@ -61,7 +61,7 @@ inline cudaError_t run(const Fa2Params& p, int splits, float* ws_o, int* ws_coun
   const int64_t tiles = row_tiles<T>(p);
   if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const int64_t partial = splits > 1 ? tiles * splits * T::Rows : 0;
-  float* ws_lse = ws_o == nullptr ? nullptr : ws_o + partial * T::D;
+  float* ws_lse = ws_o == nullptr ? nullptr : ws_o + partial * T::DHead;
   cudaError_t err = cudaFuncSetAttribute(fwd_kernel<T>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          T::kSmemBytes);
