@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,8 @@ from measure.lru import Lru
 if TYPE_CHECKING:
     from measure.loader import LoadedKernel
     from measure.reference import InputSet
+    from measure.varlen import VarlenInputs
+    from measure.verify import CheckResult
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,7 @@ class GpuJobHandler:
             max_kernels, on_evict=lambda k: k.unload()
         )
         self._inputs: Lru[tuple[Any, ...], InputSet] = Lru(max_inputsets)
+        self._varlen_inputs: Lru[tuple[Any, ...], VarlenInputs] = Lru(max_inputsets)
 
     def ready_info(self) -> dict[str, Any]:
         return {"gpu": self.info}
@@ -93,6 +97,7 @@ class GpuJobHandler:
             if _is_oom(exc):
                 # Not the config's fault most of the time: drop cached inputs and carry on.
                 self._inputs.clear()
+                self._varlen_inputs.clear()
                 _empty_cache()
             return failure(
                 MeasureStatus.RUNTIME_FAILED,
@@ -131,8 +136,6 @@ class GpuJobHandler:
         return inputs
 
     def _measure(self, job: BenchJob) -> MeasureResult:
-        from measure.loader import synchronize
-        from measure.timing import time_with_options
         from measure.verify import check_output, poison
 
         config, problem, opts = job.config, job.problem, job.options
@@ -142,6 +145,7 @@ class GpuJobHandler:
                 ("d", config.d, problem.d),
                 ("dtype", config.dtype, problem.dtype),
                 ("causal", config.causal, problem.causal),
+                ("varlen", bool(getattr(config, "varlen", False)), problem.is_varlen),
             )
             if a != b
         ]
@@ -181,6 +185,8 @@ class GpuJobHandler:
             )
 
         self._enter("inputs")
+        if problem.is_varlen:
+            return self._verify_and_time(*self._varlen_case(kernel, job), kernel, problem, opts)
         inputs = self._inputset(problem, opts)
         extra: dict[str, Any] = {**inputs.describe(), "symbol": kernel.symbol}
 
@@ -202,18 +208,66 @@ class GpuJobHandler:
         launch = kernel.bind_config(
             config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout, self.stream
         )
+        return self._verify_and_time(
+            launch, lambda: check_output(o, lse, inputs), extra, kernel, problem, opts,
+            ref_err=inputs.ref_err,
+        )  # fmt: skip
+
+    def _varlen_case(
+        self, kernel: LoadedKernel, job: BenchJob
+    ) -> tuple[Callable[[], None], Callable[[], CheckResult], dict[str, Any]]:
+        """A packed batch's launch and check (measure.varlen): inputs and references cached
+        per problem like the dense ones, each sequence checked by the dense rule."""
+        from measure.varlen import bind_varlen, check_varlen, make_varlen_inputs
+        from measure.verify import poison
+
+        problem, opts = job.problem, job.options
+        assert problem.seqlens is not None
+        key = ("varlen", problem.study_name, opts.seed)
+        inputs = self._varlen_inputs.get(key)
+        if inputs is None:
+            inputs = make_varlen_inputs(
+                problem.seqlens, heads=problem.heads, kv_heads=problem.n_kv_heads, d=problem.d,
+                dtype=problem.dtype, causal=problem.causal, device=f"cuda:{self.device}",
+                seed=opts.seed,
+            )  # fmt: skip
+            self._varlen_inputs.put(key, inputs)
+        o, lse = inputs.outputs()
+        poison(o, lse)
+        launch = bind_varlen(kernel, job.config, inputs, o, lse, self.stream)  # type: ignore[arg-type]
+        extra: dict[str, Any] = {
+            "seed": inputs.seed, "layout": "packed", "sequences": inputs.batch,
+            "symbol": kernel.symbol,
+        }  # fmt: skip
+        return launch, lambda: check_varlen(o, lse, inputs), extra
+
+    def _verify_and_time(
+        self,
+        launch: Callable[[], None],
+        check_fn: Callable[[], CheckResult],
+        extra: dict[str, Any],
+        kernel: LoadedKernel,
+        problem: Problem,
+        opts: MeasureOptions,
+        *,
+        ref_err: float | None = None,
+    ) -> MeasureResult:
+        """Launch once, verify (``WRONG_RESULT`` with the figures), then time and, with
+        ``opts.recheck``, verify again after the timed launches."""
+        from measure.loader import synchronize
+        from measure.timing import time_with_options
 
         self._enter("launch")
         launch()
         synchronize(self.stream)
 
         self._enter("verify")
-        check = check_output(o, lse, inputs)
+        check = check_fn()
         base = MeasureResult(
             status=MeasureStatus.WRONG_RESULT,
             max_abs_err=_finite_or_none(check.max_abs_err),
             rel_err=_finite_or_none(check.rel_err),
-            ref_err=inputs.ref_err,
+            ref_err=ref_err,
             driver_registers=kernel.num_regs,
             driver_local_bytes=kernel.local_bytes,
             extra=extra,
@@ -229,7 +283,7 @@ class GpuJobHandler:
 
         if opts.recheck:
             self._enter("recheck")
-            again = check_output(o, lse, inputs)
+            again = check_fn()
             if not again.ok:
                 return replace(
                     base,

@@ -127,10 +127,12 @@ _TOO_BIG = f"field 'n': must be between 1 and {MAX_DIM}, got {MAX_DIM + 1}"
         ({**_OK, "kv_heads": 0}, "field 'kv_heads': must be between 1"),
         ({**_OK, "batch": 0}, "field 'batch': must be between 1"),
         ({**_OK, "batch": 99999999999}, "field 'batch': must be between"),
-        (
-            {"d": 64, "heads": 8, "seqlens": [100, 300]},
-            "field 'seqlens': variable-length entries (seqlens) are not supported yet",
-        ),
+        ({"d": 64, "heads": 8, "seqlens": [100, 0]}, "field 'seqlens': must be between 1"),
+        ({"d": 64, "heads": 8, "seqlens": []}, "field 'seqlens': must be a list of lengths"),
+        ({"d": 64, "heads": 8, "seqlens": [[5], "x"]}, "field 'seqlens': must be a list"),
+        ({"d": 64, "heads": 8, "seqlens": [5, 2.5]}, "field 'seqlens': lengths must be integers"),
+        ({**_OK, "seqlens": [5, 6]}, "field 'seqlens': give seqlens or lengths"),
+        ({"d": 64, "heads": 8, "batch": 2, "seqlens": [5, 6]}, "field 'batch': a seqlens entry"),
         ({**_OK, "window": 128}, "entry 1: unknown field 'window'"),
         ({"d": 64, "heads": 8}, "field 'n': needs n, or nq"),
         ({"d": 64, "heads": 8, "nk": 5}, "field 'nk': needs n, or nq"),
@@ -202,3 +204,29 @@ def test_shipped_examples_parse() -> None:
     assert all((t.d, t.shape.heads, t.shape.kv_heads) == (128, 32, 8) for t in llama.targets)
     smoke = load_workload(EXAMPLES / "smoke.yaml")
     assert 1 <= len(smoke.targets) <= 4
+
+
+def test_seqlens_entries_are_varlen_problems(tmp_path: Path) -> None:
+    path = _entries_json(
+        tmp_path,
+        {"d": 128, "heads": 32, "kv_heads": 8, "causal": "both", "seqlens": [100, 4000, 7]},
+        {"d": 64, "heads": 8, "seqlens": [[1, 2], [3]]},
+    )
+    targets = load_workload(path).targets
+    problems = [t.problem("NVIDIA H200") for t in targets]
+    assert [p.seqlens for p in problems] == [(100, 4000, 7), (100, 4000, 7), (1, 2), (3,)]
+    first = problems[0]
+    assert (first.n, first.batch, first.nk, first.kv_heads, first.causal) == (
+        4000,
+        3,
+        None,
+        8,
+        False,
+    )
+    assert first.flops == sum(4.0 * 32 * n * n * 128 for n in (100, 4000, 7))
+    assert problems[1].flops == first.flops / 2 and problems[1].causal
+    assert "_vl" in first.study_name and first.study_name != problems[2].study_name
+    assert all(t.matches(p) for t, p in zip(targets, problems, strict=True))
+    dense = Problem(gpu="NVIDIA H200", d=64, n=2, batch=2, heads=8)
+    assert not targets[2].matches(dense)
+    assert "varlen 2 sequences of 1-2 (3 tokens)" in targets[2].describe()

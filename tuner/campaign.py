@@ -51,7 +51,7 @@ import random
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import zip_longest
 from typing import Final
 
@@ -59,6 +59,7 @@ import optuna
 
 from codegen.families import Family, families_for
 from core.build_report import BuildReport
+from core.config import KernelConfig
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo
@@ -376,15 +377,20 @@ def _defaults(
     if not families:
         raise ValueError(f"none of the families {', '.join(only or ())} runs on {arch}")
 
+    def serving(p: Problem) -> list[Family]:
+        # Packed variable-length batches: the fa2 family's varlen kernels only.
+        return [f for f in families if f.serves(p) and (not p.is_varlen or f.name == "fa2")]
+
     def default_space(p: Problem) -> Sequence[AnyConfig]:
-        serving = [f for f in families if f.serves(p)]
-        return [c for f in serving for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
+        configs = [c for f in serving(p) for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
+        return _as_varlen(configs) if p.is_varlen else configs
 
     def default_seeds(p: Problem) -> Sequence[AnyConfig]:
         # Round-robin over the families, each family's default first, so that a short budget
         # still measures every family's best-known config before any family's second seed.
-        per_family = [_default_first(f, p) for f in families if f.serves(p)]
-        return [c for group in zip_longest(*per_family) for c in group if c is not None]
+        per_family = [_default_first(f, p) for f in serving(p)]
+        seeds = [c for group in zip_longest(*per_family) for c in group if c is not None]
+        return _as_varlen(seeds) if p.is_varlen else seeds
 
     def default_build(configs: Sequence[AnyConfig]) -> Sequence[BuildReport]:
         from codegen.build import build_configs
@@ -396,6 +402,11 @@ def _defaults(
         seeds_fn or default_seeds,
         build_fn or default_build,
     )
+
+
+def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:
+    """The packed-sequence twins (``_vl``) of fa2 configs."""
+    return [replace(c, varlen=True) for c in configs if isinstance(c, KernelConfig)]
 
 
 def _default_first(family: Family, p: Problem) -> list[AnyConfig]:

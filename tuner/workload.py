@@ -14,16 +14,18 @@ mapping with ``shapes:`` (the list) and an optional ``name:``. Each entry is one
       nk: [1024, 8192]         # default nq
 
 ``n``, ``nq``, ``nk`` and ``batch`` take one value or a list (every combination is tuned);
-``heads`` and ``kv_heads`` are the model's, one value each. Entries with ``seqlens:`` (a
-variable-length batch) are rejected until the kernels support them. Every error is one line
-naming the file, the entry and the field (:class:`WorkloadError`).
+``heads`` and ``kv_heads`` are the model's, one value each. An entry with ``seqlens:`` instead
+of lengths is a packed variable-length batch (prefill of sequences of different lengths, run by
+the varlen kernels): one list of lengths, or a list of such lists (one problem each); ``batch``
+is then their count and must not be given. Every error is one line naming the file, the entry
+and the field (:class:`WorkloadError`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -73,11 +75,18 @@ class Target:
     causal: bool
     shape: Shape
     label: str | None = field(default=None, compare=False)
+    seqlens: tuple[int, ...] | None = None
 
     def problem(self, gpu: str) -> Problem:
         """The problem on ``gpu``; ``nk`` and ``kv_heads`` stay None when they equal ``n`` and
         ``heads``, so square, non-GQA problems keep the study names they always had."""
         s = self.shape
+        if self.seqlens is not None:
+            return Problem.varlen(
+                gpu, self.d, self.seqlens, heads=s.heads,
+                kv_heads=None if s.kv_heads == s.heads else s.kv_heads, dtype=self.dtype,
+                causal=self.causal,
+            )  # fmt: skip
         return Problem(
             gpu=gpu,
             d=self.d,
@@ -92,12 +101,19 @@ class Target:
 
     def describe(self) -> str:
         mask = "causal" if self.causal else "full"
+        if self.seqlens is not None:
+            lens = self.seqlens
+            return (
+                f"D={self.d} {self.dtype} {mask} varlen {len(lens)} sequences of {min(lens)}-"
+                f"{max(lens)} ({sum(lens)} tokens), H={self.shape.heads}/{self.shape.kv_heads}"
+            )
         return f"D={self.d} {self.dtype} {mask} {self.shape.describe()}"
 
     def matches(self, problem: Problem) -> bool:
         """Whether ``problem`` (on any GPU) is this target."""
         return (
             problem.d == self.d
+            and problem.seqlens == self.seqlens
             and problem.dtype == self.dtype
             and problem.causal == self.causal
             and problem.n == self.shape.nq
@@ -165,7 +181,7 @@ class Entry(BaseModel):
     nq: DimList | None = None
     nk: DimList | None = None
     label: str | None = None
-    seqlens: Any = None
+    seqlens: list[tuple[int, ...]] | None = None
 
     @field_validator("d")
     @classmethod
@@ -184,12 +200,23 @@ class Entry(BaseModel):
 
     @field_validator("seqlens", mode="before")
     @classmethod
-    def _no_seqlens(cls, value: object) -> object:
-        # Runs only when the key is present: a default is not validated.
-        raise ValueError(
-            "variable-length entries (seqlens) are not supported yet; "
-            "list each length as a fixed nq/nk shape instead"
+    def _check_seqlens(cls, value: object) -> object:
+        # One list of lengths or a list of them; always a list of lists after this.
+        lists = (
+            value if isinstance(value, list) and value and isinstance(value[0], list) else [value]
         )
+        out = []
+        for lens in lists:
+            if not isinstance(lens, list) or not lens:
+                raise ValueError("must be a list of lengths, or a list of such lists")
+            for n in lens:
+                if isinstance(n, bool) or not isinstance(n, int):
+                    raise ValueError(f"lengths must be integers, got {n!r}")
+                _dim(n)
+            if sum(lens) > MAX_DIM:
+                raise ValueError(f"the lengths add up to {sum(lens)}, past {MAX_DIM}")
+            out.append(tuple(lens))
+        return out
 
 
 class _File(BaseModel):
@@ -258,6 +285,8 @@ def _entry_targets(path: Path, index: int, entry: Entry) -> list[Target]:
     def bad(name: str, message: str) -> WorkloadError:
         return WorkloadError(f"{path}: entry {index}: field {name!r}: {message}")
 
+    if entry.seqlens is not None:
+        return _varlen_targets(entry, label=entry.label or f"entry {index}", bad=bad)
     if entry.n is not None and (entry.nq is not None or entry.nk is not None):
         raise bad("n", "give either n (Nq = Nk) or nq (and nk), not both")
     if entry.n is None and entry.nq is None:
@@ -279,6 +308,23 @@ def _entry_targets(path: Path, index: int, entry: Entry) -> list[Target]:
         except ShapeError as exc:  # the checks above cover it; kept for a clear message
             raise bad("shape", str(exc)) from None
         targets.append(Target(d=entry.d, dtype=dtype, causal=causal, shape=shape, label=label))
+    return targets
+
+
+def _varlen_targets(
+    entry: Entry, *, label: str, bad: Callable[[str, str], WorkloadError]
+) -> list[Target]:
+    if entry.n is not None or entry.nq is not None or entry.nk is not None:
+        raise bad("seqlens", "give seqlens or lengths (n, nq, nk), not both")
+    if "batch" in entry.model_fields_set:
+        raise bad("batch", "a seqlens entry's batch is the number of lengths; leave it out")
+    kv_heads = entry.kv_heads if entry.kv_heads is not None else entry.heads
+    if entry.heads % kv_heads:
+        raise bad("kv_heads", f"heads ({entry.heads}) must be a multiple of kv_heads ({kv_heads})")
+    targets = []
+    for dtype, causal, lens in product(entry.dtype, entry.causal, entry.seqlens or []):
+        shape = Shape(max(lens), max(lens), len(lens), entry.heads, kv_heads)
+        targets.append(Target(entry.d, dtype, causal, shape, label=label, seqlens=tuple(lens)))
     return targets
 
 
