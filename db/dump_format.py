@@ -596,9 +596,16 @@ class MeasurementRecord(_Record):
         if self.median_ms is None:
             return
         p = self.problem
-        spec = ProblemSpec(
-            gpu="", d=p.d, n=p.n, nk=p.nk, batch=p.batch, heads=p.heads,
-            kv_heads=p.kv_heads, dtype=p.dtype, causal=p.causal,
+        spec = (
+            ProblemSpec.varlen(
+                "", p.d, tuple(p.seqlens), heads=p.heads, kv_heads=p.kv_heads, dtype=p.dtype,
+                causal=p.causal,
+            )
+            if p.seqlens is not None
+            else ProblemSpec(
+                gpu="", d=p.d, n=p.n, nk=p.nk, batch=p.batch, heads=p.heads,
+                kv_heads=p.kv_heads, dtype=p.dtype, causal=p.causal,
+            )
         )  # fmt: skip
         implied = spec.tflops(self.median_ms)
         if implied > MAX_TFLOPS:
