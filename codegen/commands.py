@@ -30,7 +30,7 @@ from codegen.space import (
     estimate_registers,
 )
 from core.build_report import BuildReport, BuildStatus
-from core.config import Dtype, KernelConfig
+from core.config import HEAD_DIMS_RULE, Dtype, KernelConfig
 from core.family import AnyConfig, config_from_name
 from core.splitkv_config import SplitKvConfig
 
@@ -61,10 +61,18 @@ def _name_column(table: Table, configs: Sequence[AnyConfig]) -> None:
     table.add_column("name", no_wrap=True, min_width=width)
 
 
-def _check_d(d: int) -> int:
+_FA3_DIMS = ", ".join(map(str, fa3_space.HEAD_DIMS))
+
+
+def _check_d(d: int, family: str = "fa2") -> int:
     if d not in VALID_HEAD_DIMS:
         raise typer.BadParameter(
-            f"{d} is not a supported head dim; use one of {', '.join(map(str, VALID_HEAD_DIMS))}",
+            f"{d} is not a supported head dim; use {HEAD_DIMS_RULE}", param_hint="--d"
+        )
+    fam = FAMILIES.get(family)
+    if fam is not None and d not in fam.head_dims:
+        raise typer.BadParameter(
+            f"the {family} family has no head dim {d}; use one of {fam.head_dims_text}",
             param_hint="--d",
         )
     return d
@@ -112,7 +120,9 @@ def _family_space(
 
 
 def space(
-    d: Annotated[int, typer.Option("--d", help="head dimension (32, 64, 96, 128 or 256)")],
+    d: Annotated[
+        int, typer.Option("--d", help=f"head dimension, {HEAD_DIMS_RULE} (fa3: {_FA3_DIMS})")
+    ],
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,
     smem_limit: Annotated[
@@ -132,8 +142,9 @@ def space(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
 ) -> None:
     """List the valid kernel configs of a family for one head dim, dtype and mask."""
-    checked_d = _check_d(d) if family == "fa2" else d
-    configs = _family_space(family, checked_d, _check_dtype(dtype), causal, smem_limit, "sm_90")
+    configs = _family_space(
+        family, _check_d(d, family), _check_dtype(dtype), causal, smem_limit, "sm_90"
+    )
     if as_json:
         rows = [
             {
@@ -208,7 +219,7 @@ def _select_configs(
             )
         configs = _family_space(
             family,
-            _check_d(d) if family == "fa2" else d,
+            _check_d(d, family),
             _check_dtype(dtype or "fp16"),
             causal,
             ARCH_SMEM_LIMIT[arch],
@@ -256,7 +267,7 @@ def _summary(batch: BuildBatch) -> str:
 
 def build(
     d: Annotated[
-        int | None, typer.Option("--d", help="head dimension (32, 64, 96, 128 or 256)")
+        int | None, typer.Option("--d", help=f"head dimension, {HEAD_DIMS_RULE} (fa3: {_FA3_DIMS})")
     ] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="fp16 (default) or bf16")] = None,
     causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,

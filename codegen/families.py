@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from codegen import fa3_space, splitkv_space
 from codegen import space as fa2_space
 from codegen.render import render_instantiation
-from core.config import Dtype, KernelConfig
+from core.config import HEAD_DIMS, HEAD_DIMS_RULE, Dtype, KernelConfig
 from core.elements import element
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig, UnknownFamilyError, config_type
@@ -89,6 +89,7 @@ class Family:
         header: this family's part of the exported header.
         serves: whether a campaign searches the family on a problem (every family is correct
             on every shape; this only keeps a family off problems it cannot win).
+        head_dims: the head dims it has instantiations for (its space is empty for others).
     """
 
     name: str
@@ -104,6 +105,14 @@ class Family:
     header: HeaderPart
     host_prep: str | None = None
     serves: Callable[[Problem], bool] = lambda problem: True
+    head_dims: tuple[int, ...] = HEAD_DIMS
+
+    @property
+    def head_dims_text(self) -> str:
+        """:attr:`head_dims` for people: the rule when it is every supported one, else the list."""
+        if self.head_dims == HEAD_DIMS:
+            return HEAD_DIMS_RULE
+        return ", ".join(map(str, self.head_dims))
 
     @property
     def config_type(self) -> type[AnyConfig]:
@@ -178,6 +187,7 @@ FA2 = Family(
     header=HeaderPart(
         template="fa2_fwd.cuh", traits=_fa2_traits, kernel="fa2::fwd_kernel", launcher="fa2::launch"
     ),
+    head_dims=fa2_space.VALID_HEAD_DIMS,
 )
 
 
@@ -253,6 +263,7 @@ FA3 = Family(
         guard="fa3::can_launch",
     ),
     host_prep="measure.tma:fa3_tensor_maps",
+    head_dims=fa3_space.HEAD_DIMS,
 )
 
 
@@ -318,6 +329,7 @@ SPLITKV = Family(
     ),
     host_prep="measure.splitkv:splitkv_workspace",
     serves=splitkv_space.serves,
+    head_dims=splitkv_space.HEAD_DIMS,
 )
 
 #: Every family, by name; the order is the order a campaign searches them in.

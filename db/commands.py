@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from codegen import fa3_space
-from core.config import DTYPES, HEAD_DIMS
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
 from core.shape import Shape
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS, ShapeParamError, resolve_shape
 from db.dump_format import TransferError
@@ -30,17 +30,16 @@ from fa2tune.settings import get_settings
 logger = logging.getLogger(__name__)
 
 MAX_N = 2**31 - 1  # the kernel's sequence lengths, batch and heads are int32 (Fa2Params)
-# Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.fa3_space.HEAD_DIMS).
+# Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.fa3_space.HEAD_DIMS,
+# a subset of fa2's).
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(sorted({*HEAD_DIMS, *fa3_space.HEAD_DIMS}))
 
 
 def _check_d(d: int) -> int:
     if d not in SUPPORTED_HEAD_DIMS:
         raise typer.BadParameter(
-            f"{d} is not a supported head dim; use one of "
-            f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} "
-            f"(fa2: {', '.join(map(str, HEAD_DIMS))}; "
-            f"fa3: {', '.join(map(str, fa3_space.HEAD_DIMS))})",
+            f"{d} is not a supported head dim; use {HEAD_DIMS_RULE} "
+            f"(fa3: {', '.join(map(str, fa3_space.HEAD_DIMS))})",
             param_hint="--d",
         )
     return d
@@ -122,7 +121,7 @@ def best(
         int,
         typer.Option(
             "--d",
-            help=f"head dimension ({', '.join(map(str, SUPPORTED_HEAD_DIMS))})",
+            help=f"head dimension, {HEAD_DIMS_RULE}",
             callback=_check_d,
         ),
     ],

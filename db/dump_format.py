@@ -40,7 +40,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from core.build_report import BuildStatus
-from core.config import HEAD_DIMS, Dtype
+from core.config import HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig, config_from_name, config_from_params
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
@@ -184,9 +184,7 @@ def _error_figure(value: float | None) -> float | None:
 
 def _head_dim(value: int) -> int:
     if value not in HEAD_DIMS:
-        raise ValueError(
-            f"must be a supported head dim ({', '.join(map(str, HEAD_DIMS))}), got {value}"
-        )
+        raise ValueError(f"must be a supported head dim ({HEAD_DIMS_RULE}), got {value}")
     return value
 
 
@@ -301,7 +299,7 @@ ErrorFigure = Annotated[
 ]
 HeadDim = Annotated[
     Integer,
-    Field(description="head dim", json_schema_extra={"enum": list(HEAD_DIMS)}),
+    Field(description=f"head dim, {HEAD_DIMS_RULE}", json_schema_extra={"enum": list(HEAD_DIMS)}),
     AfterValidator(_head_dim),
 ]
 

@@ -457,6 +457,32 @@ def test_default_space_follows_the_gpus_shared_memory() -> None:
     assert all(c.smem_bytes <= 48 * 1024 for c in small_space_fn(problem))
 
 
+def test_default_space_skips_families_without_the_head_dim(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """D=40 is fa2's (tile rounded up to 64) but not the Hopper family's: fa3 is left out of
+    the space and the seeds with one log line for the head dim, not an error."""
+    import logging
+
+    from codegen.space import enumerate_space, fa2_default_config
+    from tuner.campaign import _defaults
+
+    problems = [*problems_for([1024, 4096], d=40), *problems_for([1024], d=64)]
+    space_fn, seeds_fn, _ = _defaults("sm_90", GPU, None, None, None)
+    with caplog.at_level(logging.INFO, logger="tuner.campaign"):
+        spaces = [list(space_fn(p)) for p in problems]
+        seeds = list(seeds_fn(problems[0]))
+    assert spaces[0] == spaces[1] == enumerate_space(40, "fp16", False, 227 * 1024, "sm_90")
+    assert {c.family for c in spaces[2]} == {"fa2", "fa3"}
+    assert seeds[0] == fa2_default_config(40, "fp16", False)
+    assert {c.family for c in seeds} == {"fa2"}
+    skips = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert skips == ["D=40: skipping fa3 (head dims fa3: 64, 96, 128, 256)"]
+    # Only fa3 asked for: nothing to search at D=40 (the CLI refuses that before any build).
+    fa3_only = _defaults("sm_90", GPU, None, None, None, ("fa3",))[0]
+    assert list(fa3_only(problems[0])) == []
+
+
 class _FakeClock:
     """The campaign's clock: advanced only by the measurements, never by the machine."""
 

@@ -550,11 +550,44 @@ def test_family_and_timing_target_reach_the_gpu_campaign(
         CampaignOptions(families=("fa9",))
 
 
+def test_a_head_dim_only_some_families_have(
+    app: typer.Typer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D=40 with every family, or with fa2 among those named, reaches the campaign (which
+    skips the families without it); fa3 alone is a usage error naming fa3's head dims."""
+    seen: list[tuple[list[int], tuple[str, ...] | None]] = []
+
+    def fake_tune_gpu(
+        targets: list[Target], options: CampaignOptions, *rest: object
+    ) -> CampaignSummary:
+        seen.append((sorted({t.d for t in targets}), options.families))
+        return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
+
+    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    for args in (["--d", "40,64"], ["--d", "40", "--family", "fa2,fa3"]):
+        result = CliRunner().invoke(app, ["tune", *args, "--n", "1024"])
+        assert result.exit_code == 0, result.output
+    assert seen == [([40, 64], None), ([40], ("fa2", "fa3"))]
+    for args, why in [
+        (
+            ["--d", "40", "--family", "fa3"],
+            "fa3 has no head dim 40 (head dims fa3: 64, 96, 128, 256)",
+        ),
+        (["--d", "64,80", "--family", "fa3"], "fa3 has no head dim 80"),
+        (["--d", "12"], "12 is not a multiple of 8 from 8 to 256"),
+        (["--d", "264"], "264 is not a multiple of 8 from 8 to 256"),
+    ]:
+        result = CliRunner().invoke(app, ["tune", *args, "--n", "1024"])
+        assert result.exit_code == 2, result.output
+        assert why in " ".join(result.output.replace("│", " ").split()), result.output
+    assert len(seen) == 2
+
+
 def test_a_worker_that_cannot_start_is_one_line_naming_what_to_install() -> None:
     from measure.worker import WorkerStartError
 
     child = WorkerStartError(
-        "worker setup failed:\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+        'worker setup failed:\nTraceback (most recent call last):\n  File "x.py", line 1\n'
         "ModuleNotFoundError: No module named 'torch'\n"
     )
     assert tune_cli.worker_error(child) == (

@@ -261,9 +261,14 @@ def test_usage_errors_keep_exit_status_2() -> None:
         (["--bogus", "best"], "fa2tune: No such option: --bogus"),
         (["nocommand"], "fa2tune: No such command 'nocommand'."),
         (
-            ["best", "--gpu", "H200", "--d", "48", "--n", "4096"],
-            "fa2tune best: Invalid value for --d: 48 is not a supported head dim; use one of 32, "
-            "64, 96, 128, 256",
+            ["best", "--gpu", "H200", "--d", "12", "--n", "4096"],
+            "fa2tune best: Invalid value for --d: 12 is not a supported head dim; use a multiple "
+            "of 8 from 8 to 256 (fa3: 64, 96, 128, 256)",
+        ),
+        (
+            ["tune", "--family", "fa3", "--d", "40"],
+            "fa2tune tune: Invalid value for '--family': fa3 has no head dim 40 (head dims fa3: "
+            "64, 96, 128, 256)",
         ),
     ],
 )
@@ -380,12 +385,21 @@ def _usage_error(result: Result, *fragments: str) -> None:
         assert fragment in flat, flat
 
 
-@pytest.mark.parametrize("d", ["65", "0", "512"])
+@pytest.mark.parametrize("d", ["65", "0", "7", "12", "264", "512"])
 def test_best_rejects_an_unsupported_head_dim(tmp_path: Path, d: str) -> None:
     url = f"sqlite:///{tmp_path / 'fa2tune.db'}"
     result = runner.invoke(app, ["--db", url, "best", "--gpu", "H200", "--d", d, "--n", "4096"])
-    _usage_error(result, f"{d} is not a supported head dim", "32, 64, 96, 128, 256")
+    _usage_error(result, f"{d} is not a supported head dim", "a multiple of 8 from 8 to 256")
     assert "no successful measurement" not in result.output
+
+
+@pytest.mark.parametrize("d", ["40", "80", "160", "192"])
+def test_best_takes_any_multiple_of_8(tmp_path: Path, d: str) -> None:
+    """Accepted: nothing tuned there yet is the answer, not a usage error."""
+    url = f"sqlite:///{tmp_path / 'fa2tune.db'}"
+    result = runner.invoke(app, ["--db", url, "best", "--gpu", "H200", "--d", d, "--n", "4096"])
+    assert result.exit_code == 1, result.output
+    assert "is not a supported head dim" not in result.output
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,15 @@ def test_space_of_the_hopper_family() -> None:
     assert bad.exit_code == 2 and "not a kernel family" in bad.output
 
 
+@pytest.mark.parametrize("d", [40, 80, 160, 192])
+@pytest.mark.parametrize("family", ["fa2", "splitkv"])
+def test_space_takes_any_multiple_of_8(d: int, family: str) -> None:
+    result = runner.invoke(app, ["space", "--d", str(d), "--family", family, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert rows and all(r["name"].startswith(f"{family}_d{d}_") for r in rows)
+
+
 def test_space_smem_limit() -> None:
     result = runner.invoke(app, ["space", "--d", "128", "--smem-limit", "49152", "--json"])
     assert result.exit_code == 0
@@ -61,9 +70,16 @@ def test_space_smem_limit() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["space", "--d", "80"], "not a supported head dim"),
+        (["space", "--d", "12"], "12 is not a supported head dim; use a multiple of 8 from 8"),
+        (["space", "--d", "264"], "264 is not a supported head dim"),
+        (["space", "--d", "0", "--family", "fa3"], "0 is not a supported head dim"),
+        (
+            ["space", "--d", "40", "--family", "fa3"],
+            "the fa3 family has no head dim 40; use one of 64, 96, 128, 256",
+        ),
         (["space", "--d", "64", "--dtype", "fp32"], "not a supported dtype"),
-        (["build", "--d", "80"], "not a supported head dim"),
+        (["build", "--d", "12"], "not a supported head dim"),
+        (["build", "--d", "80", "--family", "fa3"], "the fa3 family has no head dim 80"),
         (["build", "--d", "64", "--arch", "sm_70"], "not a supported architecture"),
         (["build", "--d", "64", "--dtype", "int8"], "not a supported dtype"),
         (["build"], "give --d"),

@@ -176,6 +176,9 @@ REJECTED: list[Any] = [
     pytest.param(_problem("nk", 0), "problems.0.nk", id="nk-zero"),
     pytest.param(_problem("nk", 2**31), "problems.0.nk", id="nk-2^31"),
     pytest.param(_problem("d", 65), "problems.0.d", id="d-65"),
+    pytest.param(_problem("d", 12), "problems.0.d", id="d-12"),
+    pytest.param(_problem("d", 264), "problems.0.d", id="d-264"),
+    pytest.param(_problem("d", 0), "problems.0.d", id="d-0"),
     pytest.param(_set("builds", 0, "config", "d", value=65), "builds.0.config.d", id="cfg-d"),
     pytest.param(_problem("batch", 2**31), "problems.0.batch", id="batch"),
     pytest.param(_problem("heads", 2**40), "problems.0.heads", id="heads"),
@@ -295,7 +298,7 @@ def test_rules_are_in_the_json_schema() -> None:
     ]
     p = defs["ProblemRecord"]["properties"]
     assert p["n"]["maximum"] == INT32_MAX
-    assert p["d"]["enum"] == [32, 64, 96, 128, 256]
+    assert p["d"]["enum"] == list(range(8, 257, 8))  # every multiple of 8 up to 256
     g = defs["GpuRecord"]["properties"]
     assert g["memory_bytes"]["maximum"] == INT64_MAX
     assert g["name"]["maxLength"] == 128

@@ -113,7 +113,8 @@ _TOO_BIG = f"field 'n': must be between 1 and {MAX_DIM}, got {MAX_DIM + 1}"
     ("entry", "message"),
     [
         ({**_OK, "heads": "8"}, "entry 1: field 'heads': Input should be a valid integer"),
-        ({**_OK, "d": 65}, "entry 1: field 'd': must be one of 32, 64, 96, 128, 256"),
+        ({**_OK, "d": 65}, "entry 1: field 'd': must be a multiple of 8 from 8 to 256, got 65"),
+        ({**_OK, "d": 264}, "entry 1: field 'd': must be a multiple of 8 from 8 to 256, got 264"),
         ({**_OK, "dtype": "fp32"}, "field 'dtype': Input should be"),
         ({**_OK, "causal": "maybe"}, "field 'causal': must be true, false or 'both'"),
         (

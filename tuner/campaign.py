@@ -362,9 +362,11 @@ def _defaults(
     """The production space, seeds and build for ``arch`` where none is given.
 
     The space is the union of every kernel family that runs on a GPU of ``arch``
-    (:func:`codegen.families.families_for`) and serves the problem (``Family.serves``: the
-    split-KV family only where the packed query rows are few): on an sm_90 GPU the Hopper
-    family's configs beside the portable ones, searched by one study per problem.
+    (:func:`codegen.families.families_for`), has the problem's head dim (``Family.head_dims``;
+    the others are skipped with one log line per head dim) and serves the problem
+    (``Family.serves``: the split-KV family only where the packed query rows are few): on an
+    sm_90 GPU the Hopper family's configs beside the portable ones, searched by one study per
+    problem.
     """
     from codegen.space import ARCH_SMEM_LIMIT
 
@@ -376,10 +378,24 @@ def _defaults(
     ]
     if not families:
         raise ValueError(f"none of the families {', '.join(only or ())} runs on {arch}")
+    noted: set[int] = set()
+
+    def taking(d: int) -> list[Family]:
+        """The families with head dim ``d``; the others are noted once per head dim."""
+        lacking = [f for f in families if d not in f.head_dims]
+        if lacking and d not in noted:
+            noted.add(d)
+            log.info(
+                "D=%d: skipping %s (head dims %s)",
+                d,
+                ", ".join(f.name for f in lacking),
+                "; ".join(f"{f.name}: {f.head_dims_text}" for f in lacking),
+            )
+        return [f for f in families if d in f.head_dims]
 
     def serving(p: Problem) -> list[Family]:
         # Packed variable-length batches: the fa2 family's varlen kernels only.
-        return [f for f in families if f.serves(p) and (not p.is_varlen or f.name == "fa2")]
+        return [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.name == "fa2")]
 
     def default_space(p: Problem) -> Sequence[AnyConfig]:
         configs = [c for f in serving(p) for c in f.space(p.d, p.dtype, p.causal, smem, arch)]

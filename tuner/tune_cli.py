@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Final, TypeVar
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Final, TypeVar
 import optuna
 import typer
 
-from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.problem import Problem
 from core.shape import MAX_DIM, Shape
 from tuner import search
@@ -116,15 +116,37 @@ def parse_families(text: str | None) -> tuple[str, ...] | None:
     return tuple(f for f in FAMILIES if f in names)
 
 
+def check_family_head_dims(ds: Iterable[int], families: Sequence[str] | None) -> None:
+    """Refuse head dims none of the families named by ``--family`` has (with every family,
+    fa2's head dims are all the supported ones; a family lacking a head dim is skipped there).
+
+    Raises:
+        typer.BadParameter: a head dim no named family has, naming the families' head dims.
+    """
+    if families is None:
+        return
+    from codegen.families import FAMILIES
+
+    named = [FAMILIES[name] for name in families]
+    for d in sorted(set(ds)):
+        if not any(d in f.head_dims for f in named):
+            names = ", ".join(f.name for f in named)
+            who = names if len(named) == 1 else f"none of {names}"
+            dims = "; ".join(f"{f.name}: {f.head_dims_text}" for f in named)
+            raise _bad("--family", f"{who} has no head dim {d} (head dims {dims})")
+
+
 def parse_int_list(
     text: str,
     option: str,
     allowed: Sequence[int] | None = None,
     minimum: int = 1,
     maximum: int = MAX_DIM,
+    allowed_text: str | None = None,
 ) -> list[int]:
     """Parse ``"64,128"``; every value must be an integer in ``minimum..maximum`` (by default
-    the kernels' int32 range) and in ``allowed``.
+    the kernels' int32 range) and in ``allowed`` (``allowed_text``, when given, says what
+    ``allowed`` is in the message instead of listing it).
 
     Raises:
         typer.BadParameter: on anything else (typer exits with status 2).
@@ -140,9 +162,15 @@ def parse_int_list(
         if value > maximum:
             raise _bad(option, f"{value} is above {maximum}")
         if allowed is not None and value not in allowed:
-            raise _bad(option, f"{value} is not one of {', '.join(map(str, allowed))}")
+            what = allowed_text or f"one of {', '.join(map(str, allowed))}"
+            raise _bad(option, f"{value} is not {what}")
         values.append(value)
     return _unique(values)
+
+
+def parse_head_dims(text: str, option: str = "--d") -> list[int]:
+    """Parse ``"40,128"``: supported head dims (:data:`core.config.HEAD_DIMS`)."""
+    return parse_int_list(text, option, HEAD_DIMS, allowed_text=HEAD_DIMS_RULE)
 
 
 def parse_choice_list(
@@ -329,7 +357,7 @@ def campaign_targets(options: ShapeOptions) -> list[Target]:
     options.check()
     groups: list[list[Target]] = []
     if options.grid:
-        ds = parse_int_list(_given(options.d, DEFAULT_D), "--d", allowed=HEAD_DIMS)
+        ds = parse_head_dims(_given(options.d, DEFAULT_D))
         dtypes = _parse_dtypes(_given(options.dtype, DEFAULT_DTYPE))
         causals = parse_bool_list(_given(options.causal, DEFAULT_CAUSAL), "--causal")
         groups.append(make_targets(ds, dtypes, causals, parse_shapes(options)))
@@ -376,7 +404,12 @@ def resolve_budget(
 def tune(
     ctx: typer.Context,
     d: Annotated[
-        str | None, typer.Option("--d", help="head dims, comma-separated", show_default=DEFAULT_D)
+        str | None,
+        typer.Option(
+            "--d",
+            help=f"head dims, comma-separated, each {HEAD_DIMS_RULE}",
+            show_default=DEFAULT_D,
+        ),
     ] = None,
     n: Annotated[
         str | None,
@@ -533,6 +566,7 @@ def tune(
         summary = _tune_replay(replay, shape_options, options, _global_db(ctx))
     else:
         targets = campaign_targets(shape_options)
+        check_family_head_dims((t.d for t in targets), families)
         if arch is not None:
             from codegen.space import SUPPORTED_ARCHS
 
@@ -660,7 +694,7 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
         typer.BadParameter: for bad options or a bad workload file.
     """
     shape.check()
-    keep_d = _select(shape.d, "--d", lambda t, o: parse_int_list(t, o, HEAD_DIMS))
+    keep_d = _select(shape.d, "--d", lambda t, o: parse_head_dims(t, o))
     keep_n = _select(shape.n, "--n", parse_int_list)
     keep_nq = _select(shape.nq, "--nq", parse_int_list)
     keep_nk = _select(shape.nk, "--nk", parse_int_list)

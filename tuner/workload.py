@@ -40,7 +40,7 @@ from pydantic import (
     field_validator,
 )
 
-from core.config import DTYPES, HEAD_DIMS, Dtype
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.problem import Problem
 from core.shape import MAX_DIM, Shape, ShapeError
 
@@ -151,7 +151,7 @@ def _dim(value: int) -> int:
 
 def _head_dim(value: int) -> int:
     if value not in HEAD_DIMS:
-        raise ValueError(f"must be one of {', '.join(map(str, HEAD_DIMS))}, got {value}")
+        raise ValueError(f"must be {HEAD_DIMS_RULE}, got {value}")
     return value
 
 
