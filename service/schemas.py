@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -109,6 +110,16 @@ class BuildOut(_Out):
     stack_bytes: int
     static_smem: int
 
+    @classmethod
+    def of(cls, b: BestResult) -> BuildOut:
+        return cls(
+            registers=b.registers,
+            spill_stores=b.spill_stores,
+            spill_loads=b.spill_loads,
+            stack_bytes=b.stack_bytes,
+            static_smem=b.static_smem,
+        )
+
 
 class ProvenanceOut(_Out):
     """Where and how the winning figure was measured."""
@@ -123,6 +134,21 @@ class ProvenanceOut(_Out):
     measured_at: datetime
     sm_clock_mhz: int | None
     mem_clock_mhz: int | None
+
+    @classmethod
+    def of(cls, b: BestResult) -> ProvenanceOut:
+        return cls(
+            gpu=b.gpu,
+            compute_capability=b.compute_capability,
+            driver_version=b.driver_version,
+            cuda_version=b.cuda_version,
+            nvcc_version=b.nvcc_version,
+            arch=b.arch,
+            source_hash=b.source_hash,
+            measured_at=b.measured_at,
+            sm_clock_mhz=b.sm_clock_mhz,
+            mem_clock_mhz=b.mem_clock_mhz,
+        )
 
 
 class BestOut(_Out):
@@ -187,25 +213,59 @@ class BestOut(_Out):
             measured_problem=MeasuredProblemOut(
                 n=b.n, nk=b.nk, batch=b.batch, heads=b.heads, kv_heads=b.kv_heads
             ),
-            build=BuildOut(
-                registers=b.registers,
-                spill_stores=b.spill_stores,
-                spill_loads=b.spill_loads,
-                stack_bytes=b.stack_bytes,
-                static_smem=b.static_smem,
-            ),
-            provenance=ProvenanceOut(
-                gpu=b.gpu,
-                compute_capability=b.compute_capability,
-                driver_version=b.driver_version,
-                cuda_version=b.cuda_version,
-                nvcc_version=b.nvcc_version,
-                arch=b.arch,
-                source_hash=b.source_hash,
-                measured_at=b.measured_at,
-                sm_clock_mhz=b.sm_clock_mhz,
-                mem_clock_mhz=b.mem_clock_mhz,
-            ),
+            build=BuildOut.of(b),
+            provenance=ProvenanceOut.of(b),
+        )
+
+
+class VarlenBestOut(_Out):
+    """The fastest correct varlen config for a packed batch of sequences on a GPU."""
+
+    seqlens: list[int] = Field(description="the lengths asked for")
+    exact: bool = Field(description="true when measured on exactly these lengths and heads")
+    measured_seqlens: list[int] = Field(description="the lengths the answer was measured on")
+    heads: int
+    kv_heads: int
+    distance: float = Field(
+        description="how far the measured batch is from the asked one (0 when exact): "
+        "core.shape's distance between the two as their count of sequences at the mean length"
+    )
+    gpu: str
+    d: int
+    dtype: Literal["fp16", "bf16"]
+    causal: bool
+    config: ConfigOut
+    median_ms: float = Field(description="median kernel time per launch on measured_seqlens")
+    p10_ms: float | None
+    p90_ms: float | None
+    tflops: float | None = Field(description="throughput on measured_seqlens (summed work)")
+    max_abs_err: float | None = Field(description="vs. a float32 reference, every sequence")
+    rel_err: float | None
+    build: BuildOut
+    provenance: ProvenanceOut
+
+    @classmethod
+    def of(cls, b: BestResult, asked: Sequence[int], measured: Sequence[int]) -> VarlenBestOut:
+        return cls(
+            seqlens=list(asked),
+            exact=b.exact,
+            measured_seqlens=list(measured),
+            heads=b.heads,
+            kv_heads=b.kv_heads,
+            distance=b.distance,
+            gpu=b.gpu,
+            d=b.d,
+            dtype=b.config.dtype,
+            causal=b.causal,
+            config=ConfigOut.of(b.config),
+            median_ms=b.median_ms,
+            p10_ms=b.p10_ms,
+            p90_ms=b.p90_ms,
+            tflops=b.tflops,
+            max_abs_err=b.max_abs_err,
+            rel_err=b.rel_err,
+            build=BuildOut.of(b),
+            provenance=ProvenanceOut.of(b),
         )
 
 
