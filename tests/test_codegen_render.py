@@ -62,10 +62,10 @@ def test_template_dir_is_the_package_directory() -> None:
 
 
 def test_template_hash_covers_the_family_template_and_its_includes(tmp_path: Path) -> None:
-    (tmp_path / "fa2_fwd.cuh").write_text('#include <cuda_fp16.h>\n// v1\n')
+    (tmp_path / "fa2_fwd.cuh").write_text("#include <cuda_fp16.h>\n// v1\n")
     h1 = template_hash(tmp_path)
     assert len(h1) == 64 and h1 == template_hash(tmp_path)
-    (tmp_path / "fa2_fwd.cuh").write_text('#include <cuda_fp16.h>\n// v2\n')
+    (tmp_path / "fa2_fwd.cuh").write_text("#include <cuda_fp16.h>\n// v2\n")
     h2 = template_hash(tmp_path)
     assert h2 != h1
     (tmp_path / "other_family.cuh").write_text("// another family's template\n")

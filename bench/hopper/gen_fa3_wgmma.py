@@ -52,7 +52,7 @@ def acc_operands(n: int) -> str:
 def ss_asm(n: int, t: str) -> str:
     h = n // 2
     return (
-        f'      asm volatile(\n'
+        f"      asm volatile(\n"
         f'          "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{h + 2}, 0;\\n"\n'
         f'          "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "\n'
         f'          "{acc_list(n)}, %{h}, %{h + 1}, p, 1, 1, 0, %{h + 3};\\n}}\\n"\n'
@@ -64,7 +64,7 @@ def ss_asm(n: int, t: str) -> str:
 def rs_asm(n: int, t: str) -> str:
     h = n // 2
     return (
-        f'      asm volatile(\n'
+        f"      asm volatile(\n"
         f'          "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{h + 5}, 0;\\n"\n'
         f'          "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} "\n'
         f'          "{acc_list(n)}, {{%{h}, %{h + 1}, %{h + 2}, %{h + 3}}}, %{h + 4}, p, 1, 1, '
