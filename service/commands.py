@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from codegen.export import ExportError
-from core.config import DTYPES, Dtype
+from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS_RULE, Dtype
 from db.dump_format import TransferError
 from db.shipped import load_shipped_results
 from db.store import Store
@@ -96,8 +96,8 @@ def export(
         str | None,
         typer.Option(
             "--d",
-            help="head dims, comma-separated, each a multiple of 8 from 8 to 256 (default: "
-            "32, 64, 96, 128, 256 and every head dim tuned for the GPU)",
+            help=f"head dims, comma-separated, each {HEAD_DIMS_RULE} (default: "
+            f"{', '.join(map(str, COMMON_HEAD_DIMS))} and every head dim tuned for the GPU)",
         ),
     ] = None,
     dtype: Annotated[

@@ -34,7 +34,7 @@ class FieldError(_Out):
 class ValidationErrorOut(_Out):
     """422: the request's parameters or body are invalid; ``detail`` says which and why."""
 
-    detail: str = Field(examples=["d: must be one of 32, 64, 96, 128, 256 (got 48)"])
+    detail: str = Field(examples=["d: must be a multiple of 8 from 8 to 256 (got 12)"])
     errors: list[FieldError] = Field(default_factory=list)
 
 

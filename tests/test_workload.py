@@ -64,6 +64,12 @@ def test_json_list_and_defaults(tmp_path: Path) -> None:
     assert target.label == "entry 1"
 
 
+@pytest.mark.parametrize("d", [8, 40, 80, 160, 192, 256])
+def test_any_multiple_of_8_is_a_head_dim(tmp_path: Path, d: int) -> None:
+    (target,) = load_workload(_entries_json(tmp_path, {"d": d, "heads": 8, "n": 256})).targets
+    assert target.d == d
+
+
 def test_nq_without_nk_is_square(tmp_path: Path) -> None:
     (target,) = load_workload(_entries_json(tmp_path, {"d": 64, "heads": 8, "nq": 300})).targets
     assert (target.shape.nq, target.shape.nk) == (300, 300)
