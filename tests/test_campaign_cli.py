@@ -133,7 +133,7 @@ def test_default_budget() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--d", "65"], "65 is not one of"),
+        (["--d", "65"], "65 is not a multiple of 8 from 8 to 256"),
         (["--n", "0"], "below 1"),
         (["--n", "1k"], "not an integer"),
         (["--dtype", "fp32"], "not one of"),
