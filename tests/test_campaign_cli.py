@@ -462,12 +462,12 @@ def test_cli_rejects_dtype_or_causal_with_a_workload_alone(
 
 def test_cli_bad_workload_names_file_entry_and_field(app: typer.Typer, tmp_path: Path) -> None:
     path = tmp_path / "w.json"
-    path.write_text(json.dumps([{"d": 64, "heads": 8, "seqlens": [1, 7]}]))
+    path.write_text(json.dumps([{"d": 12, "heads": 8, "n": 1}]))
     result = CliRunner().invoke(app, ["tune", "--workload", str(path)])
     assert result.exit_code == 2, result.output
     # The error box wraps long lines anywhere, between its borders.
     text = "".join(result.output.replace("│", "").split())
-    assert "'--workload':" in text and "w.json:entry1:field'seqlens':variable-length" in text
+    assert "'--workload':" in text and "w.json:entry1:field'd':mustbeamultipleof8" in text
 
 
 def _gqa_problems() -> list[Problem]:
