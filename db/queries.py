@@ -313,11 +313,7 @@ def best_or_nearest(
         return hit
     with session_scope(engine) as s:
         query = _problems_query(gpu, d, dtype, causal, nk, batch, heads, kv_heads)
-        has_ok = exists().where(
-            Measurement.problem_id == Problem.id,
-            Measurement.status == MeasureStatus.OK.value,
-            Measurement.median_ms.is_not(None),
-        )
+        has_ok = _has_ok_measurement()
         tuned = s.scalars(query.where(has_ok).with_only_columns(Problem.n).distinct()).all()
         if not tuned:
             return None
@@ -412,11 +408,7 @@ def best_for_shape(
 def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
     """:meth:`db.store.Store.shape_winners`: one winner per tuned shape, with its SM count."""
     with session_scope(engine) as s:
-        has_ok = exists().where(
-            Measurement.problem_id == Problem.id,
-            Measurement.status == MeasureStatus.OK.value,
-            Measurement.median_ms.is_not(None),
-        )
+        has_ok = _has_ok_measurement()
         problems = s.scalars(
             select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
@@ -568,6 +560,15 @@ def results(
     return ResultPage(total=total or 0, offset=offset, limit=limit, items=items)
 
 
+def _has_ok_measurement() -> Any:
+    """The clause "this problem has a verified, timed measurement" (correlated to Problem)."""
+    return exists().where(
+        Measurement.problem_id == Problem.id,
+        Measurement.status == MeasureStatus.OK.value,
+        Measurement.median_ms.is_not(None),
+    )
+
+
 def varlen_shape(seqlens: Sequence[int], heads: int, kv_heads: int) -> Shape:
     """The dense shape a packed batch is compared by: its count of sequences at their mean
     length (the work per sequence of the mean one, the grid of the whole batch)."""
@@ -592,11 +593,7 @@ def best_varlen(
     lens = tuple(int(x) for x in seqlens)
     asked = varlen_shape(lens, heads, kv_heads)
     with session_scope(engine) as s:
-        has_ok = exists().where(
-            Measurement.problem_id == Problem.id,
-            Measurement.status == MeasureStatus.OK.value,
-            Measurement.median_ms.is_not(None),
-        )
+        has_ok = _has_ok_measurement()
         rows = s.scalars(
             select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -151,6 +151,26 @@ class ProvenanceOut(_Out):
         )
 
 
+def _measured_fields(b: BestResult) -> dict[str, Any]:
+    """The fields /v1/best and /v1/best/varlen answers share: the config, its measurement,
+    build and provenance."""
+    return {
+        "gpu": b.gpu,
+        "d": b.d,
+        "dtype": b.config.dtype,
+        "causal": b.causal,
+        "config": ConfigOut.of(b.config),
+        "median_ms": b.median_ms,
+        "p10_ms": b.p10_ms,
+        "p90_ms": b.p90_ms,
+        "tflops": b.tflops,
+        "max_abs_err": b.max_abs_err,
+        "rel_err": b.rel_err,
+        "build": BuildOut.of(b),
+        "provenance": ProvenanceOut.of(b),
+    }
+
+
 class BestOut(_Out):
     """The fastest correct config for a shape on a GPU."""
 
@@ -199,22 +219,10 @@ class BestOut(_Out):
             shape=None if shape is None else ShapeOut.of(shape),
             distance=None if shape is None else b.distance,
             from_n=b.n,
-            gpu=b.gpu,
-            d=b.d,
-            dtype=b.config.dtype,
-            causal=b.causal,
-            config=ConfigOut.of(b.config),
-            median_ms=b.median_ms,
-            p10_ms=b.p10_ms,
-            p90_ms=b.p90_ms,
-            tflops=b.tflops,
-            max_abs_err=b.max_abs_err,
-            rel_err=b.rel_err,
+            **_measured_fields(b),
             measured_problem=MeasuredProblemOut(
                 n=b.n, nk=b.nk, batch=b.batch, heads=b.heads, kv_heads=b.kv_heads
             ),
-            build=BuildOut.of(b),
-            provenance=ProvenanceOut.of(b),
         )
 
 
@@ -253,19 +261,7 @@ class VarlenBestOut(_Out):
             heads=b.heads,
             kv_heads=b.kv_heads,
             distance=b.distance,
-            gpu=b.gpu,
-            d=b.d,
-            dtype=b.config.dtype,
-            causal=b.causal,
-            config=ConfigOut.of(b.config),
-            median_ms=b.median_ms,
-            p10_ms=b.p10_ms,
-            p90_ms=b.p90_ms,
-            tflops=b.tflops,
-            max_abs_err=b.max_abs_err,
-            rel_err=b.rel_err,
-            build=BuildOut.of(b),
-            provenance=ProvenanceOut.of(b),
+            **_measured_fields(b),
         )
 
 
