@@ -148,3 +148,29 @@ def test_head_dims_not_multiples_of_32(d: int) -> None:
         rng = random.Random(f"hd{d}{causal}")
         configs = sorted(set(seed_configs(d, dtype, causal)) | set(rng.sample(space, 2)))
         _run_configs(configs, shape_problems(d, dtype, causal, shapes), ["bnhd", "bhnd"])
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_worker_measures_a_varlen_problem(causal: bool) -> None:
+    """The campaign's path: a varlen Problem through the isolated worker (measure.handler's
+    varlen branch) verifies every sequence and times the packed launch; a dense config given
+    a varlen problem is refused, not measured."""
+    from core.problem import Problem
+    from core.records import MeasureStatus
+    from measure.jobs import BenchJob, MeasureOptions
+    from measure.timing import TimingOptions
+    from measure.worker import BenchWorker
+
+    fast = TimingOptions(warmup=2, target_ms=10.0, min_reps=3, max_reps=50, flush_l2=False)
+    cfg = seed_configs(128, "fp16", causal, varlen=True)[0]
+    dense = replace(cfg, varlen=False)
+    reports = _build([cfg, dense])
+    problem = Problem.varlen("test", 128, (300, 1, 77, 1000), heads=8, kv_heads=2,
+                             dtype="fp16", causal=causal)  # fmt: skip
+    with BenchWorker(device=0, job_timeout_s=60, start_timeout_s=300, kill_wait_s=60) as w:
+        opts = MeasureOptions(timing=fast, recheck=True)
+        res = w.measure(BenchJob.from_build(reports[cfg], problem, opts))
+        assert res.status == MeasureStatus.OK, res
+        assert res.median_ms is not None and res.median_ms > 0
+        wrong = w.measure(BenchJob.from_build(reports[dense], problem, opts))
+        assert wrong.status != MeasureStatus.OK, wrong

@@ -81,3 +81,33 @@ def test_bad_requests(
 def test_dense_best_is_not_answered_by_varlen_rows(client: TestClient) -> None:
     r = client.get("/v1/best", params={"gpu": "H200", "d": 128, "n": 4000})
     assert r.status_code == 404, r.text
+
+
+def test_shipped_varlen_results_answer_the_workload(tmp_path: Path) -> None:
+    """The shipped H200 varlen results (db/data/h200_results_varlen.json) answer the tuned
+    workload's lengths exactly, with a ``_vl`` config that was verified and timed, and a
+    nearby packed batch by distance."""
+    import yaml
+
+    from db.shipped import load_shipped_results
+
+    root = Path(__file__).resolve().parents[1]
+    store = make_store(tmp_path)
+    assert load_shipped_results(store, [root / "db" / "data" / "h200_results_varlen.json"]) > 0
+    (entry,) = yaml.safe_load((root / "bench/h200/varlen_workload.yaml").read_text())["shapes"]
+    lens = ",".join(str(n) for n in entry["seqlens"])
+    with TestClient(create_app(store)) as c:
+        for dtype in ("fp16", "bf16"):
+            for causal in (False, True):
+                params = {"gpu": "NVIDIA H200", "d": 128, "heads": 32, "kv_heads": 8,
+                          "dtype": dtype, "causal": causal}  # fmt: skip
+                r = c.get("/v1/best/varlen", params={**params, "seqlens": lens})
+                assert r.status_code == 200, r.text
+                body = VarlenBestOut.model_validate(r.json())
+                assert body.exact and body.measured_seqlens == entry["seqlens"]
+                assert body.config.name.endswith("_vl") and body.config.causal == causal
+                near = VarlenBestOut.model_validate(
+                    c.get("/v1/best/varlen", params={**params, "seqlens": "2000,900,3000"}).json()
+                )
+                assert not near.exact and near.config.name == body.config.name
+    store.close()
