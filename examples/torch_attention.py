@@ -197,7 +197,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--no-compile", action="store_true", help="eager only")
     parser.add_argument(
-        "--autotune", choices=("off", "cached", "on_first_call"), default="off",
+        "--autotune", choices=("off", "cached", "on_first_call"), default="cached",
         help="fa2tune.torch.autotune mode (on_first_call: tune untuned shapes in the "
         "background; the next run uses the results)",
     )  # fmt: skip

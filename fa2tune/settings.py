@@ -64,9 +64,10 @@ class Settings(BaseSettings):
         description="fa2tune.torch: log each (shape -> config, source) choice once per process",
     )
     autotune: Literal["off", "cached", "on_first_call"] = Field(
-        default="off",
-        description="fa2tune.torch: tune untuned shapes on first use (on_first_call), never "
-        "(off, cached); fa2tune.torch.autotune() overrides it per process",
+        default="cached",
+        description="fa2tune.torch: stored tuning results serve (cached), and untuned shapes "
+        "are tuned on first use (on_first_call), or only family defaults run (off); "
+        "fa2tune.torch.autotune() overrides it per process",
     )
     autotune_budget_s: float = Field(
         default=30.0,

@@ -35,6 +35,7 @@ except ImportError as _exc:  # pragma: no cover - exercised on machines without 
 
 from fa2tune.ops.autotune import AutoTuner, autotune
 from fa2tune.ops.choice import FallbackWarning, Unsupported
+from fa2tune.ops.kernels import free_workspaces
 from fa2tune.ops.torch_op import attention, attention_op, clear_caches
 
 __all__ = [
@@ -45,4 +46,5 @@ __all__ = [
     "attention_op",
     "autotune",
     "clear_caches",
+    "free_workspaces",
 ]

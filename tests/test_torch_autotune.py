@@ -106,7 +106,7 @@ def test_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     defaults = Settings()
     assert (defaults.autotune, defaults.autotune_budget_s, defaults.service_url) == (
-        "off", 30.0, None,
+        "cached", 30.0, None,
     )  # fmt: skip
     monkeypatch.setenv("FA2TUNE_AUTOTUNE", "on_first_call")
     monkeypatch.setenv("FA2TUNE_AUTOTUNE_BUDGET_S", "20")
@@ -130,12 +130,17 @@ def test_first_tuner_follows_the_settings(db_url: str) -> None:
 
 
 def test_off_and_cached_never_schedule(db_url: str) -> None:
-    for mode in ("off", "cached"):
+    """``cached`` serves stored results (here the nearest tuned shape); ``off`` ignores them
+    and runs the family default; neither starts a job."""
+    for mode, source in (("off", "default"), ("cached", "nearest")):
         fake = FakeTuner()
         autotune.autotune(mode, 5, tuner=fake)
         selected = select(_call(UNTUNED))
-        assert selected.choice.source == "nearest" and not selected.tuning
+        assert selected.choice.source == source and not selected.tuning
         assert autotune.current().jobs == [] and fake.jobs == []
+    autotune.autotune("off", 5, tuner=FakeTuner())
+    tuned = select(_call(TUNED))  # even a shape tuned exactly gets the default
+    assert tuned.choice.source == "default"
 
 
 def test_on_first_call_schedules_once_per_untuned_shape(db_url: str, tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ A fake kernel records what each ``cuLaunchKernel`` would get (the ``Fa2Params`` 
 patched at launch time, the extra pointer arguments, the stream); CPU tensors stand in for
 CUDA ones (the CUDA-device check of ``make_params`` is the one check left out). Checked:
 pointers and scale patched per call on one bound launch per stride pattern and stream, a new
-stride pattern or misaligned pointers re-checked, split-KV's workspace pointers (per stream
-outside capture, one zeroed allocation inside, null with one split) and fa3's descriptor
-cache. Skipped without torch; the real launches are tests/test_gpu_torch_op.py's.
+stride pattern or misaligned pointers re-checked, split-KV's workspace pointers (the
+stream's buffers outside capture, one zeroed allocation inside, null with one split), the
+stream buffers' growth, and fa3's descriptor cache. Skipped without torch; the real
+launches are tests/test_gpu_torch_op.py's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from core.shape import Shape  # noqa: E402
 from measure import params as mp  # noqa: E402
 
 COUNTERS = 0xC0C0
+PARTIALS = 0x10000
 
 
 class FakeBound:
@@ -73,7 +75,9 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(module, "make_params", _make_params)
     monkeypatch.setattr(module, "current_stream", lambda device: state["stream"])
     monkeypatch.setattr(module, "_capturing", lambda: state["capturing"])
-    monkeypatch.setattr(module, "_stream_counters", lambda device, stream, n: COUNTERS)
+    monkeypatch.setattr(
+        module, "_stream_workspace", lambda device, stream, n, floats: (COUNTERS, PARTIALS)
+    )
     module.test_state = state  # type: ignore[attr-defined]
     return module
 
@@ -136,8 +140,8 @@ def test_splitkv_workspace_pointers(kernels: Any) -> None:
     o = torch.empty_like(q)
     launcher(q, k, v, o, None, 0.1, "bnhd")
     ws_o, ws_lse, count = kernel.log[-1]["extra"]
-    assert count == COUNTERS  # the stream's counters
-    assert ws_lse - ws_o == 4 * ws.partial_rows * 128 and ws_o % 16 == 0
+    assert (count, ws_o) == (COUNTERS, PARTIALS)  # the stream's counters and partials
+    assert ws_lse - ws_o == 4 * ws.partial_rows * 128
     kernels.test_state["capturing"] = True  # one allocation: counters (16 B aligned) first
     launcher(q, k, v, o, None, 0.1, "bnhd")
     ws_o, ws_lse, count = kernel.log[-1]["extra"]
@@ -172,3 +176,32 @@ def test_fa3_descriptors_cached_per_pointer_triple(kernels: Any) -> None:
     assert len(launcher._variants[(q.stride(), k.stride(), v.stride())].tma) == kernels._TMA_CACHE
     launcher(q, k, v, o, None, 0.125, "bnhd")  # evicted: encoded again
     assert encoded.count(q.data_ptr()) == 2
+
+
+def test_stream_workspace_grows_and_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per (device, stream) buffers: allocated once, counters zeroed once, reused while big
+    enough; growing synchronises the stream before the old buffer is freed."""
+    from fa2tune.ops import kernels as module
+    from measure import loader
+
+    calls: list[tuple[Any, ...]] = []
+    next_ptr = iter(range(0x1000, 0x100000, 0x1000))
+
+    def fake_call(name: str, *args: Any) -> Any:
+        calls.append((name, *args))
+        return next(next_ptr) if name == "cuMemAlloc" else None
+
+    monkeypatch.setattr(loader, "call", fake_call)
+    monkeypatch.setattr(module, "_workspaces", {})
+    c1, p1 = module._stream_workspace(0, 5, 16, 1000)
+    assert [c[0] for c in calls] == ["cuMemAlloc", "cuMemsetD32Async", "cuMemAlloc"]
+    assert calls[1] == ("cuMemsetD32Async", c1, 0, 4096, 5)  # counters zeroed on its stream
+    calls.clear()
+    assert module._stream_workspace(0, 5, 4000, 60_000) == (c1, p1) and not calls
+    c2, p2 = module._stream_workspace(0, 5, 16, 70_000)  # partials grow, counters stay
+    assert c2 == c1 and p2 != p1
+    assert [c[0] for c in calls] == ["cuMemAlloc", "cuStreamSynchronize", "cuMemFree"]
+    assert calls[-1] == ("cuMemFree", p1)
+    calls.clear()
+    c3, p3 = module._stream_workspace(0, 6, 16, 10)  # another stream: buffers of its own
+    assert c3 not in (c1, c2) and p3 not in (p1, p2) and "cuStreamSynchronize" not in calls[0]

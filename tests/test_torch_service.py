@@ -84,7 +84,7 @@ def local_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'local.db'}"
     _seed(url, LOCAL, LOCAL_WINNER)
     saved = dict(settings_module._overrides)
-    override_settings(db_url=url, cache_dir=tmp_path / "build", autotune="off")
+    override_settings(db_url=url, cache_dir=tmp_path / "build", autotune="cached")
     choice.reset_store()
     autotune.reset()
     selection.reset_service_state()

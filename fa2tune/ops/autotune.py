@@ -2,13 +2,16 @@
 
 Modes (:data:`MODES`):
 
-* ``off`` (the default): configs come from what is tuned (service, shipped results, local
-  database) or a family's default; nothing is ever tuned.
-* ``cached``: the same choice, and the same promise said out loud: only stored results (or a
-  default) serve, no tuning is started, whatever ``FA2TUNE_AUTOTUNE`` says.
-* ``on_first_call``: a call shape with no result measured at exactly that shape for this GPU
-  starts one tuning job, once per shape and process; the call itself (and every call until
-  the job ends) is served at once by the nearest tuned config or the default. The job is
+* ``off``: tuning results are not used at all: every shape runs its family's default config
+  (the FA2 defaults fa2tune starts a campaign from), no database or service is asked. A
+  baseline to compare tuned runs with, or a process that must not depend on stored results.
+* ``cached`` (the default): configs come from what is tuned (service, shipped results, local
+  database: the exact shape, else the nearest tuned shape) or a family's default; nothing
+  is ever tuned.
+* ``on_first_call``: as ``cached``, and a call shape with no result measured at exactly that
+  shape for this GPU starts one tuning job, once per shape and process; the call itself (and
+  every call until the job ends) is served at once by the nearest tuned config or the
+  default. The job is
   ``fa2tune tune`` for that one problem with a small time budget (:func:`campaign_command`):
   the campaign's own code, building ahead in parallel and timing in its isolated worker
   process, verifying every config before it can win, and writing to the local database
@@ -161,7 +164,7 @@ class AutoTuner:
     at most one job per instance, and jobs run one at a time in order on one daemon thread.
     """
 
-    def __init__(self, mode: str = "off", budget_s: float = 30.0, tuner: Tuner | None = None):
+    def __init__(self, mode: str = "cached", budget_s: float = 30.0, tuner: Tuner | None = None):
         self.mode: Mode = check_mode(mode)
         self.budget_s = check_budget(budget_s)
         self.tuner: Tuner = tuner if tuner is not None else run_campaign_process

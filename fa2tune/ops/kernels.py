@@ -15,13 +15,15 @@ triple and stride pattern, the last 64 kept.
 Split-KV's workspace (:class:`SplitKvWorkspace`): one float32 partial O and LSE per (row tile,
 split) and an int counter per row tile that must be zero before a launch; the kernel's last
 block of a tile resets its counter, so counters that were zero stay zero. Outside CUDA-graph
-capture the partials are one ``torch.empty`` per call (torch's caching allocator: stream
-ordered, no fill) and the counters a grow-only buffer per (device, stream), zeroed once when
-allocated and only ever holding counters, as splitkv_launch.cuh's ``launch()`` keeps them.
-During capture a call allocates one tensor from the graph's private pool and zeroes its
-counter region, so a captured graph owns its workspace. With one split the kernel touches no
-workspace (null pointers, as the header's launcher passes). The worker's NaN poisoning of
-partials is left out.
+capture both live in grow-only buffers per (device, stream) (:func:`_stream_workspace`),
+allocated with the driver, the counters zeroed once: launches on one stream run in order and
+a launch reads its partials only inside itself, so every launch on the stream can reuse them,
+as splitkv_launch.cuh's ``launch()`` does, and a call allocates nothing (a ``torch.empty``
+per call cost ~10 µs of host time). :func:`free_workspaces` gives them back. During capture a
+call allocates one tensor from the graph's private pool and zeroes its counter region, so a
+captured graph owns its workspace. With one split the kernel touches no workspace (null
+pointers, as the header's launcher passes). The worker's NaN poisoning of partials is left
+out.
 
 Imports torch: only :mod:`fa2tune.ops.torch_op` imports this module.
 """
@@ -158,15 +160,12 @@ class SplitKvWorkspace:
 
     def pointers(self, device: torch.device, stream: int) -> tuple[int, int, int, object]:
         """``(ws_o, ws_lse, ws_count, owner)`` for one launch on ``stream``: ``owner`` keeps
-        the call's allocation alive until the launch has been queued."""
+        a capture's allocation alive until the launch has been queued (None otherwise)."""
         if not _capturing():
-            # Partials: scratch from torch's caching allocator (stream-ordered, reused at
-            # once); counters: the stream's own buffer, zero between launches.
-            count = _stream_counters(device.index or 0, stream, self.counters)
-            ws = torch.empty(self.partial_rows * (self.d + 1), dtype=torch.float32,
-                             device=device)  # fmt: skip
-            base = ws.data_ptr()
-            return base, base + 4 * self.partial_rows * self.d, count, ws
+            count, base = _stream_workspace(
+                device.index or 0, stream, self.counters, self.partial_rows * (self.d + 1)
+            )
+            return base, base + 4 * self.partial_rows * self.d, count, None
         # Inside a graph capture: one allocation from the graph's pool, counters first
         # (rounded to 16 bytes so the float4 partials stay aligned), counters zeroed; the
         # graph owns its workspace and replays on any stream.
@@ -180,33 +179,59 @@ class SplitKvWorkspace:
 
 
 _ws_lock = threading.Lock()
-# (device index, stream) -> (device pointer, int32 counters) of that stream's split-KV
-# counters: grow-only, shared by every split-KV launch on the stream (launches on one stream
-# run in order and each leaves its counters at zero). Allocated with the driver, outside
-# torch's allocator: a buffer kept across calls must not come from a private memory pool
-# (torch.compile's CUDA-graph trees run warm-up calls in one and may recycle its blocks).
-_counters: dict[tuple[int, int], tuple[int, int]] = {}
+# (device index, stream) -> [counters pointer, counters, partials pointer, floats] of that
+# stream's split-KV workspace: grow-only, shared by every split-KV launch on the stream.
+# Allocated with the driver, outside torch's allocator: a buffer kept across calls must not
+# come from a private memory pool (torch.compile's CUDA-graph trees run warm-up calls in one
+# and may recycle its blocks).
+_workspaces: dict[tuple[int, int], list[int]] = {}
 
 
-def _stream_counters(device: int, stream: int, count: int) -> int:
-    """The device pointer of ``stream``'s counters, at least ``count`` of them, all zero."""
-    entry = _counters.get((device, stream))
-    if entry is not None and entry[1] >= count:
-        return entry[0]
+def _stream_workspace(device: int, stream: int, counters: int, floats: int) -> tuple[int, int]:
+    """``(counters pointer, partials pointer)`` of ``stream``'s workspace: at least
+    ``counters`` int32 counters, all zero, and ``floats`` float32s of scratch."""
+    entry = _workspaces.get((device, stream))
+    if entry is not None and entry[1] >= counters and entry[3] >= floats:
+        return entry[0], entry[2]
     from measure.loader import call
 
     with _ws_lock:
-        entry = _counters.get((device, stream))
-        if entry is not None and entry[1] >= count:
-            return entry[0]
-        size = max(count, 4096, 2 * entry[1] if entry is not None else 0)
-        ptr = int(call("cuMemAlloc", 4 * size))
-        call("cuMemsetD32Async", ptr, 0, size, stream)  # ordered before the stream's launches
-        if entry is not None:  # the old buffer may still be read by queued launches
-            call("cuStreamSynchronize", stream)
-            call("cuMemFree", entry[0])
-        _counters[(device, stream)] = (ptr, size)
-        return ptr
+        old = _workspaces.get((device, stream)) or [0, 0, 0, 0]
+        new = list(old)
+        if old[1] < counters:
+            new[1] = max(counters, 4096, 2 * old[1])
+            new[0] = int(call("cuMemAlloc", 4 * new[1]))
+            call("cuMemsetD32Async", new[0], 0, new[1], stream)  # before the stream's launches
+        if old[3] < floats:
+            new[3] = max(floats, 1 << 16, old[3] + old[3] // 2)
+            new[2] = int(call("cuMemAlloc", 4 * new[3]))
+        if old[0] != new[0] or old[2] != new[2]:
+            if old[1] or old[3]:  # the old buffers may still be read by queued launches
+                call("cuStreamSynchronize", stream)
+            for before, after in ((old[0], new[0]), (old[2], new[2])):
+                if before and before != after:
+                    call("cuMemFree", before)
+        _workspaces[(device, stream)] = new
+        return new[0], new[2]
+
+
+def free_workspaces() -> int:
+    """Give every stream's split-KV workspace back to the driver (each device synchronised
+    first: a stream may have been destroyed since); the next split-KV call allocates again.
+    Returns the bytes freed."""
+    from measure.loader import call
+
+    freed = 0
+    with _ws_lock:
+        for (device, _), (counters_ptr, counters, partials_ptr, floats) in _workspaces.items():
+            torch.cuda.synchronize(device)
+            with torch.cuda.device(device):
+                for ptr in (counters_ptr, partials_ptr):
+                    if ptr:
+                        call("cuMemFree", ptr)
+            freed += 4 * (counters + floats)
+        _workspaces.clear()
+    return freed
 
 
 #: Bound launches with their TMA descriptors kept per stride pattern (fa3), by pointers.

@@ -10,6 +10,9 @@
    exactly here beats the service's nearest shape, which beats the local nearest or default;
 3. then, in ``on_first_call`` mode (:mod:`fa2tune.ops.autotune`), a shape not measured
    exactly starts one background tuning job; the choice above serves meanwhile.
+
+In ``off`` mode none of this runs: every shape gets its family's default config, with no
+database opened and no service asked (a baseline, or a process that must not read results).
 """
 
 from __future__ import annotations
@@ -108,8 +111,9 @@ def _from_service(call: Call, url: str, timeout_s: float) -> Choice | None:
 
 
 def select(call: Call) -> Selected:
-    """The config for ``call`` (service, then local results, then a default) and, in
-    ``on_first_call`` mode, a tuning job for a shape not tuned exactly.
+    """The config for ``call`` (service, then local results, then a default; only the
+    default in ``off`` mode) and, in ``on_first_call`` mode, a tuning job for a shape not
+    tuned exactly.
 
     Raises:
         Unsupported: no family serves the dtype, head dim or GPU.
@@ -118,6 +122,11 @@ def select(call: Call) -> Selected:
 
     settings = get_settings()
     check_supported(call.dtype, call.d, call.compute_capability)
+    if autotune.current().mode == "off":
+        return Selected(choose_config(
+            None, call.gpu, call.sm_count, call.shape, call.dtype, call.causal, call.d,
+            compute_capability=call.compute_capability,
+        ))  # fmt: skip
     remote = None
     if settings.service_url:
         remote = _from_service(call, settings.service_url, settings.service_timeout_s)
