@@ -26,6 +26,9 @@ so the choice rule does not decide which family is timed. Needs torch, cuda-bind
 of sm_80+ and nvcc (first build). Run from the repository root::
 
     PYTHONPATH=$PWD python bench/torch_op_overhead.py [--n 128 --d 64 --calls 200 --reps 30]
+
+``--breakdown`` also times, alone, each piece of host work the eager path does per call
+(no GPU work; where the microseconds between ``launcher`` and ``attention`` go).
 """
 
 from __future__ import annotations
@@ -141,6 +144,38 @@ def measure(family: str, n: int, d: int, calls: int, reps: int) -> dict[str, flo
     return row
 
 
+def breakdown(n: int, d: int, calls: int, reps: int) -> dict[str, float]:
+    """Host time (µs) of each piece of the eager path's per-call work, timed alone."""
+    import torch
+
+    from fa2tune.ops import torch_op
+    from fa2tune.ops.kernels import current_stream
+
+    q = torch.randn(1, n, 1, d, device="cuda", dtype=torch.float16)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    key = (q.device, q.dtype, q.shape, k.shape, False, "bnhd")
+    table = {key: None}
+    current = torch_op._current_device
+    pieces: dict[str, Callable[[], object]] = {
+        "q.new_empty(q.shape)": lambda: q.new_empty(q.shape),
+        "torch.empty_like(q)": lambda: torch.empty_like(q),
+        "decision key": lambda: (q.device, q.dtype, q.shape, k.shape, False, "bnhd"),
+        "key + dict lookup": lambda: table.get(
+            (q.device, q.dtype, q.shape, k.shape, False, "bnhd")
+        ),
+        "torch.compiler.is_compiling()": torch.compiler.is_compiling,
+        "grad checks": lambda: (
+            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        ),
+        "current device": current,
+        "current stream": lambda: current_stream(q.device),
+        "4 data_ptr()": lambda: (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.data_ptr()),
+        "3 stride()": lambda: (q.stride(), k.stride(), v.stride()),
+        "empty call (floor)": lambda: None,
+    }
+    return {name: host_us(fn, calls, reps) for name, fn in pieces.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=128, help="sequence length (splitkv: Nk)")
@@ -148,6 +183,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
     parser.add_argument("--reps", type=int, default=30, help="timed loops (median)")
     parser.add_argument("--family", default="fa2,splitkv", help="families to time, comma-separated")
+    parser.add_argument("--breakdown", action="store_true", help="time each per-call piece")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
@@ -164,6 +200,10 @@ def main() -> None:
     print("|---|" + "---:|" * len(cols))
     for family, row in rows.items():
         print(f"| {family} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + " |")
+    if args.breakdown:
+        print("\n| per-call piece, timed alone | µs |\n|---|---:|")
+        for name, us in breakdown(args.n, args.d, args.calls, args.reps).items():
+            print(f"| {name} | {us:.2f} |")
     worst = max(row["overhead"] for row in rows.values())
     print(f"\nworst overhead over a bare launch: {worst:.1f} µs (target: at most 10 µs)")
 

@@ -17,6 +17,7 @@ import pytest
 
 from codegen.space import fa2_default_config
 from codegen.splitkv_space import default_config as splitkv_default
+from core.config import HEAD_DIMS, HEAD_DIMS_RULE
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from core.shape import Shape
@@ -29,6 +30,7 @@ from fa2tune.ops.choice import (
     choose_config,
     default_config,
     splitkv_workspace_sizes,
+    unsupported_head_dim,
 )
 from fa2tune.settings import Settings
 from tests.factories import H200, make_config, ok_result, seed_measurement
@@ -162,6 +164,9 @@ def test_call_reasons() -> None:
 def test_supported_head_dims_and_arch() -> None:
     assert {32, 64, 96, 128, 256} <= set(SUPPORTED_HEAD_DIMS)
     assert 264 not in SUPPORTED_HEAD_DIMS  # past 256: no family
+    # The refusal states the rule, so the rule must be exactly the families' union.
+    assert tuple(HEAD_DIMS) == SUPPORTED_HEAD_DIMS
+    assert HEAD_DIMS_RULE in unsupported_head_dim(65)
     assert arch_of("9.0") == "sm_90"
     assert arch_of("8.6") == "sm_86"
     assert arch_of("7.5") is None

@@ -24,7 +24,7 @@ from typing import Literal
 from codegen import fa3_space, splitkv_space
 from codegen import space as fa2_space
 from codegen.families import family_of
-from core.config import Dtype
+from core.config import HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.problem import Problem
 from core.shape import NOMINAL_BLOCK_ROWS, Shape
@@ -51,7 +51,7 @@ DTYPE_NAMES: dict[str, Dtype] = {"float16": "fp16", "bfloat16": "bf16"}
 
 def unsupported_head_dim(d: int) -> str:
     """The reason given for a head dim no family has."""
-    return f"head dim {d} is not supported (supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))})"
+    return f"head dim {d} is not supported (supported: {HEAD_DIMS_RULE})"
 
 
 class Unsupported(RuntimeError):
