@@ -19,6 +19,7 @@ from codegen import fa3_space
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
 from core.shape import Shape
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS, ShapeParamError, resolve_shape
+from core.varlen_request import VarlenRequest, no_varlen_results, resolve_varlen
 from db.dump_format import TransferError
 from db.results import BestResult
 from db.shipped import load_shipped_results
@@ -30,6 +31,8 @@ from fa2tune.settings import get_settings
 logger = logging.getLogger(__name__)
 
 MAX_N = 2**31 - 1  # the kernel's sequence lengths, batch and heads are int32 (Fa2Params)
+#: Lengths a table row lists before it shortens the list (the JSON output has them all).
+SHOWN_SEQLENS = 24
 # Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.fa3_space.HEAD_DIMS,
 # a subset of fa2's).
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(sorted({*HEAD_DIMS, *fa3_space.HEAD_DIMS}))
@@ -65,35 +68,14 @@ def _measured_shape(result: BestResult) -> Shape:
     return Shape(result.n, result.nk, result.batch, result.heads, result.kv_heads)
 
 
-def _best_table(result: BestResult, asked: Shape | None = None) -> Table:
+def _config_rows(result: BestResult) -> list[tuple[str, str]]:
     config = result.config
-    mask = "causal" if result.causal else "full"
-    if asked is None:
-        where = (
-            f"N={result.n}"
-            if result.exact
-            else f"N={result.from_n} (nearest tuned N; exact N not tuned)"
-        )
-    elif result.exact:
-        where = f"{_measured_shape(result).describe()} (the shape asked)"
-    else:
-        where = (
-            f"{_measured_shape(result).describe()} (nearest tuned shape, distance "
-            f"{result.distance:.3f}; asked {asked.describe()})"
-        )
-    table = Table(title=f"best on {result.gpu}", show_header=False, title_justify="left")
-    table.add_column("field", style="bold")
-    table.add_column("value", overflow="fold")
-    rows = [
-        ("config", config.name),
-        ("family", config.family),
-        ("tile", config.describe()),
-        (
-            "problem",
-            f"D={result.d} {result.dtype} {mask}, batch {result.batch} x "
-            f"{result.heads} heads ({result.kv_heads} kv), Nk={result.nk}",
-        ),
-        ("measured at", where),
+    return [("config", config.name), ("family", config.family), ("tile", config.describe())]
+
+
+def _measurement_rows(result: BestResult) -> list[tuple[str, str]]:
+    """The rows every ``best`` table ends with: timing, build and device."""
+    return [
         (
             "median",
             f"{_fmt(result.median_ms, '.4f')} ms "
@@ -110,9 +92,75 @@ def _best_table(result: BestResult, asked: Shape | None = None) -> Table:
         ),
         ("measured on", result.measured_at.isoformat(timespec="seconds")),
     ]
+
+
+def _table(result: BestResult, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=f"best on {result.gpu}", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
     for field, value in rows:
         table.add_row(field, value)
     return table
+
+
+def _best_table(result: BestResult, asked: Shape | None = None) -> Table:
+    mask = "causal" if result.causal else "full"
+    if asked is None:
+        where = (
+            f"N={result.n}"
+            if result.exact
+            else f"N={result.from_n} (nearest tuned N; exact N not tuned)"
+        )
+    elif result.exact:
+        where = f"{_measured_shape(result).describe()} (the shape asked)"
+    else:
+        where = (
+            f"{_measured_shape(result).describe()} (nearest tuned shape, distance "
+            f"{result.distance:.3f}; asked {asked.describe()})"
+        )
+    problem = (
+        f"D={result.d} {result.dtype} {mask}, batch {result.batch} x "
+        f"{result.heads} heads ({result.kv_heads} kv), Nk={result.nk}"
+    )
+    rows = [*_config_rows(result), ("problem", problem), ("measured at", where)]
+    return _table(result, [*rows, *_measurement_rows(result)])
+
+
+def _lengths(seqlens: tuple[int, ...]) -> str:
+    """A length list for a table cell: the first :data:`SHOWN_SEQLENS`, then a count."""
+    shown = ",".join(map(str, seqlens[:SHOWN_SEQLENS]))
+    more = len(seqlens) - SHOWN_SEQLENS
+    return shown if more <= 0 else f"{shown},... ({more} more)"
+
+
+def _packed(seqlens: tuple[int, ...]) -> str:
+    return f"{len(seqlens)} sequences, {sum(seqlens)} tokens, longest {max(seqlens)}"
+
+
+def _varlen_table(result: BestResult, asked: VarlenRequest, measured: tuple[int, ...]) -> Table:
+    mask = "causal" if result.causal else "full"
+    if result.exact:
+        where = "the lengths asked"
+    else:
+        where = (
+            f"{_lengths(measured)} (nearest tuned varlen batch, distance "
+            f"{result.distance:.3f}: {_packed(measured)})"
+        )
+    problem = (
+        f"D={result.d} {result.dtype} {mask}, packed varlen batch, "
+        f"{result.heads} heads ({result.kv_heads} kv)"
+    )
+    lengths = (
+        f"{_lengths(asked.seqlens)} ({_packed(asked.seqlens)}; "
+        f"{asked.heads} heads, {asked.kv_heads} kv)"
+    )
+    rows = [
+        *_config_rows(result),
+        ("problem", problem),
+        ("lengths", lengths),
+        ("measured at", where),
+    ]
+    return _table(result, [*rows, *_measurement_rows(result)])
 
 
 def best(
@@ -167,8 +215,19 @@ def best(
             max=MAX_N,
         ),
     ] = None,
+    seqlens: Annotated[
+        str | None,
+        typer.Option(
+            "--seqlens",
+            help="a packed variable-length batch: each sequence's length, comma-separated "
+            "(e.g. 100,4000,1822); not with --n, --nq, --nk or --batch",
+        ),
+    ] = None,
     exact: Annotated[
-        bool, typer.Option("--exact", help="no fallback to the nearest tuned N (or shape)")
+        bool,
+        typer.Option(
+            "--exact", help="no fallback to the nearest tuned N (or shape, or varlen batch)"
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
@@ -176,10 +235,28 @@ def best(
 
     With --n alone: measured at N (queries = keys), else at the nearest tuned N. With any of
     --nq, --nk, --batch, --heads, --kv-heads: for that whole shape, measured at it, else at
-    the nearest tuned shape (the distance of /v1/best).
+    the nearest tuned shape (the distance of /v1/best). With --seqlens (and optionally
+    --heads, --kv-heads): the fastest varlen config measured on those lengths, else on the
+    nearest tuned varlen batch (as /v1/best/varlen answers).
     """
     if dtype not in DTYPES:
         raise typer.BadParameter(f"must be one of {', '.join(DTYPES)}", param_hint="--dtype")
+    if seqlens is not None:
+        dense = {"--n": n, "--nq": nq, "--nk": nk, "--batch": batch}
+        given = [name for name, value in dense.items() if value is not None]
+        if given:
+            raise typer.BadParameter(
+                f"cannot be combined with {', '.join(given)} (the lengths give the batch and "
+                "each sequence's length)",
+                param_hint="--seqlens",
+            )
+        try:
+            request = resolve_varlen(seqlens, heads, kv_heads)
+        except ShapeParamError as exc:
+            hint = f"--{exc.param.replace('_', '-')}"
+            raise typer.BadParameter(str(exc), param_hint=hint) from None
+        _best_varlen(gpu, d, dtype, causal, request, exact=exact, as_json=as_json)
+        return
     try:
         shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
     except ShapeParamError as exc:
@@ -215,6 +292,47 @@ def best(
         typer.echo(json.dumps(data, indent=2))
     else:
         Console().print(_best_table(result, shape))
+
+
+def _best_varlen(
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    asked: VarlenRequest,
+    *,
+    exact: bool,
+    as_json: bool,
+) -> None:
+    """``best --seqlens``: the answer of ``/v1/best/varlen`` from the local database."""
+    with _open_store() as store:
+        try:
+            load_shipped_results(store)
+        except TransferError as exc:  # a broken package must not hide the user's own results
+            logger.error("shipped results not loaded: %s", exc)
+        found = store.best_varlen(gpu, d, dtype, causal, asked.seqlens, asked.heads, asked.kv_heads)
+    if found is None or (exact and not found[0].exact):
+        mask = "causal" if causal else "full"
+        why = (
+            no_varlen_results(gpu, d, dtype, causal)
+            if found is None
+            else f"no varlen result for {gpu!r}, D={d}, {dtype}, {mask} on exactly these "
+            "lengths and heads"
+        )
+        typer.echo(
+            f"{why}; tune it first (fa2tune tune --workload with seqlens entries) "
+            "or ingest results (fa2tune ingest)",
+            err=True,
+        )
+        raise typer.Exit(code=1)
+    result, measured = found
+    if as_json:
+        data = result.to_dict()
+        data["seqlens"] = list(asked.seqlens)
+        data["measured_seqlens"] = list(measured)
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        Console().print(_varlen_table(result, asked, measured))
 
 
 def dump(

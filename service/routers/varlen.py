@@ -7,13 +7,13 @@ thread.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.exceptions import RequestValidationError
 
-from core.shape import MAX_DIM
+from core.shape_request import ShapeParamError
+from core.varlen_request import SEQLENS_PATTERN, no_varlen_results, resolve_varlen
 from service.deps import StoreDep
 from service.params import (
     CausalQuery,
@@ -26,29 +26,6 @@ from service.params import (
 from service.schemas import ErrorOut, ValidationErrorOut, VarlenBestOut
 
 router = APIRouter(prefix="/v1", tags=["best"])
-
-#: Most sequences one request may name (the query string stays a few hundred KB at most).
-MAX_SEQUENCES = 65536
-SEQLENS_PATTERN = r"^[1-9][0-9]{0,9}(,[1-9][0-9]{0,9})*$"
-_SEQLENS_RE = re.compile(SEQLENS_PATTERN)
-DEFAULT_VARLEN_HEADS = 16
-
-
-def parse_seqlens_param(text: str) -> list[int]:
-    """``"100,4000,7"`` -> ``[100, 4000, 7]``.
-
-    Raises:
-        ValueError: not a comma list of positive integers, a length or their total past
-            int32, or more than :data:`MAX_SEQUENCES` of them.
-    """
-    if not _SEQLENS_RE.fullmatch(text):
-        raise ValueError("must be positive integers separated by commas, e.g. 100,4000,7")
-    lens = [int(x) for x in text.split(",")]
-    if len(lens) > MAX_SEQUENCES:
-        raise ValueError(f"at most {MAX_SEQUENCES} lengths, got {len(lens)}")
-    if sum(lens) > MAX_DIM:
-        raise ValueError(f"the lengths add up to {sum(lens)}, past {MAX_DIM}")
-    return lens
 
 
 @router.get(
@@ -71,8 +48,11 @@ def best_varlen(
         str,
         Query(
             description="each sequence's length, comma-separated (the packed batch's "
-            "cu_seqlens differences)",
-            pattern=SEQLENS_PATTERN,
+            "cu_seqlens differences); each 1..2^31-1, their sum too",
+            examples=["100,4000,1822"],
+            # Published only: core.varlen_request checks it, with the same plain message as
+            # `fa2tune best --seqlens` rather than "String should match pattern".
+            json_schema_extra={"pattern": SEQLENS_PATTERN},
         ),
     ],
     dtype: DtypeQuery = "fp16",
@@ -85,22 +65,16 @@ def best_varlen(
     mean length, by the distance of ``/v1/best`` (``distance``; ``measured_seqlens`` says
     which batch answered). ``heads`` defaults to 16 and ``kv_heads`` to ``heads``."""
     try:
-        lens = parse_seqlens_param(seqlens)
-    except ValueError as exc:
-        raise _invalid("seqlens", str(exc), seqlens) from None
-    q_heads = heads if heads is not None else DEFAULT_VARLEN_HEADS
-    kv = kv_heads if kv_heads is not None else q_heads
-    if q_heads % kv:
-        raise _invalid("kv_heads", f"heads ({q_heads}) must be a multiple of kv_heads ({kv})", kv)
-    found = store.best_varlen(gpu.strip(), d, dtype, causal, lens, q_heads, kv)
+        asked = resolve_varlen(seqlens, heads, kv_heads)
+    except ShapeParamError as exc:
+        value = seqlens if exc.param == "seqlens" else exc.value
+        raise _invalid(exc.param, str(exc), value) from None
+    name = gpu.strip()
+    found = store.best_varlen(name, d, dtype, causal, asked.seqlens, asked.heads, asked.kv_heads)
     if found is None:
-        mask = "causal" if causal else "full"
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND,
-            f"no varlen results for {gpu.strip()!r}, D={d}, {dtype}, {mask}",
-        )
+        raise HTTPException(status.HTTP_404_NOT_FOUND, no_varlen_results(name, d, dtype, causal))
     best, measured = found
-    return VarlenBestOut.of(best, lens, measured)
+    return VarlenBestOut.of(best, asked.seqlens, measured)
 
 
 def _invalid(param: str, message: str, value: object) -> RequestValidationError:
