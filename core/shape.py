@@ -117,3 +117,13 @@ def nearest_shape(asked: Shape, tuned: list[Shape], sm_count: int) -> Shape | No
     if not tuned:
         return None
     return min(tuned, key=lambda t: nearest_key(asked, t, sm_count))
+
+
+def answering_masks(causal: bool, nq: int) -> tuple[bool, ...]:
+    """The masks (``causal`` values) whose tuned problems answer a call.
+
+    Its own; and for a causal call with one query row also no mask: the causal mask is
+    bottom-right aligned, so that row sees every key and both compute the same thing. Models
+    pass ``causal=True`` to every call, decode steps included, and decode is tuned unmasked.
+    """
+    return (True, False) if causal and nq == 1 else (causal,)

@@ -29,7 +29,15 @@ from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.problem import parse_seqlens
 from core.records import MeasureStatus
-from core.shape import MAX_DIM, Shape, ShapeError, nearest_key, nearest_shape, shape_distance
+from core.shape import (
+    MAX_DIM,
+    Shape,
+    ShapeError,
+    answering_masks,
+    nearest_key,
+    nearest_shape,
+    shape_distance,
+)
 from db.models import Build, Gpu, Measurement, Problem
 from db.results import MAX_PAGE, BestResult, GpuSummary, ResultPage, ResultRow, StoredOutcome
 from db.session import session_scope
@@ -50,6 +58,7 @@ __all__ = [
     "results",
     "shape_winners",
     "spill_bytes",
+    "varlen_winners",
 ]
 
 logger = logging.getLogger(__name__)
@@ -340,10 +349,10 @@ def _sm_count(s: Session, name_key: str) -> int:
 
 
 def _shape_candidates(
-    gpu: str, d: int, dtype: str, causal: bool, family: str | None
+    gpu: str, d: int, dtype: str, masks: tuple[bool, ...], family: str | None
 ) -> Select[Any]:
-    """The problems of one GPU/D/dtype/mask with an OK measurement (of ``family``'s builds
-    when given), each with its GPU loaded."""
+    """The problems of one GPU/D/dtype with one of ``masks`` and an OK measurement (of
+    ``family``'s builds when given), each with its GPU loaded."""
     has_ok = (
         select(Measurement.id)
         .join(Build, Build.id == Measurement.build_id)
@@ -363,7 +372,7 @@ def _shape_candidates(
             Gpu.name_key == normalize_gpu_name(gpu),
             Problem.d == d,
             Problem.dtype == dtype,
-            Problem.causal == causal,
+            Problem.causal.in_(masks),
             Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
             has_ok,
         )
@@ -382,9 +391,11 @@ def best_for_shape(
     exact: bool = False,
     family: str | None = None,
 ) -> BestResult | None:
-    """:meth:`db.store.Store.best_for_shape`: the exact shape, else the nearest tuned one."""
+    """:meth:`db.store.Store.best_for_shape`: the exact shape, else the nearest tuned one
+    (problems of either mask answer a causal call with one query row: ``answering_masks``)."""
+    masks = answering_masks(causal, shape.nq)
     with session_scope(engine) as s:
-        problems = s.scalars(_shape_candidates(gpu, d, dtype, causal, family)).unique().all()
+        problems = s.scalars(_shape_candidates(gpu, d, dtype, masks, family)).unique().all()
         shaped = [(p, problem_shape(p)) for p in problems]
         hits = [p for p, sh in shaped if sh == shape]
         if hits:
@@ -622,3 +633,28 @@ def best_varlen(
         found = _best_of(s, [nearest], exact=False,
                          distance=shape_distance(asked, shapes[nearest.id], sm_count))  # fmt: skip
         return (found, measured[nearest.id]) if found is not None else None
+
+
+def varlen_winners(engine: Engine, gpu: str) -> list[tuple[BestResult, tuple[int, ...]]]:
+    """:meth:`db.store.Store.varlen_winners`: the fastest verified config of every varlen
+    problem of one GPU (matched by its name key), with the lengths it was measured on, in
+    problem-id order (the order :func:`best_varlen` breaks ties between equal shapes in)."""
+    with session_scope(engine) as s:
+        rows = s.scalars(
+            select(Problem)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))
+            .where(
+                Gpu.name_key == normalize_gpu_name(gpu),
+                Problem.seqlens != "",
+                _has_ok_measurement(),
+            )
+            .order_by(Problem.id)
+        ).all()
+        out: list[tuple[BestResult, tuple[int, ...]]] = []
+        for p in rows:
+            found = _best_of(s, [p], exact=True)
+            lens = parse_seqlens(p.seqlens)
+            if found is not None and lens:
+                out.append((found, lens))
+        return out

@@ -7,7 +7,7 @@ module-level functions split by job:
 - :mod:`db.writes`: the write side (``upsert_gpu``, ``record_build``, ``problem_id``,
   ``record_measurement``), each in its own write transaction;
 - :mod:`db.queries`: the read side (``best``, ``best_or_nearest``, ``best_for_shape``,
-  ``shape_winners``, ``results``, ``gpus``,
+  ``best_varlen``, ``shape_winners``, ``varlen_winners``, ``results``, ``gpus``,
   ``measured_pairs``, ``outcome``, ``spill_bytes``), read-only;
 - :mod:`db.results`: the values the reads return (:class:`~db.results.BestResult`,
   :class:`~db.results.GpuSummary`, :class:`~db.results.ResultPage`,
@@ -267,6 +267,12 @@ class Store:
         result with the lengths it was measured on, or None when no varlen problem of this
         GPU, D, dtype and mask is tuned."""
         return queries.best_varlen(self._engine, gpu, d, dtype, causal, seqlens, heads, kv_heads)
+
+    def varlen_winners(self, gpu: str) -> list[tuple[BestResult, tuple[int, ...]]]:
+        """The winner of every tuned varlen problem of ``gpu`` (any D, dtype and mask), with
+        the lengths it was measured on, in problem-id order: what the exported header's
+        packed-batch tables hold."""
+        return queries.varlen_winners(self._engine, gpu)
 
     def shape_winners(self) -> list[tuple[BestResult, int]]:
         """The winner of every tuned problem (any shape, any family), each with its GPU's SM

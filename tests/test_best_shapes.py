@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from core.config import KernelConfig
 from core.problem import Problem
 from core.records import GpuInfo
-from core.shape import Shape, shape_distance
+from core.shape import Shape, answering_masks, shape_distance
 from db.queries import DEFAULT_SM_COUNT, effective_sm_count
 from db.shipped import load_shipped_results
 from db.store import Store
@@ -124,6 +124,17 @@ def test_store_nothing_for_other_keys(store: Store) -> None:
     assert store.best_for_shape("H200", 128, "fp16", False, square(4096), family="fa3") is None
     fa2 = store.best_for_shape("H200", 128, "fp16", False, square(4096), family="fa2")
     assert fa2 is not None and fa2.config.name == SQUARE_4K.name
+
+
+def test_store_causal_one_row_call_is_answered_by_unmasked_results(store: Store) -> None:
+    """A causal call with one query row sees every key (bottom-right alignment), so the
+    unmasked decode results answer it; with two rows the mask matters and they do not."""
+    hit = store.best_for_shape("H200", 128, "fp16", True, DECODE_SHAPE)
+    assert hit is not None and hit.config.name == DECODE.name and hit.exact
+    two_rows = Shape(2, DECODE_SHAPE.nk, 8, 32, 8)
+    assert store.best_for_shape("H200", 128, "fp16", True, two_rows) is None
+    assert answering_masks(True, 1) == (True, False)
+    assert answering_masks(True, 2) == (True,) and answering_masks(False, 1) == (False,)
 
 
 def test_store_unknown_sm_count_counts_as_default(tmp_path: Path) -> None:
