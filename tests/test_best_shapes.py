@@ -209,6 +209,20 @@ def test_service_shape_answers_as_the_store(
     assert body["distance"] == expected.distance
 
 
+def test_service_causal_one_row_answers_as_the_store(client: TestClient, store: Store) -> None:
+    """A causal decode call gets the unmasked decode winner from the index as from the store;
+    the store seeds nothing causal, so two causal rows have no answer at all."""
+    for nk in (4096, 8192, 100_000):
+        asked = Shape(1, nk, 8, 32, 8)
+        r = get(client, causal="true", nq=1, nk=nk, batch=8, heads=32, kv_heads=8)
+        assert r.status_code == 200, r.text
+        expected = store.best_for_shape("H200", 128, "fp16", True, asked)
+        assert expected is not None and expected.config.name == DECODE.name
+        assert r.json() == BestOut.of(expected, 1, asked).model_dump(mode="json")
+    two = get(client, causal="true", nq=2, nk=4096, batch=8, heads=32, kv_heads=8)
+    assert two.status_code == 404, two.text
+
+
 def test_service_decode_picks_the_decode_shape(client: TestClient) -> None:
     body = get(client, nq=1, nk=8192, batch=8, heads=32, kv_heads=8).json()
     assert body["config"]["name"] == DECODE.name
