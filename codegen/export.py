@@ -27,6 +27,14 @@ The entry points it defines (fa2_dispatch.cuh documents them all)::
                                                fa2tune_dtype dtype, bool causal,
                                                void* workspace, size_t workspace_bytes,
                                                cudaStream_t stream = 0);
+    cudaError_t fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v, int num_seqs,
+                                       int max_seqlen_q, int max_seqlen_k, int head_dim,
+                                       fa2tune_dtype dtype, bool causal,
+                                       cudaStream_t stream = 0);
+
+The packed variable-length entry (``fa2tune_forward_varlen``, its config-name and nearest-entry
+queries) dispatches to the ``_vl`` configs of the store's varlen results, else to the varlen
+twin of the default: :mod:`codegen.export_varlen` renders its tables.
 
 It compiles with plain nvcc (``-std=c++17``, sm_80 and up; a family whose targets are all
 architecture-specific, like the Hopper family's sm_90a, runs from that code only, and the
@@ -38,7 +46,6 @@ reads no database: the caller (``fa2tune export``, ``/v1/export/header``, both t
 from __future__ import annotations
 
 import logging
-import math
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,6 +53,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from codegen.cpp_text import NOT_IN_COMMENT as _NOT_IN_COMMENT
+from codegen.cpp_text import braced as _braced
+from codegen.cpp_text import c_string as _c_string
+from codegen.cpp_text import comment_safe as _comment_safe
+from codegen.cpp_text import cpp_bool as _cpp_bool
+from codegen.cpp_text import number as _fmt
+from codegen.cpp_text import seal_comments as _seal_comments
+from codegen.export_varlen import (
+    VarlenKey,
+    VarlenPoint,
+    is_varlen,
+    render_varlen_tables,
+    varlen_tables,
+    varlen_twin,
+)
 from codegen.families import FAMILIES, Family, family_of
 from codegen.render import template_hash
 from codegen.space import fa2_default_config
@@ -195,56 +217,6 @@ def inline_template(
 # Rendering: data only; every line of C++ logic is in templates/fa2_dispatch.cuh.
 
 
-def _cpp_bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def _braced(*fields: object) -> str:
-    """A C++ aggregate initialiser, ``{a, b, c}``."""
-    return "{" + ", ".join(map(str, fields)) + "}"
-
-
-def _c_string(s: str) -> str:
-    """A C/C++ string literal of ``s``'s UTF-8 bytes: printable ASCII as is except ``"``,
-    ``\\`` and ``?`` (escaped), every other byte as a three-digit octal escape (which, unlike
-    ``\\x``, cannot swallow the characters after it)."""
-    out: list[str] = []
-    for byte in s.encode("utf-8", "surrogatepass"):
-        ch = chr(byte)
-        if ch in '"\\?':
-            out.append("\\" + ch)
-        elif 0x20 <= byte < 0x7F:
-            out.append(ch)
-        else:
-            out.append(f"\\{byte:03o}")
-    return '"' + "".join(out) + '"'
-
-
-# Characters that must not reach a // comment: controls (a newline ends the comment, NUL and
-# others confuse tools), line separators, zero-width and bidirectional format characters.
-_NOT_IN_COMMENT = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2064"
-    r"\u2066-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff]"
-)
-
-
-def _comment_safe(s: str) -> str:
-    """A value for a ``//`` comment: one line, each character it must not hold as ``?``.
-
-    A backslash at the very end of a comment line would splice the next line into the
-    comment; :func:`_seal_comments` guards the lines themselves."""
-    return " ".join(_NOT_IN_COMMENT.sub("?", str(s)).split())
-
-
-def _seal_comments(text: str) -> str:
-    """``text`` with every line that ends in a backslash (spaces after it do not stop
-    compilers from splicing) closed by ``  //``, so no comment continues onto the next line."""
-    lines = text.split("\n")
-    return "\n".join(
-        line.rstrip() + "  //" if line.rstrip().endswith("\\") else line for line in lines
-    )
-
-
 def _shell_arg(s: str) -> str:
     """``s`` quoted for a POSIX shell, for the re-export command in the header comment.
 
@@ -256,17 +228,18 @@ def _shell_arg(s: str) -> str:
     return shlex.quote(s)
 
 
-def _fmt(x: float | None, spec: str) -> str:
-    return "?" if x is None or not math.isfinite(x) else format(x, spec)
-
-
-def _provenance_lines(points: Sequence[TunedPoint]) -> list[str]:
+def _provenance_lines(
+    points: Sequence[TunedPoint], shapes: Sequence[str] | None = None
+) -> list[str]:
+    """Two comment lines per point; ``shapes`` describes each point's shape (the dense
+    shape's own description when None; varlen points say their batch instead)."""
     lines: list[str] = []
-    for p in points:
+    for i, p in enumerate(points):
         mask = "causal" if p.causal else "full"
         when = p.measured_at.isoformat(timespec="seconds") if p.measured_at else "?"
+        shape = p.shape.describe() if shapes is None else shapes[i]
         lines.append(
-            f"//   D={p.d} {p.dtype} {mask} {p.shape.describe()}: {p.config.name} "
+            f"//   D={p.d} {p.dtype} {mask} {shape}: {p.config.name} "
             f"(family {p.config.family})  "
             f"{_fmt(p.median_ms, '.4f')} ms  {_fmt(p.tflops, '.1f')} TFLOP/s"
         )
@@ -294,6 +267,9 @@ _PREAMBLE = """\
 // Tuned results, one per tuned shape (the dispatch takes the nearest to a call's shape;
 // see "Dispatch" below), with their provenance:
 {provenance}
+// Packed variable-length (varlen) results, one per tuned batch (fa2tune_forward_varlen takes
+// the nearest by count of sequences and mean length), with their provenance:
+{varlen}
 //
 """
 
@@ -361,6 +337,8 @@ def render_table(
     gpu: str,
     tables: Mapping[tuple[int, Dtype, bool], Mapping[Shape, AnyConfig]],
     defaults: Sequence[AnyConfig],
+    varlen: Mapping[VarlenKey, Mapping[Shape, AnyConfig]] | None = None,
+    varlen_defaults: Sequence[AnyConfig] = (),
 ) -> str:
     """``fa2_dispatch_table.inc``: the data fa2_dispatch.cuh dispatches on (see its contract).
 
@@ -370,12 +348,22 @@ def render_table(
             sorted by shape, the order :func:`core.shape.nearest_shape` must see for the
             C++ and Python tie-breaks to agree.
         defaults: one default config per supported (D, dtype, causal).
+        varlen: (D, dtype, causal) -> {varlen shape: winning ``_vl`` config}
+            (:func:`codegen.export_varlen.render_varlen_tables`).
+        varlen_defaults: one ``_vl`` config per supported (D, dtype, causal).
 
     Returns:
-        C++ text: config aliases, explicit instantiations, tuned and default tables.
+        C++ text: config aliases, explicit instantiations, tuned and default tables (dense,
+        then varlen).
     """
+    varlen = varlen or {}
     configs: dict[str, AnyConfig] = {}
-    for cfg in [c for k in sorted(tables) for _, c in sorted(tables[k].items())] + [*defaults]:
+    for cfg in [
+        *(c for k in sorted(tables) for _, c in sorted(tables[k].items())),
+        *defaults,
+        *(c for k in sorted(varlen) for _, c in sorted(varlen[k].items())),
+        *varlen_defaults,
+    ]:
         configs.setdefault(cfg.name, cfg)
     out = [
         "// The configs compiled into this header: one alias per config ...",
@@ -389,7 +377,7 @@ def render_table(
         "// ... and their explicit instantiations (kernel, host launcher, guard if any).",
     ]
     for name, c in sorted(configs.items()):
-        out += family_of(c).header.instantiations(f"fa2tune_configs::{name}")
+        out += family_of(c).header.instantiations(f"fa2tune_configs::{name}", varlen=is_varlen(c))
     out += [
         "",
         "namespace fa2tune_detail {",
@@ -427,6 +415,7 @@ def render_table(
             for i, c in enumerate(defaults)
         ),
         "};",
+        *render_varlen_tables(varlen, varlen_defaults),
         "",
         "}  // namespace fa2tune_detail",
     ]
@@ -437,6 +426,7 @@ def render_header(
     gpu: str,
     points: Iterable[TunedPoint],
     *,
+    varlen: Iterable[VarlenPoint] = (),
     ds: Sequence[int] | None = None,
     dtypes: Sequence[Dtype] = DTYPES,
     template_dir: Path = TEMPLATE_DIR,
@@ -450,6 +440,9 @@ def render_header(
         points: winning configs, one per tuned problem; those outside ``ds``/``dtypes`` are
             ignored, and of several for the same (D, dtype, causal, shape) the first is kept.
             Problems that differ only in Nk, batch, heads or KV heads keep an entry each.
+        varlen: winning ``_vl`` configs of tuned varlen problems, filtered as ``points``; of
+            several for the same (D, dtype, causal, varlen shape) the first is kept. Every
+            supported (D, dtype, causal) also gets its default's varlen twin.
         ds: head dims the header supports (each gets its default config); None for
             :data:`~core.config.COMMON_HEAD_DIMS` plus every head dim of ``points`` (every
             default config is compiled into the user's program, so not all
@@ -487,8 +480,14 @@ def render_header(
     # in the provenance too.
     kept = [tables[k][s] for k in sorted(tables) for s in sorted(tables[k])]
     defaults = [fa2_default_config(d, t, c) for d in ds for t in dtypes for c in (False, True)]
+    packed = varlen_tables(varlen, ds, dtypes)
+    packed_kept = [packed[k][s] for k in sorted(packed) for s in sorted(packed[k])]
     table = render_table(
-        gpu, {k: {s: p.config for s, p in v.items()} for k, v in tables.items()}, defaults
+        gpu,
+        {k: {s: p.config for s, p in v.items()} for k, v in tables.items()},
+        defaults,
+        {k: {s: v.point.config for s, v in by.items()} for k, by in packed.items()},
+        [varlen_twin(c) for c in defaults],
     )
 
     # The families with a config in the header, in registry order (fa2 always: the defaults).
@@ -534,6 +533,10 @@ def render_header(
         ds=", ".join(map(str, ds)),
         dtypes=", ".join(dtypes),
         provenance="\n".join(provenance),
+        varlen="\n".join(
+            _provenance_lines([v.point for v in packed_kept], [v.describe() for v in packed_kept])
+            or ["//   (none: packed batches run the defaults' varlen twins)"]
+        ),
     )
     body = inline_template(
         template_dir,

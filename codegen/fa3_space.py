@@ -97,8 +97,14 @@ def is_valid(config: Fa3Config) -> tuple[bool, str]:
     return (not why, "; ".join(why))
 
 
-def enumerate_space(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[Fa3Config]:
+def enumerate_space(
+    d: int, dtype: Dtype = "fp16", causal: bool = False, *, varlen: bool = False
+) -> list[Fa3Config]:
     """Every valid config for one head dim, dtype and mask, sorted, without duplicates.
+
+    With ``varlen``, the packed-sequence twins (``_vl``) of the same configs: the varlen
+    kernel has the dense one's tiles, shared memory and register budget, so the rules are
+    the same.
 
     Raises:
         ValueError: for a head dim outside :data:`HEAD_DIMS`.
@@ -115,6 +121,8 @@ def enumerate_space(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list
         for pp in (True, False)
         for regs in CONSUMER_REGS[bm // 64]
     )
+    if varlen:
+        candidates = (replace(c, varlen=True) for c in candidates)
     return sorted({c for c in candidates if not invalid_reasons(c)})
 
 
@@ -137,9 +145,12 @@ def default_config(d: int, dtype: Dtype, causal: bool) -> Fa3Config:
     return Fa3Config(d, dtype, causal, 128, 128, 2, True, True, True, 240)
 
 
-def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[Fa3Config]:
+def seed_configs(
+    d: int, dtype: Dtype = "fp16", causal: bool = False, *, varlen: bool = False
+) -> list[Fa3Config]:
     """Known-good starting points: FA3's tiles for the head dim and those measured best on
-    the H200 while the template was written (docs/fa3_kernel.md)."""
+    the H200 while the template was written (docs/fa3_kernel.md); with ``varlen``, their
+    packed-sequence twins."""
     base = default_config(d, dtype, causal)
     found = [base]
     if d in (96, 128):
@@ -152,4 +163,4 @@ def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[Fa
         ]
     if d == 256:
         found.append(replace(base, block_n=64, pv_regs=False))
-    return sorted({c for c in found if not invalid_reasons(c)})
+    return sorted({replace(c, varlen=varlen) for c in found if not invalid_reasons(c)})

@@ -48,6 +48,11 @@ class HeaderPart:
             run a launch on the current device, instantiated once per config and asked by the
             dispatch before it picks one of the family's configs; None when the family runs
             wherever the header's code does.
+        varlen_kernel: the packed variable-length kernel template (``fa2::fwd_varlen_kernel``,
+            taking ``FaVarlen`` after ``Fa2Params``), instantiated instead of ``kernel`` for a
+            config whose ``varlen`` is set; None for a family without varlen kernels.
+        varlen_launcher: its host launcher, ``cudaError_t (const Fa2Params&, const FaVarlen&,
+            cudaStream_t)`` (``fa2::launch_varlen``); the varlen dispatch table points at it.
     """
 
     template: str
@@ -56,9 +61,26 @@ class HeaderPart:
     launcher: str
     kernel_params: str = "const Fa2Params"
     guard: str | None = None
+    varlen_kernel: str | None = None
+    varlen_launcher: str | None = None
 
-    def instantiations(self, alias: str) -> list[str]:
-        """Explicit instantiations of the kernel, the launcher and the guard for an alias."""
+    def instantiations(self, alias: str, *, varlen: bool = False) -> list[str]:
+        """Explicit instantiations of the kernel, the launcher and the guard for an alias;
+        with ``varlen``, of the varlen kernel and launcher (a varlen config's kernel
+        static_asserts against the dense entry points, so it gets only these).
+
+        Raises:
+            ValueError: ``varlen`` for a family without varlen kernels.
+        """
+        if varlen:
+            if self.varlen_kernel is None or self.varlen_launcher is None:
+                raise ValueError(f"{self.kernel}: this family has no varlen kernels")
+            return [
+                f"template __global__ void {self.varlen_kernel}<{alias}>"
+                "(const Fa2Params, const FaVarlen);",
+                f"template cudaError_t {self.varlen_launcher}<{alias}>"
+                "(const Fa2Params&, const FaVarlen&, cudaStream_t);",
+            ]
         lines = [
             f"template __global__ void {self.kernel}<{alias}>({self.kernel_params});",
             f"template cudaError_t {self.launcher}<{alias}>(const Fa2Params&, cudaStream_t);",
@@ -152,7 +174,9 @@ def _fa2_traits(config: AnyConfig) -> str:
     c = config
     flags = ("true" if c.causal else "false", "true" if c.swizzle else "false")
     args = (c.d, element(c.dtype).cuda_type, flags[0], c.br, c.bc, c.warps, c.stages, c.pad)
-    return f"fa2::Traits<{', '.join(map(str, args))}, {flags[1]}>"
+    # Varlen is the Traits' last parameter, defaulted to false: dense aliases keep their text.
+    tail = ", true" if c.varlen else ""
+    return f"fa2::Traits<{', '.join(map(str, args))}, {flags[1]}{tail}>"
 
 
 def _fa2_render(config: AnyConfig) -> str:
@@ -185,7 +209,12 @@ FA2 = Family(
     render=_fa2_render,
     grid=_fa2_grid,
     header=HeaderPart(
-        template="fa2_fwd.cuh", traits=_fa2_traits, kernel="fa2::fwd_kernel", launcher="fa2::launch"
+        template="fa2_fwd.cuh",
+        traits=_fa2_traits,
+        kernel="fa2::fwd_kernel",
+        launcher="fa2::launch",
+        varlen_kernel="fa2::fwd_varlen_kernel",
+        varlen_launcher="fa2::launch_varlen",
     ),
     head_dims=fa2_space.VALID_HEAD_DIMS,
 )
@@ -228,7 +257,9 @@ def _fa3_render(config: AnyConfig) -> str:
         c.name, c.d, element(c.dtype).cuda_type, flag(c.causal), c.block_m, c.block_n,
         c.stages, flag(c.pv_regs), flag(c.overlap), flag(c.pingpong), c.consumer_regs,
     )  # fmt: skip
-    return f'#include "fa3_fwd.cuh"\nFA3_DEFINE_KERNEL({", ".join(map(str, args))})\n'
+    # A varlen config is its own kernel symbol (FaVarlen's bytes before the descriptors).
+    macro = "FA3_DEFINE_VARLEN_KERNEL" if c.varlen else "FA3_DEFINE_KERNEL"
+    return f'#include "fa3_fwd.cuh"\n{macro}({", ".join(map(str, args))})\n'
 
 
 def _fa3_traits(config: AnyConfig) -> str:
@@ -238,7 +269,9 @@ def _fa3_traits(config: AnyConfig) -> str:
         c.d, element(c.dtype).cuda_type, flags[0], c.block_m, c.block_n, c.stages,
         flags[1], flags[2], flags[3], c.consumer_regs,
     )  # fmt: skip
-    return f"fa3::Traits<{', '.join(map(str, args))}>"
+    # Varlen is the Traits' last parameter, defaulted to false: dense aliases keep their text.
+    tail = ", true" if c.varlen else ""
+    return f"fa3::Traits<{', '.join(map(str, args))}{tail}>"
 
 
 FA3 = Family(

@@ -25,7 +25,7 @@ WARPGROUP_ROWS = 64
 _NAME_RE = re.compile(
     r"^fa3_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
     r"_m(?P<block_m>\d+)_n(?P<block_n>\d+)_s(?P<stages>\d+)"
-    r"_(?P<pv>rs|ss)(?P<ov>_ov)?(?P<pp>_pp)?_r(?P<regs>\d+)$"
+    r"_(?P<pv>rs|ss)(?P<ov>_ov)?(?P<pp>_pp)?_r(?P<regs>\d+)(?P<vl>_vl)?$"
 )
 
 
@@ -47,9 +47,14 @@ class Fa3Config:
             barriers), so one's softmax overlaps the other's GEMMs; needs block_m = 128.
         consumer_regs: registers per consumer thread after ``setmaxnreg.inc`` (the
             producer gives its surplus back); unused with one consumer warpgroup.
+        varlen: takes packed variable-length sequences (cumulative offsets, a second kernel
+            argument before the descriptors) instead of a dense batch; name suffix ``_vl``.
     """
 
     family: ClassVar[str] = "fa3"
+    #: Parameters :meth:`params` leaves out at their default (added after results were
+    #: stored; a dense config's stored parameters and name stay what they were).
+    optional_params: ClassVar[frozenset[str]] = frozenset({"varlen"})
 
     d: int
     dtype: Dtype
@@ -61,6 +66,7 @@ class Fa3Config:
     overlap: bool = True
     pingpong: bool = True
     consumer_regs: int = 240
+    varlen: bool = False
 
     @property
     def name(self) -> str:
@@ -68,9 +74,10 @@ class Fa3Config:
         mask = "causal" if self.causal else "full"
         flags = ("rs" if self.pv_regs else "ss") + ("_ov" if self.overlap else "")
         flags += "_pp" if self.pingpong else ""
+        tail = "_vl" if self.varlen else ""
         return (
             f"fa3_d{self.d}_{self.dtype}_{mask}_m{self.block_m}_n{self.block_n}"
-            f"_s{self.stages}_{flags}_r{self.consumer_regs}"
+            f"_s{self.stages}_{flags}_r{self.consumer_regs}{tail}"
         )
 
     @property
@@ -114,11 +121,17 @@ class Fa3Config:
             "overlap" if self.overlap else "no overlap",
             "ping-pong" if self.pingpong else "no ping-pong",
         ]
+        if self.varlen:
+            switches.append("packed sequences")
         return f"{self.tile}, {self.stages} stages, {', '.join(switches)}"
 
     def params(self) -> dict[str, Any]:
-        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``."""
-        return {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
+        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``
+        (``varlen`` only when set, see :attr:`optional_params`)."""
+        own = {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
+        if not self.varlen:
+            del own["varlen"]
+        return own
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -139,6 +152,7 @@ class Fa3Config:
             overlap=bool(data["overlap"]),
             pingpong=bool(data["pingpong"]),
             consumer_regs=num("consumer_regs"),
+            varlen=bool(data.get("varlen", False)),
         )
 
     @classmethod
@@ -165,4 +179,5 @@ class Fa3Config:
             overlap=m["ov"] is not None,
             pingpong=m["pp"] is not None,
             consumer_regs=int(m["regs"]),
+            varlen=m["vl"] is not None,
         )

@@ -234,7 +234,7 @@ class GpuJobHandler:
             self._varlen_inputs.put(key, inputs)
         o, lse = inputs.outputs()
         poison(o, lse)
-        launch = bind_varlen(kernel, job.config, inputs, o, lse, self.stream)  # type: ignore[arg-type]
+        launch = bind_varlen(kernel, job.config, inputs, o, lse, self.stream)
         extra: dict[str, Any] = {
             "seed": inputs.seed, "layout": "packed", "sequences": inputs.batch,
             "symbol": kernel.symbol,

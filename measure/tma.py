@@ -20,6 +20,11 @@ The descriptors are returned as :class:`TensorMap` values (ctypes, the 128 opaqu
 the loader packs them into ``cuLaunchKernel``'s argument array like the params struct and
 they outlive the cuda-bindings objects they were copied from.
 
+Packed variable-length launches (``_vl`` configs, :func:`fa3_varlen_tensor_maps`) take the
+same descriptors over the packed ``[total, heads, D]`` tensors seen as one batch of ``total``
+rows, dimensions ``(D, total, H, 1)``: the kernel adds each sequence's offset to the row
+coordinate, and rows past the tensor's end read as zeros.
+
 Neither torch nor cuda-bindings is imported at module import time.
 """
 
@@ -154,11 +159,20 @@ def fa3_tensor_maps(
     Raises:
         TypeError: ``config`` is not an fa3 config.
         ValueError: a tensor's dtype or head dim differs from the config's, or it breaks
-            TMA's alignment rules (see :func:`encode_tensor_map`).
+            TMA's alignment rules (see :func:`encode_tensor_map`); a varlen config (its kernel
+            takes ``FaVarlen`` before the descriptors: :func:`fa3_varlen_tensor_maps`).
         CudaError: the driver rejects a descriptor.
     """
     if not isinstance(config, Fa3Config):
         raise TypeError(f"fa3_tensor_maps takes an fa3 config, got {config.name}")
+    if config.varlen:
+        raise ValueError(f"{config.name} is a varlen kernel: see measure.varlen.bind_varlen")
+    return _tensor_maps(config, q, k, v, layout)
+
+
+def _tensor_maps(
+    config: Fa3Config, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout
+) -> tuple[TensorMap, TensorMap, TensorMap]:
     from core.elements import element
 
     want = element(config.dtype).torch_name
@@ -173,3 +187,28 @@ def fa3_tensor_maps(
         encode_tensor_map(k, layout, config.block_n),
         encode_tensor_map(v, layout, config.block_n),
     )
+
+
+def fa3_varlen_tensor_maps(
+    config: AnyConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[TensorMap, TensorMap, TensorMap]:
+    """The descriptors of an fa3 varlen launch: Q, K and V packed ``[total, heads, D]``.
+
+    Each is described as a ``[1, total, heads, D]`` (``bnhd``) tensor, so the kernel's tile
+    loads are those of the dense kernel with the batch coordinate 0 and the row coordinate
+    offset by the sequence's first row (``cu_seqlens``). A tile that runs past its sequence
+    loads the next sequence's rows, which the kernel masks (keys) or never stores (queries);
+    past the last row TMA fills zeros.
+
+    Raises:
+        TypeError: ``config`` is not an fa3 varlen config.
+        ValueError: a tensor is not 3-d, its dtype or head dim differs from the config's, or
+            it breaks TMA's alignment rules (see :func:`encode_tensor_map`).
+        CudaError: the driver rejects a descriptor.
+    """
+    if not (isinstance(config, Fa3Config) and config.varlen):
+        raise TypeError(f"fa3_varlen_tensor_maps takes an fa3 _vl config, got {config.name}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be packed [total, heads, D], got shape {tuple(t.shape)}")
+    return _tensor_maps(config, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), "bnhd")

@@ -3,8 +3,10 @@
 A varlen call packs every sequence's rows one after another (``[total, heads, D]``) and says
 where each starts with cumulative offsets (``cu_seqlens``, int32, ``batch + 1`` entries), as
 FlashAttention-2's varlen forward takes them. The kernels (``_vl`` configs, see
-``codegen/templates/fa2_fwd.cuh``) take :class:`~measure.params.Fa2Params` with the longest
-lengths and ``batch`` = the number of sequences, then a :class:`FaVarlen`.
+``codegen/templates/fa2_fwd.cuh`` and ``fa3_fwd.cuh``) take :class:`~measure.params.Fa2Params`
+with the longest lengths and ``batch`` = the number of sequences, then a :class:`FaVarlen`;
+the Hopper family's then its three TMA descriptors over the packed tensors
+(:func:`measure.tma.fa3_varlen_tensor_maps`).
 
 The check reuses the dense rule (:func:`measure.verify.check_output`) one sequence at a time:
 each sequence's rows are a ``[1, len, heads, D]`` view of the packed tensors, with its own
@@ -35,7 +37,7 @@ from measure.verify import CheckResult, check_output
 if TYPE_CHECKING:
     import torch
 
-    from core.config import KernelConfig
+    from core.family import AnyConfig
 
 #: Longest sequence and most sequences a varlen call takes (int32 offsets, grid z).
 MAX_TOTAL_ROWS = 2**31 - 1
@@ -267,7 +269,7 @@ def check_varlen(o: torch.Tensor, lse: torch.Tensor | None, inputs: VarlenInputs
 
 def bind_varlen(
     kernel: LoadedKernel,
-    config: KernelConfig,
+    config: AnyConfig,
     inputs: VarlenInputs,
     o: torch.Tensor,
     lse: torch.Tensor | None,
@@ -278,13 +280,21 @@ def bind_varlen(
 
     More sequences than the grid's z allows run as several launches, each over a slice of the
     offsets (they are absolute row numbers, so a slice is the same arrays from a later entry).
+    An fa3 config's launches also take the TMA descriptors of the packed tensors, the same
+    for every slice.
 
     Raises:
-        ValueError: ``config`` is not a varlen config, or see :func:`varlen_params`.
+        ValueError: ``config`` is not a varlen config, or see :func:`varlen_params` (and, for
+            fa3, :func:`measure.tma.fa3_varlen_tensor_maps`).
     """
     if not getattr(config, "varlen", False):
         raise ValueError(f"{config.name} is not a varlen config (the _vl kernels take cu_seqlens)")
     params, extra = varlen_params(inputs, o, lse)
+    maps: tuple[Any, ...] = ()
+    if config.family == "fa3":
+        from measure.tma import fa3_varlen_tensor_maps
+
+        maps = fa3_varlen_tensor_maps(config, inputs.q, inputs.k, inputs.v)
     launches = []
     for b0 in range(0, inputs.batch, GRID_YZ_LIMIT):
         count = min(GRID_YZ_LIMIT, inputs.batch - b0)
@@ -296,6 +306,6 @@ def bind_varlen(
             config, part.nq, part.q_heads, count, nk=part.nk, kv_heads=part.kv_heads
         )
         launches.append(
-            kernel.bind(part, grid, block, config.smem_bytes, stream_handle, (part_extra,))
+            kernel.bind(part, grid, block, config.smem_bytes, stream_handle, (part_extra, *maps))
         )
     return launches[0] if len(launches) == 1 else ChainedLaunch(launches)

@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from codegen.export import TunedPoint, render_header
+from codegen.export_varlen import VarlenPoint
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
 from core.shape import Shape, ShapeError
+from db.queries import varlen_shape
 from db.results import MAX_PAGE, BestResult
 from db.store import Store
 
@@ -202,10 +204,17 @@ def export_header(
             f"no results for GPU {gpu!r}; GPUs with results: {', '.join(names) or 'none'}"
         )
     results = tuned_shape_results(store, gpu, ds=ds, dtypes=dtypes)
+    # The varlen winners, in problem-id order (the exporter keeps the first of equal shapes,
+    # as Store.best_varlen breaks ties); render_header filters them by ds and dtypes.
+    packed = [
+        VarlenPoint(point_from_best(b), lens, varlen_shape(lens, b.heads, b.kv_heads))
+        for b, lens in store.varlen_winners(gpu)
+    ]
     name = results[0].gpu if results else known[0].name
     log.info(
-        "exporting %d tuned configs for %s (D=%s, %s)",
+        "exporting %d tuned configs and %d varlen ones for %s (D=%s, %s)",
         len(results),
+        len(packed),
         name,
         ",".join(map(str, ds)) if ds else "common and tuned",
         ",".join(dtypes),
@@ -213,6 +222,7 @@ def export_header(
     return render_header(
         name,
         [point_from_best(b) for b in results],
+        varlen=packed,
         ds=ds,
         dtypes=dtypes,
         generated_at=generated_at,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -188,6 +188,50 @@ def test_fa3_tensor_maps_refuse_mismatches(stub_encoder: list[tuple[Any, ...]]) 
     with pytest.raises(TypeError):
         fa3_tensor_maps(FA2, good, good, good, "bnhd")  # type: ignore[arg-type]
     assert stub_encoder == []  # nothing reached the driver
+
+
+@dataclass
+class FakePacked(FakeTensor):
+    """A packed ``[total, heads, D]`` tensor; ``unsqueeze(0)`` views it as one batch."""
+
+    def unsqueeze(self, dim: int) -> FakeTensor:
+        assert dim == 0
+        batch = self.shape[0] * self.strides[0]
+        return FakeTensor((1, *self.shape), self.dtype, self.ptr, (batch, *self.strides))
+
+
+def test_fa3_varlen_tensor_maps_are_over_the_packed_rows(
+    stub_encoder: list[tuple[Any, ...]],
+) -> None:
+    from measure.tma import fa3_varlen_tensor_maps
+
+    vl = replace(FA3_M192, varlen=True)
+    q = FakePacked((1455, 8, 64), dtype="torch.bfloat16", ptr=0x10000)
+    kv = FakePacked((2045, 2, 64), dtype="torch.bfloat16", ptr=0x20000)
+    maps = fa3_varlen_tensor_maps(vl, q, kv, kv)  # type: ignore[arg-type]
+    assert [bytes(m)[0] for m in maps] == [1, 2, 3]
+    (cq, ck, _) = stub_encoder
+    # (D, total, H, 1): the sequences' offsets go into the row coordinate, batch 0.
+    assert cq[3] == [64, 1455, 8, 1] and ck[3] == [64, 2045, 2, 1]
+    assert cq[4][:2] == [8 * 64 * 2, 64 * 2] and ck[4][:2] == [2 * 64 * 2, 64 * 2]
+    assert [c[5] for c in stub_encoder] == [[64, 192, 1, 1], [64, 160, 1, 1], [64, 160, 1, 1]]
+
+
+def test_varlen_and_dense_descriptors_refuse_each_others_configs(
+    stub_encoder: list[tuple[Any, ...]],
+) -> None:
+    from measure.tma import fa3_varlen_tensor_maps
+
+    packed = FakePacked((64, 2, 128))
+    with pytest.raises(ValueError, match="varlen"):
+        good = FakeTensor((1, 64, 2, 128))
+        fa3_tensor_maps(replace(FA3, varlen=True), good, good, good, "bnhd")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="_vl"):
+        fa3_varlen_tensor_maps(FA3, packed, packed, packed)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="packed"):
+        four = FakeTensor((1, 64, 2, 128))
+        fa3_varlen_tensor_maps(replace(FA3, varlen=True), four, packed, packed)  # type: ignore[arg-type]
+    assert stub_encoder == []
 
 
 # ------------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ import optuna
 from codegen.families import Family, families_for
 from core.build_report import BuildReport
 from core.config import KernelConfig
+from core.fa3_config import Fa3Config
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo
@@ -366,7 +367,8 @@ def _defaults(
     the others are skipped with one log line per head dim) and serves the problem
     (``Family.serves``: the split-KV family only where the packed query rows are few): on an
     sm_90 GPU the Hopper family's configs beside the portable ones, searched by one study per
-    problem.
+    problem. A packed variable-length problem searches the ``_vl`` twins of the families with
+    varlen kernels (:data:`VARLEN_FAMILIES`): fa2's everywhere, fa3's on sm_90.
     """
     from codegen.space import ARCH_SMEM_LIMIT
 
@@ -394,8 +396,11 @@ def _defaults(
         return [f for f in families if d in f.head_dims]
 
     def serving(p: Problem) -> list[Family]:
-        # Packed variable-length batches: the fa2 family's varlen kernels only.
-        return [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.name == "fa2")]
+        # Packed variable-length batches: the families with varlen kernels (fa2 everywhere,
+        # fa3 where it runs, as for dense problems); split-KV has none.
+        return [
+            f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.name in VARLEN_FAMILIES)
+        ]
 
     def default_space(p: Problem) -> Sequence[AnyConfig]:
         configs = [c for f in serving(p) for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
@@ -420,9 +425,13 @@ def _defaults(
     )
 
 
+#: The families with packed variable-length (``_vl``) kernels.
+VARLEN_FAMILIES: Final = frozenset({"fa2", "fa3"})
+
+
 def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:
-    """The packed-sequence twins (``_vl``) of fa2 configs."""
-    return [replace(c, varlen=True) for c in configs if isinstance(c, KernelConfig)]
+    """The packed-sequence twins (``_vl``) of the configs of :data:`VARLEN_FAMILIES`."""
+    return [replace(c, varlen=True) for c in configs if isinstance(c, KernelConfig | Fa3Config)]
 
 
 def _default_first(family: Family, p: Problem) -> list[AnyConfig]:

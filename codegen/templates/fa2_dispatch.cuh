@@ -51,6 +51,38 @@
 //     the order the comment above lists them), config name, distance and tuned shape. False
 //     when the header has no tuned entry for (D, dtype, causal) or the shape is invalid.
 //
+//   cudaError_t fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v, int num_seqs,
+//                                      int max_seqlen_q, int max_seqlen_k, int head_dim,
+//                                      fa2tune_dtype dtype, bool causal,
+//                                      cudaStream_t stream = 0);
+//     A packed variable-length batch (FlashAttention-2's varlen forward): the num_seqs
+//     sequences' rows are packed one after another, Q and O [total_q, q_heads, D], K and V
+//     [total_k, kv_heads, D] (p's row and head strides; its batch strides, batch, nq and nk
+//     are ignored), and FaVarlen (defined below) gives their int32 cumulative offsets on the
+//     device, cu_seqlens_q and cu_seqlens_k ([num_seqs + 1] each, starting at 0), and
+//     total_q = cu_seqlens_q[num_seqs] (host value; reserved = 0). max_seqlen_q/k are the
+//     longest query/key sequence (they size the grid). The optional LSE output is float32
+//     [q_heads, total_q]. Causal is bottom-right aligned per sequence. More sequences than
+//     grid z's 65,535 are launched in slices of the offsets, in order on `stream`.
+//     Returns cudaErrorInvalidValue for num_seqs < 1, max_seqlen_q < 1, max_seqlen_k < 0,
+//     total_q < max_seqlen_q, null or misaligned offsets, a head dim or dtype this header was
+//     not generated for, or parameters fa2tune_forward would refuse; otherwise the launch's
+//     status. Only the host-side values are checked: the offsets must describe the packed
+//     tensors.
+//
+//   const char* fa2tune_config_name_varlen(const Fa2Params& p, const FaVarlen& v,
+//                                          int num_seqs, int max_seqlen_q, int max_seqlen_k,
+//                                          int head_dim, fa2tune_dtype dtype, bool causal);
+//     The config fa2tune_forward_varlen would launch (nullptr when it would refuse).
+//
+//   bool fa2tune_nearest_tuned_varlen(int head_dim, fa2tune_dtype dtype, bool causal,
+//                                     int num_seqs, int total_q, int q_heads, int kv_heads,
+//                                     int sm_count, fa2tune_tuned_choice* out);
+//     fa2tune_nearest_tuned for packed batches: the tuned varlen entry a batch of num_seqs
+//     sequences and total_q query rows gets on the tuned GPU (its nq and nk are the tuned
+//     batch's mean length, batch its count of sequences). False when the header has no tuned
+//     varlen entry for (D, dtype, causal) or the arguments are invalid.
+//
 // Dispatch: on a device whose name (cudaGetDeviceProperties, cached per device) matches the
 // GPU this header was tuned for (named above; compared by fa2tune_detail::normalise_name,
 // so "NVIDIA H200", "nvidia-h200" and "H200" are one GPU), the config tuned at the shape
@@ -66,6 +98,16 @@
 // of the others is used instead, and the default config when none can run. Split-KV configs
 // (splitkv, tuned on decode shapes: few query rows, long keys) run on every sm_80+ target,
 // like FlashAttention-2's, and compete by the same shape distance.
+//
+// Varlen dispatch: packed batches run fa2's varlen (_vl) configs. On the tuned GPU, the
+// config of the tuned varlen problem nearest to the call is used, each batch compared as its
+// count of sequences at their mean length, {mean, mean, num_seqs, q_heads, kv_heads}
+// (mean = total_q / num_seqs rounded to nearest, ties to even, at least 1:
+// fa2tune_shape::varlen_shape, the store's db.queries.varlen_shape), by the distance above;
+// key lengths do not enter (the tuned batches are self-attention). Elsewhere, and for head
+// dims, dtypes or masks without tuned varlen results, the varlen twin of FlashAttention-2's
+// default config (its tiles, _vl) runs: every (D, dtype, causal) the header serves densely it
+// also serves packed.
 //
 // Compiling: C++17, any list of sm_80+ targets. The fa3 kernels (when the header has any)
 // exist only in sm_90a code; for other targets they compile to stubs that are never launched:
@@ -106,8 +148,15 @@
 //       kDefaults      kDefaultCount tables, one per supported (D, dtype, causal), each with
 //                      exactly one choice (shape all 0): FlashAttention-2's default, whose
 //                      `accepts` is nullptr.
+//       kVarlenTuned   kVarlenTunedCount tables like kTuned's for packed batches, of
+//                      VarlenChoice: one per tuned varlen problem, its shape the
+//                      varlen_shape of its lengths (every field >= 1), sorted and distinct,
+//                      its launcher fa2::launch_varlen<alias> (only fa2 has varlen kernels:
+//                      no guard, no workspace); kVarlenTunedCount may be 0 (one sentinel);
+//       kVarlenDefaults kVarlenDefaultCount tables, one per kDefaults entry, each with one
+//                      VarlenChoice (shape all 0): the default's varlen twin.
 //   Every (D, dtype, causal) of kTuned also has a kDefaults entry, so a tuned shape on another
-//   GPU still launches.
+//   GPU still launches; likewise every kVarlenTuned key has a kVarlenDefaults entry.
 #ifndef FA2TUNE_EXPORTED_HEADER_
 #define FA2TUNE_EXPORTED_HEADER_
 
@@ -175,6 +224,24 @@ struct Table {
   int dtype;  // an fa2tune_dtype value
   bool causal;
   const Choice* choices;  // sorted by shape
+  int count;
+};
+
+// A packed variable-length config. Only fa2 has varlen kernels, and they run wherever the
+// header's code does: no guard, no workspace.
+using VarlenLaunchFn = cudaError_t (*)(const Fa2Params&, const FaVarlen&, cudaStream_t);
+
+struct VarlenChoice {
+  fa2tune_shape::Shape shape;  // the tuned batch's varlen_shape (all 0 for a default)
+  VarlenLaunchFn launch;
+  const char* name;
+};
+
+struct VarlenTable {
+  int d;
+  int dtype;  // an fa2tune_dtype value
+  bool causal;
+  const VarlenChoice* choices;  // sorted by shape
   int count;
 };
 
@@ -287,6 +354,83 @@ inline const Choice* select(const Fa2Params& p, int head_dim, int dtype, bool ca
 // (the kernel moves 16-byte vectors), whole GQA groups, and grid dimensions CUDA allows.
 inline bool valid(const Fa2Params& p) { return fa2tune_abi::valid(p); }
 
+// The (D, dtype, causal) table among `count` varlen tables, or nullptr.
+inline const VarlenTable* find_varlen(const VarlenTable* tables, int count, int head_dim,
+                                      int dtype, bool causal) {
+  for (int i = 0; i < count; ++i)
+    if (tables[i].d == head_dim && tables[i].dtype == dtype && tables[i].causal == causal)
+      return &tables[i];
+  return nullptr;
+}
+
+// The index of t's entry nearest to `asked` (the dense rule; every varlen entry can run).
+inline int nearest_varlen(const VarlenTable& t, const fa2tune_shape::Shape& asked, int sms,
+                          double* distance = nullptr) {
+  return fa2tune_shape::nearest(
+      asked, t.count, sms, [&t](int i) { return &t.choices[i].shape; }, distance);
+}
+
+// The tuned varlen table's nearest entry (on the tuned GPU only), else the default's varlen
+// twin; nullptr for a head dim, dtype or mask this header has no config for.
+inline const VarlenChoice* select_varlen(const fa2tune_shape::Shape& asked, int head_dim,
+                                         int dtype, bool causal) {
+  if (kVarlenTunedCount > 0 && on_tuned_gpu()) {
+    const VarlenTable* t = find_varlen(kVarlenTuned, kVarlenTunedCount, head_dim, dtype, causal);
+    if (t != nullptr) {
+      const int i = nearest_varlen(*t, asked, sm_count());
+      if (i >= 0) return &t->choices[i];
+    }
+  }
+  const VarlenTable* d = find_varlen(kVarlenDefaults, kVarlenDefaultCount, head_dim, dtype,
+                                     causal);
+  return d == nullptr ? nullptr : d->choices;
+}
+
+// A varlen call's kernel arguments: p with the packed batch's count and longest lengths in
+// place of batch, nq and nk, and zero batch strides (the offsets locate every sequence, as
+// measure/varlen.py's varlen_params sets them); false when the ABI (valid) or the host-side
+// varlen values refuse the call. The offsets are int32 arrays: 4-byte aligned.
+inline bool varlen_params(const Fa2Params& p, const FaVarlen& v, int num_seqs,
+                          int max_seqlen_q, int max_seqlen_k, Fa2Params* out) {
+  if (num_seqs < 1 || max_seqlen_q < 1 || max_seqlen_k < 0) return false;
+  if (v.cu_seqlens_q == nullptr || v.cu_seqlens_k == nullptr) return false;
+  if ((reinterpret_cast<std::uintptr_t>(v.cu_seqlens_q) & 3u) != 0 ||
+      (reinterpret_cast<std::uintptr_t>(v.cu_seqlens_k) & 3u) != 0)
+    return false;
+  if (v.total_q < max_seqlen_q) return false;  // the longest sequence is part of the total
+  Fa2Params s = p;
+  s.batch = num_seqs;
+  s.nq = max_seqlen_q;
+  s.nk = max_seqlen_k;
+  s.q_batch_stride = s.k_batch_stride = s.v_batch_stride = s.o_batch_stride = 0;
+  if (!valid(s)) return false;
+  *out = s;
+  return true;
+}
+
+// A varlen call's shape (fa2tune_shape::varlen_shape of its query rows); p is varlen_params'.
+inline fa2tune_shape::Shape varlen_call_shape(const Fa2Params& p, const FaVarlen& v) {
+  return fa2tune_shape::varlen_shape(v.total_q, p.batch, p.q_heads, p.kv_heads);
+}
+
+// Launches c over p.batch sequences in slices of at most grid z's 65,535, each a later entry
+// of the same offset arrays (they hold absolute row numbers, so O and LSE need no offset),
+// in order on the stream, as measure/varlen.py's bind_varlen does.
+inline cudaError_t launch_varlen_slices(const VarlenChoice& c, const Fa2Params& p,
+                                        const FaVarlen& v, cudaStream_t stream) {
+  constexpr int kMaxGridZ = 65535;
+  for (int b0 = 0; b0 < p.batch; b0 += kMaxGridZ) {
+    Fa2Params s = p;
+    s.batch = p.batch - b0 < kMaxGridZ ? p.batch - b0 : kMaxGridZ;
+    FaVarlen sv = v;
+    sv.cu_seqlens_q = v.cu_seqlens_q + b0;
+    sv.cu_seqlens_k = v.cu_seqlens_k + b0;
+    const cudaError_t err = c.launch(s, sv, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace fa2tune_detail
 
 // ------------------------------------------------------------------------------------------
@@ -387,6 +531,62 @@ inline cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_d
   if (c == nullptr) return cudaErrorInvalidValue;
   if (c->launch_with_workspace == nullptr) return fa2tune_detail::launch_batch_slices(*c, p, stream);
   return c->launch_with_workspace(p, workspace, workspace_bytes, stream);
+}
+
+// ------------------------------------------------------------------------------------------
+// Packed variable-length entry points (see the top).
+
+inline const char* fa2tune_config_name_varlen(const Fa2Params& p, const FaVarlen& v,
+                                              int num_seqs, int max_seqlen_q, int max_seqlen_k,
+                                              int head_dim, fa2tune_dtype dtype, bool causal) {
+  Fa2Params s{};
+  if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
+    return nullptr;
+  const fa2tune_detail::VarlenChoice* c = fa2tune_detail::select_varlen(
+      fa2tune_detail::varlen_call_shape(s, v), head_dim, static_cast<int>(dtype), causal);
+  return c == nullptr ? nullptr : c->name;
+}
+
+inline cudaError_t fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v, int num_seqs,
+                                          int max_seqlen_q, int max_seqlen_k, int head_dim,
+                                          fa2tune_dtype dtype, bool causal,
+                                          cudaStream_t stream = 0) {
+  Fa2Params s{};
+  if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
+    return cudaErrorInvalidValue;
+  const fa2tune_detail::VarlenChoice* c = fa2tune_detail::select_varlen(
+      fa2tune_detail::varlen_call_shape(s, v), head_dim, static_cast<int>(dtype), causal);
+  if (c == nullptr) return cudaErrorInvalidValue;
+  return fa2tune_detail::launch_varlen_slices(*c, s, v, stream);
+}
+
+// The tuned varlen entry a packed batch gets, found without a device (see the top).
+inline bool fa2tune_nearest_tuned_varlen(int head_dim, fa2tune_dtype dtype, bool causal,
+                                         int num_seqs, int total_q, int q_heads, int kv_heads,
+                                         int sm_count, fa2tune_tuned_choice* out) {
+  if (num_seqs < 1 || total_q < 0 || q_heads < 1 || kv_heads < 1 || q_heads % kv_heads != 0)
+    return false;
+  const fa2tune_detail::VarlenTable* t =
+      fa2tune_detail::find_varlen(fa2tune_detail::kVarlenTuned, fa2tune_detail::kVarlenTunedCount,
+                                  head_dim, static_cast<int>(dtype), causal);
+  if (t == nullptr) return false;
+  double distance = 0.0;
+  const int i = fa2tune_detail::nearest_varlen(
+      *t, fa2tune_shape::varlen_shape(total_q, num_seqs, q_heads, kv_heads), sm_count,
+      &distance);
+  if (i < 0) return false;
+  if (out != nullptr) {
+    const fa2tune_shape::Shape& s = t->choices[i].shape;
+    *out = {i,
+            t->choices[i].name,
+            distance,
+            static_cast<int>(s.nq),
+            static_cast<int>(s.nk),
+            static_cast<int>(s.batch),
+            static_cast<int>(s.heads),
+            static_cast<int>(s.kv_heads)};
+  }
+  return true;
 }
 
 #endif  // FA2TUNE_EXPORTED_HEADER_

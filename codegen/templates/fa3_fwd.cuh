@@ -19,6 +19,16 @@
 // Nq/Nk and columns past D; scores of keys >= Nk are still set to -inf. Causal is bottom-right
 // aligned (query i sees key j iff j <= i + nk - nq); KV tiles wholly above the diagonal are
 // never loaded; a row that sees no key gets O = 0 and LSE = -inf.
+//
+// Variable lengths (Varlen, the `_vl` configs, FA3_DEFINE_VARLEN_KERNEL): Q, K, V and O are
+// packed, one row per token of every sequence ([total, heads, D], the TMA descriptors are over
+// the packed tensors with a batch extent of 1) and fa3::VarlenArgs (FaVarlen's bytes) says
+// where each sequence starts; blockIdx.z is the sequence. A tile is loaded from the sequence's
+// first row on, so its rows past the sequence's end are the next sequence's (or TMA's zero
+// fill past the tensor's end): keys there are masked to -inf as the dense kernel masks keys
+// past nk (with the sequence's nk), and O and LSE rows past the sequence's nq are never
+// stored. Fa2Params then holds the longest lengths (they size the grid), batch is the number
+// of sequences, the batch strides are unused and LSE is [q_heads, total_q].
 #pragma once
 
 #include <cuda.h>
@@ -44,8 +54,20 @@ constexpr int kRegsPerSm = 65536;
 
 // ---------------------------------------------------------------------------------------------
 // Every constant of one instantiation, derived from its parameters and checked here.
+// The varlen kernels' second argument: the bytes of FaVarlen (fa2_fwd.cuh), which this family's
+// headers do not include (a translation unit may hold both families), under its own name.
+struct VarlenArgs {
+  const int32_t* cu_seqlens_q;  // [batch + 1]: sequence b's query rows are [cu[b], cu[b+1])
+  const int32_t* cu_seqlens_k;  // [batch + 1]: ... and its key rows
+  int32_t total_q;              // cu_seqlens_q[batch]: the row length of LSE [q_heads, total_q]
+  int32_t reserved;             // 0
+};
+static_assert(sizeof(VarlenArgs) == 24 && alignof(VarlenArgs) == 8, "FaVarlen's ABI");
+
+// Varlen_ is last and defaults to false, so a dense config's Traits spell as before.
 template <int D_, typename Elem_, bool Causal_, int BlockM_, int BlockN_, int Stages_,
-          bool PvFromRegs_, bool IntraOverlap_, bool PingPong_, int ConsumerRegs_>
+          bool PvFromRegs_, bool IntraOverlap_, bool PingPong_, int ConsumerRegs_,
+          bool Varlen_ = false>
 struct Traits {
   using Elem = Elem_;
   static constexpr int D = D_;
@@ -57,6 +79,7 @@ struct Traits {
   static constexpr bool IntraOverlap = IntraOverlap_;
   static constexpr bool PingPong = PingPong_;
   static constexpr int ConsumerRegs = ConsumerRegs_;
+  static constexpr bool Varlen = Varlen_;
 
   static constexpr int kConsumerWGs = BlockM / 64;
   static constexpr int kThreads = (kConsumerWGs + 1) * 128;
@@ -148,9 +171,13 @@ struct Bars {
   }
 };
 
-// Tile coordinates of one thread block.
+// Tile coordinates of one thread block. The second line is set and read by varlen
+// instantiations only (dense ones read Fa2Params where they always did, so their code is
+// unchanged): the sequence's lengths, and the TMA rows of its Q tile and of its key 0 in the
+// packed tensors.
 struct BlockCoord {
   int m0, head, kv_head, batch, n_tiles;
+  int nq, nk, q_row, k_row;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -159,37 +186,41 @@ __device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, B
                                          const CUtensorMap* tq, const CUtensorMap* tk,
                                          const CUtensorMap* tv) {
   constexpr int S = T::Stages;
+  // Packed tensors are one batch; their sequences start at row offsets instead.
+  const int tma_batch = T::Varlen ? 0 : bc.batch;
+  const int k_row0 = T::Varlen ? bc.k_row : 0;
   tma_prefetch_desc(tq);
   tma_prefetch_desc(tk);
   tma_prefetch_desc(tv);
   mbar_arrive_expect_tx(bars.q_full(), T::kQBytes);
 #pragma unroll
   for (int b = 0; b < T::kDBoxes; ++b)
-    tma_load_4d(sbase + T::kQOff + b * T::kQBoxBytes, tq, bars.q_full(), b * T::kBoxCols, bc.m0,
-                bc.head, bc.batch);
+    tma_load_4d(sbase + T::kQOff + b * T::kQBoxBytes, tq, bars.q_full(), b * T::kBoxCols,
+                T::Varlen ? bc.q_row : bc.m0, bc.head, tma_batch);
   for (int j = 0; j < bc.n_tiles; ++j) {
     const int st = j % S;
     const uint32_t empty_parity = ((j / S) + 1) & 1;  // phase of the release of tile j - S
-    const int row = j * T::BlockN;
+    const int row = k_row0 + j * T::BlockN;
     if (j >= S) mbar_wait(bars.k_empty(st), empty_parity);
     mbar_arrive_expect_tx(bars.k_full(st), T::kKVBytes);
 #pragma unroll
     for (int b = 0; b < T::kDBoxes; ++b)
       tma_load_4d(sbase + T::kKOff + st * T::kKVBytes + b * T::kKVBoxBytes, tk, bars.k_full(st),
-                  b * T::kBoxCols, row, bc.kv_head, bc.batch);
+                  b * T::kBoxCols, row, bc.kv_head, tma_batch);
     if (j >= S) mbar_wait(bars.v_empty(st), empty_parity);
     mbar_arrive_expect_tx(bars.v_full(st), T::kKVBytes);
 #pragma unroll
     for (int b = 0; b < T::kDBoxes; ++b)
       tma_load_4d(sbase + T::kVOff + st * T::kKVBytes + b * T::kKVBoxBytes, tv, bars.v_full(st),
-                  b * T::kBoxCols, row, bc.kv_head, bc.batch);
+                  b * T::kBoxCols, row, bc.kv_head, tma_batch);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 template <class T>
 __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& bc, uint32_t sbase,
-                                         unsigned char* gbase, Bars<T> bars, int wc) {
+                                         unsigned char* gbase, Bars<T> bars, int wc,
+                                         const VarlenArgs& vl) {
   using Elem = typename T::Elem;
   constexpr int D = T::D, BN = T::BlockN, S = T::Stages;
   constexpr float kNegInf = -__builtin_huge_valf();
@@ -198,7 +229,11 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int diag = p.nk - p.nq;  // query i sees keys j <= i + diag (causal)
+  // This sequence's lengths: Fa2Params' when dense, cu_seqlens' when packed; read where they
+  // are used, as the dense kernel always has (its code stays the same).
+  auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
+  auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
+  const int diag = len_k() - len_q();  // query i sees keys j <= i + diag (causal)
   const float scale_log2 = p.softmax_scale * kLog2e;
   const int wg_row0 = bc.m0 + 64 * wc;
   const int row_g = wg_row0 + 16 * warp + g;  // global row of this thread's h = 0 elements
@@ -253,11 +288,12 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
   // Masks, new row maxima, exponentials in place, running sums; alpha rescales O.
   auto softmax = [&](int j, float (&alpha)[2]) {
     const int n0 = j * BN;
-    const bool need_mask = (n0 + BN > p.nk) || (T::Causal && n0 + BN - 1 > wg_row0 + diag);
+    // Keys past the sequence's end (the next sequence's rows when packed) are masked here.
+    const bool need_mask = (n0 + BN > len_k()) || (T::Causal && n0 + BN - 1 > wg_row0 + diag);
     if (need_mask) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        int limit = p.nk;  // keys < limit are visible
+        int limit = len_k();  // keys < limit are visible
         if constexpr (T::Causal) limit = min(limit, row_g + 8 * h + diag + 1);
         const int rel = limit - n0 - 2 * t;  // element (i, e) is masked iff 8i + e >= rel
 #pragma unroll
@@ -432,6 +468,14 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
 
   // Epilogue: normalise; stage O (fp16/bf16) in this warpgroup's rows of the Q buffer, which
   // only this warpgroup's GEMMs read and all of them are complete; then 16-byte row stores.
+  // Packed: the sequence's first row and length are read again here rather than kept in
+  // registers through the main loop (the dense kernel reads Fa2Params).
+  int seq_q0 = 0, seq_nq = 0;
+  if constexpr (T::Varlen) {
+    seq_q0 = vl.cu_seqlens_q[bc.batch];
+    seq_nq = vl.cu_seqlens_q[bc.batch + 1] - seq_q0;
+  }
+  auto out_rows = [&]() { return T::Varlen ? seq_nq : p.nq; };
   float inv[2], lsum[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -454,23 +498,28 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
       }
   }
   if (p.lse != nullptr && t == 0) {
-    float* lse = p.lse + (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) * p.nq;
+    // LSE is [batch, q_heads, nq] dense, [q_heads, total_q] packed.
+    float* lse = p.lse + (T::Varlen ? static_cast<int64_t>(bc.head) * vl.total_q + seq_q0
+                                    : (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) *
+                                          p.nq);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row_g + 8 * h;
-      if (row < p.nq)
+      if (row < out_rows())
         lse[row] = lsum[h] > 0.f ? row_max[h] * p.softmax_scale + logf(lsum[h]) : kNegInf;
     }
   }
   named_bar_sync(3 + wc, 128);
-  Elem* gO = static_cast<Elem*>(p.o) + bc.batch * p.o_batch_stride + bc.head * p.o_head_stride;
+  Elem* gO = static_cast<Elem*>(p.o) +
+             (T::Varlen ? seq_q0 * p.o_row_stride + bc.head * p.o_head_stride
+                        : bc.batch * p.o_batch_stride + bc.head * p.o_head_stride);
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   const unsigned char* qr = gbase + T::kQOff;
 #pragma unroll 4
   for (int idx = tid; idx < 64 * kChunks; idx += 128) {
     const int r = idx / kChunks, c = idx % kChunks;
     const int row = wg_row0 + r;
-    if (row < p.nq) {
+    if (row < out_rows()) {  // packed: the rows past it are the next sequence's
       const int rr = 64 * wc + r;
       const uint4 val = *reinterpret_cast<const uint4*>(
           qr + (c / 8) * T::kQBoxBytes + rr * 128 + (((c % 8) ^ (rr % 8)) * 16));
@@ -480,9 +529,11 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
 }
 
 // ---------------------------------------------------------------------------------------------
+// vl is read only by varlen instantiations (T::Varlen).
 template <class T>
 __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* tq,
-                                         const CUtensorMap* tk, const CUtensorMap* tv) {
+                                         const CUtensorMap* tk, const CUtensorMap* tv,
+                                         const VarlenArgs& vl = VarlenArgs{}) {
   using Elem = typename T::Elem;
   constexpr float kNegInf = -__builtin_huge_valf();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -498,22 +549,43 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* 
   bc.head = blockIdx.y;
   bc.batch = blockIdx.z;
   bc.kv_head = bc.head / (p.q_heads / p.kv_heads);
-  int key_end = p.nk;
-  if constexpr (T::Causal) key_end = min(p.nk, bc.m0 + T::BlockM + p.nk - p.nq);
+  int q_start = 0;  // packed: the sequence's first row
+  if constexpr (T::Varlen) {
+    // The grid covers the longest sequence: blocks past this one's end have nothing to do
+    // (before any barrier, so the whole block may leave).
+    q_start = vl.cu_seqlens_q[bc.batch];
+    const int k_start = vl.cu_seqlens_k[bc.batch];
+    bc.nq = vl.cu_seqlens_q[bc.batch + 1] - q_start;
+    bc.nk = vl.cu_seqlens_k[bc.batch + 1] - k_start;
+    if (bc.m0 >= bc.nq) return;
+    bc.q_row = q_start + bc.m0;
+    bc.k_row = k_start;
+  }
+  // Read where they are used, as the dense kernel always has (its code stays the same).
+  auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
+  auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
+  int key_end = len_k();
+  if constexpr (T::Causal) key_end = min(len_k(), bc.m0 + T::BlockM + len_k() - len_q());
   bc.n_tiles = key_end > 0 ? (key_end + T::BlockN - 1) / T::BlockN : 0;
 
   const int tid = threadIdx.x;
   if (bc.n_tiles == 0) {  // every row of this block sees no key: O = 0, LSE = -inf
-    const int q_rows = min(T::BlockM, p.nq - bc.m0);
-    Elem* gO = static_cast<Elem*>(p.o) + bc.batch * p.o_batch_stride +
-               bc.head * p.o_head_stride + static_cast<int64_t>(bc.m0) * p.o_row_stride;
+    const int q_rows = min(T::BlockM, len_q() - bc.m0);
+    Elem* gO = static_cast<Elem*>(p.o) +
+               (T::Varlen ? q_start * p.o_row_stride + bc.head * p.o_head_stride
+                          : bc.batch * p.o_batch_stride + bc.head * p.o_head_stride) +
+               static_cast<int64_t>(bc.m0) * p.o_row_stride;
     constexpr int kChunks = T::D / 8;
     for (int idx = tid; idx < q_rows * kChunks; idx += T::kThreads) {
       const int r = idx / kChunks, c = idx % kChunks;
       *reinterpret_cast<uint4*>(gO + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
     }
     if (p.lse != nullptr) {
-      float* lse = p.lse + (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) * p.nq + bc.m0;
+      float* lse =
+          p.lse +
+          (T::Varlen ? static_cast<int64_t>(bc.head) * vl.total_q + q_start
+                     : (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) * p.nq) +
+          bc.m0;
       for (int r = tid; r < q_rows; r += T::kThreads) lse[r] = kNegInf;
     }
     return;
@@ -538,7 +610,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* 
     if (tid == 0) producer<T>(bc, sbase, bars, tq, tk, tv);
   } else {
     if constexpr (T::kSplitRegs) reg_alloc<T::ConsumerRegs>();
-    consumer<T>(p, bc, sbase, gbase, bars, wg - 1);
+    consumer<T>(p, bc, sbase, gbase, bars, wg - 1, vl);
   }
 }
 
@@ -555,4 +627,19 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* 
       NAME(const Fa2Params p, const __grid_constant__ CUtensorMap tma_q,                      \
            const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) { \
     fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v);                                  \
+  }
+
+// The packed variable-length kernel of a `_vl` config: FaVarlen's bytes after Fa2Params, then
+// the three descriptors (over the packed [total, heads, D] tensors). Launch: grid
+// (ceil(longest nq / BlockM), q_heads, sequences); more sequences than 65,535 are launched in
+// slices, each with the offsets' pointers advanced to its first sequence.
+#define FA3_DEFINE_VARLEN_KERNEL(NAME, D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS, \
+                                 INTRA_OVERLAP, PING_PONG, CONSUMER_REGS)                      \
+  using NAME##_traits = fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS,    \
+                                    INTRA_OVERLAP, PING_PONG, CONSUMER_REGS, true>;             \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                     \
+      NAME(const Fa2Params p, const fa3::VarlenArgs vl,                                         \
+           const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_k, \
+           const __grid_constant__ CUtensorMap tma_v) {                                         \
+    fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v, vl);                                \
   }

@@ -93,6 +93,19 @@ inline int nearest(const Shape& asked, int count, int sm_count, ShapeAt&& shape_
   return best;
 }
 
+// db.queries.varlen_shape: a packed batch of `count` sequences holding `total` query rows
+// compares as `count` sequences of their mean length, rounded to the nearest integer with
+// ties to even (Python's round of the quotient; done here in integers, which gives the same
+// answer for any total below 2^51), and at least 1. count >= 1, total >= 0.
+inline Shape varlen_shape(long long total, long long count, long long heads,
+                          long long kv_heads) {
+  long long mean = total / count;
+  const long long twice_rest = 2 * (total % count);
+  if (twice_rest > count || (twice_rest == count && mean % 2 == 1)) ++mean;
+  if (mean < 1) mean = 1;
+  return {mean, mean, count, heads, kv_heads};
+}
+
 // The same over a plain array of shapes.
 inline int nearest(const Shape& asked, const Shape* tuned, int count, int sm_count,
                    double* distance_out = nullptr) {
