@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Device run: tune the varlen workload (bench/h200/varlen_workload.yaml, fa2 family's _vl
-# configs, the worker's varlen path), then re-time the shipped decode results on the current
+# Device run: tune the varlen workload (bench/h200/varlen_workload.yaml, the _vl configs of
+# VARLEN_FAMILY (default fa2; fa2,fa3 on Hopper), the worker's varlen path; VARLEN_WARM=file
+# measures that results file's fastest configs first), then re-time the shipped decode results on the current
 # split-KV template (decode_campaign.sh with WARM=), and dump both databases.
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; fi
@@ -9,7 +10,7 @@ fa2="python3 -m fa2tune.cli"
 if [ "${VARLEN:-1}" = 1 ]; then
   ( export FA2TUNE_DB_URL=sqlite:////tmp/varlen.db
     time timeout ${VARLEN_TIMEOUT:-300} $fa2 tune --workload bench/h200/varlen_workload.yaml \
-      --family fa2 --trials ${VARLEN_TRIALS:-24} --target-ms 50 --summary-json $OUT/varlen_summary.json
+      --family ${VARLEN_FAMILY:-fa2} ${VARLEN_WARM:+--warm-start $VARLEN_WARM} --trials ${VARLEN_TRIALS:-24} --target-ms 50 --summary-json $OUT/varlen_summary.json
     $fa2 dump -o $OUT/h200_results_varlen.json ) > $OUT/varlen_tune.log 2>&1
   tail -14 $OUT/varlen_tune.log
 fi

@@ -158,24 +158,29 @@ class SplitKvWorkspace:
     def needed(self) -> bool:
         return self.counters > 0
 
-    def pointers(self, device: torch.device, stream: int) -> tuple[int, int, int, object]:
-        """``(ws_o, ws_lse, ws_count, owner)`` for one launch on ``stream``: ``owner`` keeps
-        a capture's allocation alive until the launch has been queued (None otherwise)."""
-        if not _capturing():
-            count, base = _stream_workspace(
-                device.index or 0, stream, self.counters, self.partial_rows * (self.d + 1)
-            )
-            return base, base + 4 * self.partial_rows * self.d, count, None
-        # Inside a graph capture: one allocation from the graph's pool, counters first
-        # (rounded to 16 bytes so the float4 partials stay aligned), counters zeroed; the
-        # graph owns its workspace and replays on any stream.
+    def captured(self, device: torch.device) -> tuple[int, int, torch.Tensor]:
+        """``(counters pointer, partials pointer, owner)`` for a launch being captured into a
+        CUDA graph:
+        one allocation from the graph's pool, counters first (rounded to 16 bytes so the
+        float4 partials stay aligned), counters zeroed; the graph owns its workspace and
+        replays on any stream. ``owner`` must live until the launch has been queued."""
         head = -(-self.counters // 4) * 4
         ws = torch.empty(head + self.partial_rows * (self.d + 1), dtype=torch.float32,
                          device=device)  # fmt: skip
         ws[:head].zero_()
         base = ws.data_ptr()
-        o_ptr = base + 4 * head
-        return o_ptr, o_ptr + 4 * self.partial_rows * self.d, base, ws
+        return base, base + 4 * head, ws
+
+    def stream_args(self, device: int, stream: int) -> tuple[int, int]:
+        """``(counters pointer, partials pointer)`` of ``stream``'s buffers, big enough for
+        this shape (:func:`_stream_workspace`)."""
+        return _stream_workspace(device, stream, self.counters, self.partial_rows * (self.d + 1))
+
+    def args(self, counters_ptr: int, partials_ptr: int) -> tuple[ctypes.c_void_p, ...]:
+        """The kernel's three workspace arguments (partial O, partial LSE, counters)."""
+        lse_ptr = partials_ptr + 4 * self.partial_rows * self.d
+        return (ctypes.c_void_p(partials_ptr), ctypes.c_void_p(lse_ptr),
+                ctypes.c_void_p(counters_ptr))  # fmt: skip
 
 
 _ws_lock = threading.Lock()
@@ -246,7 +251,8 @@ class _Variant:
 
     def __init__(self, params: Fa2Params) -> None:
         self.params = params
-        self.bound: dict[int, BoundLaunch] = {}
+        #: by stream, or (split-KV) by (stream, counters pointer, partials pointer)
+        self.bound: dict[object, BoundLaunch] = {}
         self.tma: dict[tuple[int, int, int, int], BoundLaunch] = {}
 
 
@@ -298,7 +304,8 @@ class Launcher:
             self._ws = SplitKvWorkspace(config, shape)
             if self._ws.needed and self._ws.counters != grid[0]:  # pragma: no cover - drift
                 raise AssertionError(f"{config.name}: {self._ws.counters} counters, grid {grid}")
-            # The kernel's three pointer arguments, patched per call (null: one split).
+            # The kernel's three workspace arguments when it has one split: null pointers (it
+            # touches no workspace); otherwise per (stream, buffers), see __call__.
             self._ws_args = (ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p())
         else:
             self._prep = host_prep(config.family)
@@ -328,10 +335,17 @@ class Launcher:
         variant = self._variants.get((q.stride(), k.stride(), v.stride()))
         if variant is None or (qp | kp | vp | op) % ALIGN_BYTES:
             variant = self._variant(q, k, v, o, lse, scale, layout)  # raises ValueError
-        keep: object = None
         ws = self._ws
+        keep: object = None
+        ws_key: tuple[int, int, int] | None = None
         if ws is not None and ws.needed:
-            o_ptr, lse_ptr, count_ptr, keep = ws.pointers(q.device, stream)
+            if _capturing():
+                count_ptr, partials_ptr, keep = ws.captured(q.device)
+            else:
+                # The stream's own buffers: stable between calls, so a bound launch per
+                # (stream, buffers) carries them and a call patches nothing for them.
+                count_ptr, base = ws.stream_args(q.device.index or 0, stream)
+                ws_key = (stream, count_ptr, base)
         with self._lock:
             p = variant.params
             p.q, p.k, p.v, p.o = qp, kp, vp, op
@@ -351,17 +365,21 @@ class Launcher:
                     variant.tma[tma_key] = bound
                 bound()
                 return
-            if ws is not None and ws.needed:
-                a = self._ws_args
-                a[0].value, a[1].value, a[2].value = o_ptr, lse_ptr, count_ptr
-            bound = variant.bound.get(stream)
+            if keep is not None:  # captured: a one-off bound launch on this call's workspace
+                assert ws is not None
+                self.kernel.bind(p, self._grid, self._block, self._smem, stream,
+                                 ws.args(count_ptr, partials_ptr))()  # fmt: skip
+                del keep  # the launch is queued: the workspace may go back to the pool
+                return
+            key: object = ws_key if ws_key is not None else stream
+            bound = variant.bound.get(key)
             if bound is None:
-                bound = self.kernel.bind(
-                    p, self._grid, self._block, self._smem, stream, self._ws_args
-                )
-                variant.bound[stream] = bound
+                extra = self._ws_args  # null pointers with one split; () for fa2
+                if ws is not None and ws_key is not None:
+                    extra = ws.args(ws_key[1], ws_key[2])
+                bound = self.kernel.bind(p, self._grid, self._block, self._smem, stream, extra)
+                variant.bound[key] = bound
             bound()
-        del keep  # the launch is queued: a capture's workspace may go back to its pool
 
     def _variant(
         self,
