@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FA2TUNE_CACHE_DIR=/tmp/fa2ca
 fa2="python3 -m fa2tune.cli"
 if [ "${VARLEN:-1}" = 1 ]; then
   ( export FA2TUNE_DB_URL=sqlite:////tmp/varlen.db
-    time timeout ${VARLEN_TIMEOUT:-300} $fa2 tune --workload bench/h200/varlen_workload.yaml \
+    time timeout ${VARLEN_TIMEOUT:-300} $fa2 tune --workload ${VARLEN_WORKLOAD:-bench/h200/varlen_workload.yaml} \
       --family ${VARLEN_FAMILY:-fa2} ${VARLEN_WARM:+--warm-start $VARLEN_WARM} --trials ${VARLEN_TRIALS:-24} --target-ms 50 --summary-json $OUT/varlen_summary.json
     $fa2 dump -o $OUT/h200_results_varlen.json ) > $OUT/varlen_tune.log 2>&1
   tail -14 $OUT/varlen_tune.log
