@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from codegen.cpp_text import braced, c_string, cpp_bool
-from codegen.families import family_of
+from codegen.families import FAMILIES, family_of
 from core.config import Dtype, KernelConfig
 from core.elements import element
 from core.family import AnyConfig
@@ -50,6 +50,16 @@ VarlenKey = tuple[int, Dtype, bool]
 def is_varlen(config: AnyConfig) -> bool:
     """Whether ``config`` compiles a packed-batch kernel (a ``_vl`` config, of any family)."""
     return bool(getattr(config, "varlen", False))
+
+
+def header_varlen_families() -> list[str]:
+    """The families whose varlen configs the header can launch (their header part names a
+    varlen kernel and launcher): the store's varlen winners are asked for among these."""
+    return [
+        f.name
+        for f in FAMILIES.values()
+        if f.header.varlen_kernel is not None and f.header.varlen_launcher is not None
+    ]
 
 
 def has_varlen_launcher(config: AnyConfig) -> bool:

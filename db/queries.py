@@ -635,10 +635,19 @@ def best_varlen(
         return (found, measured[nearest.id]) if found is not None else None
 
 
-def varlen_winners(engine: Engine, gpu: str) -> list[tuple[BestResult, tuple[int, ...]]]:
+def _fastest(found: Iterable[BestResult | None]) -> BestResult | None:
+    """The fastest of some answers (None when there is none)."""
+    hits = [b for b in found if b is not None]
+    return min(hits, key=lambda b: b.median_ms) if hits else None
+
+
+def varlen_winners(
+    engine: Engine, gpu: str, families: Sequence[str] | None = None
+) -> list[tuple[BestResult, tuple[int, ...]]]:
     """:meth:`db.store.Store.varlen_winners`: the fastest verified config of every varlen
-    problem of one GPU (matched by its name key), with the lengths it was measured on, in
-    problem-id order (the order :func:`best_varlen` breaks ties between equal shapes in)."""
+    problem of one GPU (matched by its name key), among ``families`` when given, with the
+    lengths it was measured on, in problem-id order (the order :func:`best_varlen` breaks
+    ties between equal shapes in)."""
     with session_scope(engine) as s:
         rows = s.scalars(
             select(Problem)
@@ -652,8 +661,9 @@ def varlen_winners(engine: Engine, gpu: str) -> list[tuple[BestResult, tuple[int
             .order_by(Problem.id)
         ).all()
         out: list[tuple[BestResult, tuple[int, ...]]] = []
+        wanted: Sequence[str | None] = list(families) if families else [None]
         for p in rows:
-            found = _best_of(s, [p], exact=True)
+            found = _fastest(_best_of(s, [p], exact=True, family=f) for f in wanted)
             lens = parse_seqlens(p.seqlens)
             if found is not None and lens:
                 out.append((found, lens))

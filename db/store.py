@@ -268,11 +268,13 @@ class Store:
         GPU, D, dtype and mask is tuned."""
         return queries.best_varlen(self._engine, gpu, d, dtype, causal, seqlens, heads, kv_heads)
 
-    def varlen_winners(self, gpu: str) -> list[tuple[BestResult, tuple[int, ...]]]:
-        """The winner of every tuned varlen problem of ``gpu`` (any D, dtype and mask), with
-        the lengths it was measured on, in problem-id order: what the exported header's
-        packed-batch tables hold."""
-        return queries.varlen_winners(self._engine, gpu)
+    def varlen_winners(
+        self, gpu: str, families: Sequence[str] | None = None
+    ) -> list[tuple[BestResult, tuple[int, ...]]]:
+        """The winner of every tuned varlen problem of ``gpu`` (any D, dtype and mask), among
+        ``families`` when given, with the lengths it was measured on, in problem-id order:
+        what the exported header's packed-batch tables hold."""
+        return queries.varlen_winners(self._engine, gpu, families)
 
     def shape_winners(self) -> list[tuple[BestResult, int]]:
         """The winner of every tuned problem (any shape, any family), each with its GPU's SM

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from codegen.export import TunedPoint, render_header
-from codegen.export_varlen import VarlenPoint
+from codegen.export_varlen import VarlenPoint, header_varlen_families
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
@@ -204,11 +204,13 @@ def export_header(
             f"no results for GPU {gpu!r}; GPUs with results: {', '.join(names) or 'none'}"
         )
     results = tuned_shape_results(store, gpu, ds=ds, dtypes=dtypes)
-    # The varlen winners, in problem-id order (the exporter keeps the first of equal shapes,
-    # as Store.best_varlen breaks ties); render_header filters them by ds and dtypes.
+    # The varlen winners among the families the header launches packed (a faster fa3 _vl
+    # winner must not hide the fa2 one the header can run), in problem-id order (the
+    # exporter keeps the first of equal shapes, as Store.best_varlen breaks ties);
+    # render_header filters them by ds and dtypes.
     packed = [
         VarlenPoint(point_from_best(b), lens, varlen_shape(lens, b.heads, b.kv_heads))
-        for b, lens in store.varlen_winners(gpu)
+        for b, lens in store.varlen_winners(gpu, header_varlen_families())
     ]
     name = results[0].gpu if results else known[0].name
     log.info(

@@ -39,6 +39,7 @@ from service.header import export_header
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_VARLEN = ROOT / "db" / "data" / "h200_results_varlen.json"
+SHIPPED_VARLEN_FA3 = ROOT / "db" / "data" / "h200_results_varlen_fa3.json"
 WHEN = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 ENUM = {"FA2TUNE_FP16": "fp16", "FA2TUNE_BF16": "bf16"}
 
@@ -196,6 +197,29 @@ def test_shipped_varlen_results_render_to_the_stores_best(tmp_path: Path) -> Non
         assert best is not None and best[0].exact
         shape = varlen_shape(lens, p["heads"], p["kv_heads"])
         assert table[(p["d"], p["dtype"], p["causal"])] == [(shape, best[0].config.name)]
+    s.close()
+
+
+def test_fa3_varlen_winners_leave_the_header_the_fa2_winners(tmp_path: Path) -> None:
+    """With the Hopper family's varlen results shipped too (faster, so the store's answer),
+    the header, which launches only fa2 packed, still gets each problem's fa2 winner."""
+    s = make_store(tmp_path)
+    load_shipped_results(s, [SHIPPED_VARLEN, SHIPPED_VARLEN_FA3])
+    table = varlen_table(export_header(s, "H200", generated_at=WHEN))
+    problems = json.loads(SHIPPED_VARLEN.read_text())["problems"]
+    assert len(table) == 4
+    for p in problems:
+        lens = tuple(p["seqlens"])
+        best = s.best_varlen(H200.name, p["d"], p["dtype"], p["causal"], lens,
+                             p["heads"], p["kv_heads"])  # fmt: skip
+        assert best is not None and best[0].config.name.startswith("fa3_")
+        ((_, name),) = table[(p["d"], p["dtype"], p["causal"])]
+        assert name.startswith("fa2_") and name.endswith("_vl")
+        (fa2_best,) = [
+            b for b, held in s.varlen_winners(H200.name, ["fa2"]) if held == lens
+            and (b.dtype, b.causal) == (p["dtype"], p["causal"])
+        ]  # fmt: skip
+        assert name == fa2_best.config.name
     s.close()
 
 

@@ -84,7 +84,7 @@ def test_dense_best_is_not_answered_by_varlen_rows(client: TestClient) -> None:
 
 
 def test_shipped_varlen_results_answer_the_workload(tmp_path: Path) -> None:
-    """The shipped H200 varlen results (db/data/h200_results_varlen.json) answer the tuned
+    """The shipped H200 varlen results (db/data/h200_results_varlen*.json) answer the tuned
     workload's lengths exactly, with a ``_vl`` config that was verified and timed, and a
     nearby packed batch by distance."""
     import yaml
@@ -93,7 +93,9 @@ def test_shipped_varlen_results_answer_the_workload(tmp_path: Path) -> None:
 
     root = Path(__file__).resolve().parents[1]
     store = make_store(tmp_path)
-    assert load_shipped_results(store, [root / "db" / "data" / "h200_results_varlen.json"]) > 0
+    data = root / "db" / "data"
+    shipped = [data / "h200_results_varlen.json", data / "h200_results_varlen_fa3.json"]
+    assert load_shipped_results(store, shipped) > 0
     (entry,) = yaml.safe_load((root / "bench/h200/varlen_workload.yaml").read_text())["shapes"]
     lens = ",".join(str(n) for n in entry["seqlens"])
     with TestClient(create_app(store)) as c:
@@ -106,6 +108,8 @@ def test_shipped_varlen_results_answer_the_workload(tmp_path: Path) -> None:
                 body = VarlenBestOut.model_validate(r.json())
                 assert body.exact and body.measured_seqlens == entry["seqlens"]
                 assert body.config.name.endswith("_vl") and body.config.causal == causal
+                # The Hopper family's varlen kernels won every problem of the workload.
+                assert body.config.name.startswith("fa3_"), body.config.name
                 near = VarlenBestOut.model_validate(
                     c.get("/v1/best/varlen", params={**params, "seqlens": "2000,900,3000"}).json()
                 )
