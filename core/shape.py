@@ -119,11 +119,13 @@ def nearest_shape(asked: Shape, tuned: list[Shape], sm_count: int) -> Shape | No
     return min(tuned, key=lambda t: nearest_key(asked, t, sm_count))
 
 
-def answering_masks(causal: bool, nq: int) -> tuple[bool, ...]:
-    """The masks (``causal`` values) whose tuned problems answer a call.
+def effective_causal(causal: bool, nq: int) -> bool:
+    """The mask a call is answered (and served) as: a causal call with one query row counts
+    as unmasked.
 
-    Its own; and for a causal call with one query row also no mask: the causal mask is
-    bottom-right aligned, so that row sees every key and both compute the same thing. Models
-    pass ``causal=True`` to every call, decode steps included, and decode is tuned unmasked.
+    The causal mask is bottom-right aligned, so one query row sees every key and the two
+    compute the same thing; models pass ``causal=True`` to every call, decode steps
+    included, and decode is tuned unmasked. The store, the service's index, the exported
+    header and ``fa2tune.torch`` all apply this one rule, so they agree.
     """
-    return (True, False) if causal and nq == 1 else (causal,)
+    return causal and nq != 1

@@ -33,7 +33,7 @@ from core.shape import (
     MAX_DIM,
     Shape,
     ShapeError,
-    answering_masks,
+    effective_causal,
     nearest_key,
     nearest_shape,
     shape_distance,
@@ -349,10 +349,10 @@ def _sm_count(s: Session, name_key: str) -> int:
 
 
 def _shape_candidates(
-    gpu: str, d: int, dtype: str, masks: tuple[bool, ...], family: str | None
+    gpu: str, d: int, dtype: str, causal: bool, family: str | None
 ) -> Select[Any]:
-    """The problems of one GPU/D/dtype with one of ``masks`` and an OK measurement (of
-    ``family``'s builds when given), each with its GPU loaded."""
+    """The problems of one GPU/D/dtype/mask with an OK measurement (of ``family``'s builds
+    when given), each with its GPU loaded."""
     has_ok = (
         select(Measurement.id)
         .join(Build, Build.id == Measurement.build_id)
@@ -372,7 +372,7 @@ def _shape_candidates(
             Gpu.name_key == normalize_gpu_name(gpu),
             Problem.d == d,
             Problem.dtype == dtype,
-            Problem.causal.in_(masks),
+            Problem.causal == causal,
             Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
             has_ok,
         )
@@ -392,10 +392,10 @@ def best_for_shape(
     family: str | None = None,
 ) -> BestResult | None:
     """:meth:`db.store.Store.best_for_shape`: the exact shape, else the nearest tuned one
-    (problems of either mask answer a causal call with one query row: ``answering_masks``)."""
-    masks = answering_masks(causal, shape.nq)
+    (a causal call with one query row is answered by unmasked problems: ``effective_causal``)."""
+    mask = effective_causal(causal, shape.nq)
     with session_scope(engine) as s:
-        problems = s.scalars(_shape_candidates(gpu, d, dtype, masks, family)).unique().all()
+        problems = s.scalars(_shape_candidates(gpu, d, dtype, mask, family)).unique().all()
         shaped = [(p, problem_shape(p)) for p in problems]
         hits = [p for p, sh in shaped if sh == shape]
         if hits:

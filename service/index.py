@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from core.gpu_name import normalize_gpu_name
-from core.shape import Shape, answering_masks, nearest_shape, shape_distance
+from core.shape import Shape, effective_causal, nearest_shape, shape_distance
 from db.results import BestResult
 from db.store import Store
 from service.header import tuned_results
@@ -170,9 +170,6 @@ class BestIndex:
     built_at: datetime
     fingerprint: Fingerprint = ()
     shapes: dict[Key, ShapeTable] = field(default_factory=dict)
-    #: Per causal key, its shapes and the unmasked key's together: what answers a causal call
-    #: with one query row (``core.shape.answering_masks``).
-    one_row: dict[Key, ShapeTable] = field(default_factory=dict)
 
     @classmethod
     def build(cls, store: Store) -> BestIndex:
@@ -190,14 +187,12 @@ class BestIndex:
             results.sort(key=lambda b: b.n)
             tables[key] = Table(ns=[b.n for b in results], entries=[_entry(b) for b in results])
             gpus[key[0]].tuned[key[1:]] = tables[key].ns
-        shapes = _shape_tables(store)
         return cls(
             tables=tables,
             gpus=gpus,
             built_at=datetime.now(UTC),
             fingerprint=fingerprint,
-            shapes=shapes,
-            one_row=_one_row_tables(shapes),
+            shapes=_shape_tables(store),
         )
 
     @property
@@ -237,8 +232,8 @@ class BestIndex:
             NotTunedError: as :meth:`lookup`; or, with ``exact``, the shape was not tuned.
         """
         key = gpu_key(gpu)
-        tables = self.one_row if answering_masks(causal, shape.nq) != (causal,) else self.shapes
-        table = tables.get((key, d, dtype, causal))
+        causal = effective_causal(causal, shape.nq)  # one causal row: unmasked results
+        table = self.shapes.get((key, d, dtype, causal))
         if table is None:
             raise self._not_tuned(key, gpu, d, dtype, causal)
         answer = table.nearest(shape)
@@ -285,22 +280,6 @@ def _shape_tables(store: Store) -> dict[Key, ShapeTable]:
         grouped.setdefault(key, {})[shape] = ShapeEntry(shape, best, _entry(best).body_tail)
         sm_counts[key] = sm_count
     return {key: ShapeTable.of(sm_counts[key], entries) for key, entries in grouped.items()}
-
-
-def _one_row_tables(shapes: dict[Key, ShapeTable]) -> dict[Key, ShapeTable]:
-    """Per causal key, the union of its shapes and the unmasked key's (on a shape both have,
-    the faster winner, as the store's query picks the fastest of both problems)."""
-    merged: dict[Key, dict[Shape, ShapeEntry]] = {}
-    sm_counts: dict[Key, int] = {}
-    for (gpu, d, dtype, _mask), table in shapes.items():
-        key = (gpu, d, dtype, True)
-        entries = merged.setdefault(key, {})
-        sm_counts.setdefault(key, table.sm_count)
-        for shape, entry in table.entries.items():
-            held = entries.get(shape)
-            if held is None or entry.result.median_ms < held.result.median_ms:
-                entries[shape] = entry
-    return {key: ShapeTable.of(sm_counts[key], entries) for key, entries in merged.items()}
 
 
 def _fingerprint(store: Store) -> Fingerprint:

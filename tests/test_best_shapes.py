@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from core.config import KernelConfig
 from core.problem import Problem
 from core.records import GpuInfo
-from core.shape import Shape, answering_masks, shape_distance
+from core.shape import Shape, effective_causal, shape_distance
 from db.queries import DEFAULT_SM_COUNT, effective_sm_count
 from db.shipped import load_shipped_results
 from db.store import Store
@@ -133,8 +133,8 @@ def test_store_causal_one_row_call_is_answered_by_unmasked_results(store: Store)
     assert hit is not None and hit.config.name == DECODE.name and hit.exact
     two_rows = Shape(2, DECODE_SHAPE.nk, 8, 32, 8)
     assert store.best_for_shape("H200", 128, "fp16", True, two_rows) is None
-    assert answering_masks(True, 1) == (True, False)
-    assert answering_masks(True, 2) == (True,) and answering_masks(False, 1) == (False,)
+    assert not effective_causal(True, 1) and effective_causal(True, 2)
+    assert not effective_causal(False, 1) and not effective_causal(False, 5)
 
 
 def test_store_unknown_sm_count_counts_as_default(tmp_path: Path) -> None:

@@ -261,6 +261,14 @@ int main() {
   }
   std::printf("untuned %d\n", fa2tune_nearest_tuned(64, FA2TUNE_BF16, false, 1, 1, 1, 1, 1,
                                                     132, nullptr));
+  // A causal call with one query row is answered by the unmasked entries (nothing causal
+  // is tuned here); with two rows the mask counts and nothing answers.
+  fa2tune_tuned_choice one{};
+  const bool one_row = fa2tune_nearest_tuned(64, FA2TUNE_FP16, true, 1, 8192, 16, 32, 4, 132,
+                                             &one);
+  std::printf("causal1 %d %s\n", one_row, one_row ? one.name : "-");
+  std::printf("causal2 %d\n", fa2tune_nearest_tuned(64, FA2TUNE_FP16, true, 2, 8192, 16, 32,
+                                                    4, 132, nullptr));
   return 0;
 }
 """
@@ -292,7 +300,11 @@ def test_header_picks_the_stores_winner_at_pythons_nearest(
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[-1] == "untuned 0" and len(lines) == len(cases) + 1
+    assert lines[-3] == "untuned 0" and len(lines) == len(cases) + 3
+    decode = store.best_for_shape("H200", 64, "fp16", True, Shape(1, 8192, 16, 32, 4))
+    assert decode is not None and lines[-2] == f"causal1 1 {decode.config.name}"
+    assert lines[-1] == "causal2 0"
+    lines = lines[:-2]
     tuned = sorted(sh for sh, _, _ in PLAN)
     for (_, a, sms), line in zip(cases, lines, strict=False):
         index, name, distance, *dims = line.split()

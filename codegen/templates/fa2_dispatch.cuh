@@ -9,7 +9,8 @@
 //     strides (multiples of 8; the head dim is contiguous), batch, q_heads, kv_heads
 //     (q_heads % kv_heads == 0), nq, nk, softmax_scale, and an optional float32 LSE output
 //     [batch, q_heads, nq]. Causal is bottom-right aligned (query i sees key j iff
-//     j <= i + nk - nq). Returns cudaErrorInvalidValue for a head dim or dtype this header
+//     j <= i + nk - nq), so with nq == 1 it masks nothing and the call is served as
+//     unmasked (the configs tuned for decode). Returns cudaErrorInvalidValue for a head dim or dtype this header
 //     was not generated for or for misaligned/invalid parameters; otherwise the launch's
 //     status.
 //
@@ -334,6 +335,9 @@ inline const Table* tuned_table(int head_dim, int dtype, bool causal) {
 // config on a GPU that is not cc 9.0, or in a program built without sm_90a) are passed over
 // for the nearest that can; when none can, the default runs. p is valid() here.
 inline const Choice* select(const Fa2Params& p, int head_dim, int dtype, bool causal) {
+  // One causal query row sees every key (bottom-right alignment): served as unmasked, where
+  // decode is tuned; fa2tune's store, service and PyTorch op apply the same rule.
+  if (p.nq == 1) causal = false;
   if (kTunedCount > 0 && on_tuned_gpu()) {
     const Table* t = tuned_table(head_dim, dtype, causal);
     if (t != nullptr) {
@@ -458,7 +462,7 @@ inline bool fa2tune_nearest_tuned(int head_dim, fa2tune_dtype dtype, bool causal
   if (nq < 1 || nk < 0 || batch < 1 || q_heads < 1 || kv_heads < 1 || q_heads % kv_heads != 0)
     return false;
   const fa2tune_detail::Table* t =
-      fa2tune_detail::tuned_table(head_dim, static_cast<int>(dtype), causal);
+      fa2tune_detail::tuned_table(head_dim, static_cast<int>(dtype), causal && nq != 1);
   if (t == nullptr) return false;
   double distance = 0.0;
   const int i = fa2tune_detail::nearest(

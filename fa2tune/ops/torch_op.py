@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from core.shape import Shape
+from core.shape import Shape, effective_causal
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import (
     DTYPE_NAMES,
@@ -123,6 +123,7 @@ def _decide(q: torch.Tensor, k: torch.Tensor, causal: bool, layout: Layout) -> L
         return reason
     b, nq, h, d = _dims(q, layout)
     _, nk, hk, _ = _dims(k, layout)
+    causal = effective_causal(causal, nq)  # one causal row sees every key: served unmasked
     device = device_info(q.device.index if q.device.index is not None else 0)
     call = Call(
         device=device.index, gpu=device.name, sm_count=device.sm_count,
