@@ -237,3 +237,16 @@ def test_seqlens_entries_are_varlen_problems(tmp_path: Path) -> None:
     dense = Problem(gpu="NVIDIA H200", d=64, n=2, batch=2, heads=8)
     assert not targets[2].matches(dense)
     assert "varlen 2 sequences of 1-2 (3 tokens)" in targets[2].describe()
+
+
+@pytest.mark.parametrize(
+    ("name", "count"),
+    [("decode_workload.yaml", 24), ("varlen_workload.yaml", 4), ("prefill_gqa_workload.yaml", 24)],
+)
+def test_device_run_workloads_load(name: str, count: int) -> None:
+    """The workload files the H200 campaigns use (bench/h200/) parse to their problems."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "h200" / name
+    workload = load_workload(path)
+    assert len(workload.targets) == count
+    assert {t.d for t in workload.targets} == {128}
+    assert all(t.shape.heads == 32 and t.shape.kv_heads == 8 for t in workload.targets)
