@@ -48,6 +48,7 @@ __all__ = [
     "best_for_shape",
     "best_or_nearest",
     "best_varlen",
+    "best_varlen_shape",
     "build_config",
     "effective_sm_count",
     "gpus",
@@ -587,6 +588,41 @@ def varlen_shape(seqlens: Sequence[int], heads: int, kv_heads: int) -> Shape:
     return Shape(mean, mean, len(seqlens), heads, kv_heads)
 
 
+def _varlen_problems(s: Session, gpu: str, d: int, dtype: str, causal: bool) -> list[Problem]:
+    """The varlen problems of a GPU, D, dtype and mask with a verified, timed measurement,
+    in problem-id order."""
+    return list(
+        s.scalars(
+            select(Problem)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))
+            .where(
+                Gpu.name_key == normalize_gpu_name(gpu),
+                Problem.d == d,
+                Problem.dtype == dtype,
+                Problem.causal == causal,
+                Problem.seqlens != "",
+                _has_ok_measurement(),
+            )
+            .order_by(Problem.id)
+        ).all()
+    )
+
+
+def _nearest_varlen(
+    s: Session, gpu: str, rows: Sequence[Problem], asked: Shape
+) -> tuple[BestResult, tuple[int, ...]] | None:
+    """The fastest verified config of the varlen problem among ``rows`` whose
+    :func:`varlen_shape` is nearest ``asked`` (ties: the lowest problem id), with its lengths."""
+    measured = {p.id: parse_seqlens(p.seqlens) or () for p in rows}
+    sm_count = _sm_count(s, normalize_gpu_name(gpu))
+    shapes = {p.id: varlen_shape(measured[p.id], p.heads, p.kv_heads) for p in rows}
+    nearest = min(rows, key=lambda p: (*nearest_key(asked, shapes[p.id], sm_count), p.id))
+    found = _best_of(s, [nearest], exact=False,
+                     distance=shape_distance(asked, shapes[nearest.id], sm_count))  # fmt: skip
+    return (found, measured[nearest.id]) if found is not None else None
+
+
 def best_varlen(
     engine: Engine,
     gpu: str,
@@ -604,35 +640,44 @@ def best_varlen(
     lens = tuple(int(x) for x in seqlens)
     asked = varlen_shape(lens, heads, kv_heads)
     with session_scope(engine) as s:
-        has_ok = _has_ok_measurement()
-        rows = s.scalars(
-            select(Problem)
-            .join(Gpu, Gpu.id == Problem.gpu_id)
-            .options(contains_eager(Problem.gpu))
-            .where(
-                Gpu.name_key == normalize_gpu_name(gpu),
-                Problem.d == d,
-                Problem.dtype == dtype,
-                Problem.causal == causal,
-                Problem.seqlens != "",
-                has_ok,
-            )
-            .order_by(Problem.id)
-        ).all()
+        rows = _varlen_problems(s, gpu, d, dtype, causal)
         if not rows:
             return None
-        measured = {p.id: parse_seqlens(p.seqlens) or () for p in rows}
-        exact = [p for p in rows if measured[p.id] == lens and p.heads == heads
+        exact = [p for p in rows if parse_seqlens(p.seqlens) == lens and p.heads == heads
                  and p.kv_heads == kv_heads]  # fmt: skip
         if exact:
             found = _best_of(s, exact, exact=True)
             return (found, lens) if found is not None else None
-        sm_count = _sm_count(s, normalize_gpu_name(gpu))
-        shapes = {p.id: varlen_shape(measured[p.id], p.heads, p.kv_heads) for p in rows}
-        nearest = min(rows, key=lambda p: (*nearest_key(asked, shapes[p.id], sm_count), p.id))
-        found = _best_of(s, [nearest], exact=False,
-                         distance=shape_distance(asked, shapes[nearest.id], sm_count))  # fmt: skip
-        return (found, measured[nearest.id]) if found is not None else None
+        return _nearest_varlen(s, gpu, rows, asked)
+
+
+def best_varlen_shape(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    count: int,
+    mean: int,
+    heads: int,
+    kv_heads: int,
+) -> tuple[BestResult, tuple[int, ...]] | None:
+    """:meth:`db.store.Store.best_varlen_shape`: :func:`best_varlen`'s nearest rule for a
+    packed batch known only as ``count`` sequences of ``mean`` rows on average (what a caller
+    knows without reading its offsets): the fastest verified config of the tuned varlen
+    problem whose :func:`varlen_shape` is nearest ``count`` x ``mean``. The result is never
+    ``exact`` (the lengths themselves were not given); ``distance`` says how far it is. None
+    when no varlen problem of this GPU, D, dtype and mask is tuned.
+
+    Raises:
+        ValueError: ``count`` or ``mean`` below 1.
+    """
+    if count < 1 or mean < 1:
+        raise ValueError(f"a packed batch of {count} sequences of mean length {mean}")
+    asked = Shape(mean, mean, count, heads, kv_heads)
+    with session_scope(engine) as s:
+        rows = _varlen_problems(s, gpu, d, dtype, causal)
+        return _nearest_varlen(s, gpu, rows, asked) if rows else None
 
 
 def _fastest(found: Iterable[BestResult | None]) -> BestResult | None:

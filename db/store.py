@@ -7,8 +7,8 @@ module-level functions split by job:
 - :mod:`db.writes`: the write side (``upsert_gpu``, ``record_build``, ``problem_id``,
   ``record_measurement``), each in its own write transaction;
 - :mod:`db.queries`: the read side (``best``, ``best_or_nearest``, ``best_for_shape``,
-  ``best_varlen``, ``shape_winners``, ``varlen_winners``, ``results``, ``gpus``,
-  ``measured_pairs``, ``outcome``, ``spill_bytes``), read-only;
+  ``best_varlen``, ``best_varlen_shape``, ``shape_winners``, ``varlen_winners``,
+  ``results``, ``gpus``, ``measured_pairs``, ``outcome``, ``spill_bytes``), read-only;
 - :mod:`db.results`: the values the reads return (:class:`~db.results.BestResult`,
   :class:`~db.results.GpuSummary`, :class:`~db.results.ResultPage`,
   :class:`~db.results.ResultRow`, :class:`~db.results.StoredOutcome`, ``MAX_PAGE``).
@@ -267,6 +267,30 @@ class Store:
         result with the lengths it was measured on, or None when no varlen problem of this
         GPU, D, dtype and mask is tuned."""
         return queries.best_varlen(self._engine, gpu, d, dtype, causal, seqlens, heads, kv_heads)
+
+    def best_varlen_shape(
+        self,
+        gpu: str,
+        d: int,
+        dtype: str,
+        causal: bool,
+        count: int,
+        mean: int,
+        heads: int,
+        kv_heads: int,
+    ) -> tuple[BestResult, tuple[int, ...]] | None:
+        """The best varlen config for a packed batch known only as ``count`` sequences of
+        ``mean`` rows on average (``fa2tune.torch.attention_varlen`` does not read its offsets
+        on the host): :meth:`best_varlen`'s nearest rule with the asked batch compared as
+        ``count`` x ``mean``; never ``exact``. Returns the result with the lengths it was
+        measured on, or None when no varlen problem of this GPU, D, dtype and mask is tuned.
+
+        Raises:
+            ValueError: ``count`` or ``mean`` below 1.
+        """
+        return queries.best_varlen_shape(
+            self._engine, gpu, d, dtype, causal, count, mean, heads, kv_heads
+        )
 
     def varlen_winners(
         self, gpu: str, families: Sequence[str] | None = None

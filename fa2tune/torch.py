@@ -1,15 +1,16 @@
 """``fa2tune.torch``: FlashAttention forward on the kernels tuned for this GPU, from PyTorch.
 
-    from fa2tune.torch import attention
+    from fa2tune.torch import attention, attention_varlen
     o = attention(q, k, v, causal=True)              # q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D]
     o, lse = attention(q, k, v, return_lse=True, layout="bhnd")
+    o = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # packed [total, H, D]
     autotune("on_first_call", budget_s=30)       # tune untuned shapes in the background
 
-Importing this module imports torch and registers ``torch.ops.fa2tune.attention`` (a
-``torch.library`` custom op with a fake implementation: ``torch.compile(fullgraph=True)``
-and CUDA-graph capture work). The base package never imports it, so fa2tune stays
-installable without torch. See docs/torch.md for how a config is chosen and when a call
-falls back to ``torch.nn.functional.scaled_dot_product_attention``.
+Importing this module imports torch and registers ``torch.ops.fa2tune.attention`` and
+``torch.ops.fa2tune.attention_varlen`` (``torch.library`` custom ops with fake
+implementations: ``torch.compile(fullgraph=True)`` and CUDA-graph capture work). The base
+package never imports it, so fa2tune stays installable without torch. See docs/torch.md for
+how a config is chosen and when a call falls back to torch's own kernels.
 
 The implementation lives in :mod:`fa2tune.ops`. This module is named like the torch package
 but cannot shadow it: imports are absolute, so ``import torch`` inside fa2tune means the
@@ -33,10 +34,20 @@ except ImportError as _exc:  # pragma: no cover - exercised on machines without 
         "fa2tune.torch needs PyTorch (pip install 'fa2tune[gpu]'); the rest of fa2tune does not"
     ) from _exc
 
+from fa2tune.ops import torch_op as _torch_op
+from fa2tune.ops import varlen_op as _varlen_op
 from fa2tune.ops.autotune import AutoTuner, autotune
 from fa2tune.ops.choice import FallbackWarning, Unsupported
 from fa2tune.ops.kernels import free_workspaces
-from fa2tune.ops.torch_op import attention, attention_op, clear_caches
+from fa2tune.ops.torch_op import attention, attention_op
+from fa2tune.ops.varlen_op import attention_varlen, attention_varlen_op
+
+
+def clear_caches() -> None:
+    """Forget every decision and warning of both ops (tests; kernels stay loaded)."""
+    _torch_op.clear_caches()
+    _varlen_op.clear_caches()
+
 
 __all__ = [
     "AutoTuner",
@@ -44,6 +55,8 @@ __all__ = [
     "Unsupported",
     "attention",
     "attention_op",
+    "attention_varlen",
+    "attention_varlen_op",
     "autotune",
     "clear_caches",
     "free_workspaces",

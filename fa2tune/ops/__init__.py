@@ -8,7 +8,11 @@
 * :mod:`fa2tune.ops.kernels`: building and loading a chosen config once per process and
   device, and the launch of one call (imports torch);
 * :mod:`fa2tune.ops.torch_op`: the ``torch.ops.fa2tune.attention`` custom op, its fake
-  implementation and the SDPA fallback (imports torch).
+  implementation and the SDPA fallback (imports torch);
+* :mod:`fa2tune.ops.varlen_choice`: packed variable-length batches: the decision key, the
+  argument rules and the varlen config choice (torch-free);
+* :mod:`fa2tune.ops.varlen_op`: the ``torch.ops.fa2tune.attention_varlen`` custom op, its
+  launcher and its fallback (imports torch).
 
 Nothing is imported here: ``import fa2tune.ops`` never needs torch.
 """
