@@ -33,8 +33,9 @@ The entry points it defines (fa2_dispatch.cuh documents them all)::
                                        cudaStream_t stream = 0);
 
 The packed variable-length entry (``fa2tune_forward_varlen``, its config-name and nearest-entry
-queries) dispatches to the ``_vl`` configs of the store's varlen results, else to the varlen
-twin of the default: :mod:`codegen.export_varlen` renders its tables.
+queries) dispatches to the ``_vl`` configs of the store's varlen results (fa2's or fa3's,
+the latter only where they can run), else to the varlen twin of the default:
+:mod:`codegen.export_varlen` renders its tables.
 
 It compiles with plain nvcc (``-std=c++17``, sm_80 and up; a family whose targets are all
 architecture-specific, like the Hopper family's sm_90a, runs from that code only, and the
@@ -490,8 +491,13 @@ def render_header(
         [varlen_twin(c) for c in defaults],
     )
 
-    # The families with a config in the header, in registry order (fa2 always: the defaults).
-    used = {c.family for c in defaults} | {p.config.family for p in kept}
+    # The families with a config in the header, in registry order (fa2 always: the defaults);
+    # a family with only varlen winners (fa3 _vl) needs its part as much as a dense one.
+    used = (
+        {c.family for c in defaults}
+        | {p.config.family for p in kept}
+        | {v.point.config.family for v in packed_kept}
+    )
     families = [f for f in FAMILIES.values() if f.name in used]
     templates = [
         f"codegen/templates/{f.templates[0]} (template hash "

@@ -2,9 +2,9 @@
 
 ``fa2tune_forward_varlen`` (codegen/templates/fa2_dispatch.cuh) launches packed batches
 (``[total, heads, D]`` rows, ``cu_seqlens`` offsets) through the ``_vl`` configs' host
-launcher, ``fa2::launch_varlen``. Its data is rendered here, into the same
-``fa2_dispatch_table.inc`` as the dense tables (:func:`codegen.export.render_table` calls
-:func:`render_varlen_tables`):
+launchers, ``fa2::launch_varlen`` and ``fa3::launch_varlen``. Its data is rendered here, into
+the same ``fa2_dispatch_table.inc`` as the dense tables (:func:`codegen.export.render_table`
+calls :func:`render_varlen_tables`):
 
 - per (D, dtype, causal), one entry per tuned varlen problem (:class:`VarlenPoint`): the
   shape the store compares varlen problems by (:func:`db.queries.varlen_shape`: the count of
@@ -18,10 +18,13 @@ launcher, ``fa2::launch_varlen``. Its data is rendered here, into the same
   packed.
 
 Only a family whose :class:`~codegen.families.HeaderPart` names ``varlen_kernel`` and
-``varlen_launcher`` (fa2) has varlen kernels in the header; they run wherever the header's
-code does, so varlen entries carry no guard and no workspace. Winners of another family
-(a varlen config the header cannot launch) are left out with a warning, and their keys fall
-back to the remaining entries or the twin.
+``varlen_launcher`` (fa2, fa3) has varlen kernels in the header. Each entry carries its
+family's ``varlen_guard`` (fa3's ``fa3::can_launch_varlen``: compute capability 9.0, an
+sm_90a build, views TMA can address), or nullptr (fa2's run wherever the header's code
+does); the dispatch passes over entries that cannot run for the nearest that can, else the
+twin (always fa2), as the dense dispatch does. Varlen entries take no workspace. Winners of
+a family without varlen kernels in the header are left out with a warning, and their keys
+fall back to the remaining entries or the twin.
 """
 
 from __future__ import annotations
@@ -73,11 +76,14 @@ def varlen_twin(config: AnyConfig) -> KernelConfig:
     """The varlen config with ``config``'s tiles: what packed calls run where nothing was
     tuned, when ``config`` is the dense default the header falls back to.
 
+    The twin is always fa2's: it must run wherever the header's code does (the dense
+    defaults are fa2's for the same reason).
+
     Raises:
-        ValueError: ``config`` is not of a family with varlen kernels (fa2).
+        ValueError: ``config`` is not an fa2 config.
     """
     if not isinstance(config, KernelConfig):
-        raise ValueError(f"{config.name}: only fa2 configs have varlen kernels")
+        raise ValueError(f"{config.name}: the varlen defaults are fa2 configs")
     return replace(config, varlen=True)
 
 
@@ -149,8 +155,10 @@ def varlen_tables(
 
 
 def _choice(shape: Shape | None, config: AnyConfig) -> str:
-    """One ``VarlenChoice``: the tuned varlen shape (all 0 for a default), launcher, name."""
-    launcher = family_of(config).header.varlen_launcher
+    """One ``VarlenChoice``: the tuned varlen shape (all 0 for a default), launcher, name,
+    and the family's varlen guard (nullptr in C++ for a family that runs everywhere)."""
+    part = family_of(config).header
+    launcher = part.varlen_launcher
     if launcher is None or not has_varlen_launcher(config):
         raise ValueError(f"{config.name} has no varlen launcher in the header")
     dims = (
@@ -159,7 +167,8 @@ def _choice(shape: Shape | None, config: AnyConfig) -> str:
         else (shape.nq, shape.nk, shape.batch, shape.heads, shape.kv_heads)
     )
     alias = f"fa2tune_configs::{config.name}"
-    return braced(braced(*dims), f"&{launcher}<{alias}>", c_string(config.name))
+    guard = "nullptr" if part.varlen_guard is None else f"&{part.varlen_guard}<{alias}>"
+    return braced(braced(*dims), f"&{launcher}<{alias}>", c_string(config.name), guard)
 
 
 def _table_row(key: VarlenKey, choices: str, count: int) -> str:

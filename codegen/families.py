@@ -53,6 +53,11 @@ class HeaderPart:
             config whose ``varlen`` is set; None for a family without varlen kernels.
         varlen_launcher: its host launcher, ``cudaError_t (const Fa2Params&, const FaVarlen&,
             cudaStream_t)`` (``fa2::launch_varlen``); the varlen dispatch table points at it.
+        varlen_kernel_params: the varlen kernel's parameter list as its explicit
+            instantiation spells it (fa3's: ``fa3::VarlenArgs`` and the three descriptors).
+        varlen_guard: as ``guard``, for packed launches: ``bool (const Fa2Params&, const
+            FaVarlen&)``, asked before the varlen dispatch picks one of the family's configs;
+            None when they run wherever the header's code does.
     """
 
     template: str
@@ -63,10 +68,12 @@ class HeaderPart:
     guard: str | None = None
     varlen_kernel: str | None = None
     varlen_launcher: str | None = None
+    varlen_kernel_params: str = "const Fa2Params, const FaVarlen"
+    varlen_guard: str | None = None
 
     def instantiations(self, alias: str, *, varlen: bool = False) -> list[str]:
         """Explicit instantiations of the kernel, the launcher and the guard for an alias;
-        with ``varlen``, of the varlen kernel and launcher (a varlen config's kernel
+        with ``varlen``, of the varlen kernel, launcher and guard (a varlen config's kernel
         static_asserts against the dense entry points, so it gets only these).
 
         Raises:
@@ -75,12 +82,16 @@ class HeaderPart:
         if varlen:
             if self.varlen_kernel is None or self.varlen_launcher is None:
                 raise ValueError(f"{self.kernel}: this family has no varlen kernels")
-            return [
+            lines = [
                 f"template __global__ void {self.varlen_kernel}<{alias}>"
-                "(const Fa2Params, const FaVarlen);",
+                f"({self.varlen_kernel_params});",
                 f"template cudaError_t {self.varlen_launcher}<{alias}>"
                 "(const Fa2Params&, const FaVarlen&, cudaStream_t);",
             ]
+            if self.varlen_guard is not None:
+                guard = f"{self.varlen_guard}<{alias}>"
+                lines.append(f"template bool {guard}(const Fa2Params&, const FaVarlen&);")
+            return lines
         lines = [
             f"template __global__ void {self.kernel}<{alias}>({self.kernel_params});",
             f"template cudaError_t {self.launcher}<{alias}>(const Fa2Params&, cudaStream_t);",
@@ -294,6 +305,13 @@ FA3 = Family(
             ["const Fa2Params"] + ["const __grid_constant__ CUtensorMap"] * 3
         ),  # p, tma_q, tma_k, tma_v (docs/fa3_kernel.md)
         guard="fa3::can_launch",
+        varlen_kernel="fa3::fwd_varlen_kernel",
+        varlen_launcher="fa3::launch_varlen",
+        varlen_kernel_params=", ".join(
+            ["const Fa2Params", "const fa3::VarlenArgs"]
+            + ["const __grid_constant__ CUtensorMap"] * 3
+        ),  # p, vl, tma_q, tma_k, tma_v over the packed tensors
+        varlen_guard="fa3::can_launch_varlen",
     ),
     host_prep="measure.tma:fa3_tensor_maps",
     head_dims=fa3_space.HEAD_DIMS,

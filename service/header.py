@@ -204,8 +204,8 @@ def export_header(
             f"no results for GPU {gpu!r}; GPUs with results: {', '.join(names) or 'none'}"
         )
     results = tuned_shape_results(store, gpu, ds=ds, dtypes=dtypes)
-    # The varlen winners among the families the header launches packed (a faster fa3 _vl
-    # winner must not hide the fa2 one the header can run), in problem-id order (the
+    # The varlen winners among the families the header launches packed (fa2, fa3: a winner
+    # of a family it could not launch must not hide one it can), in problem-id order (the
     # exporter keeps the first of equal shapes, as Store.best_varlen breaks ties);
     # render_header filters them by ds and dtypes.
     packed = [

@@ -59,30 +59,38 @@
 //     A packed variable-length batch (FlashAttention-2's varlen forward): the num_seqs
 //     sequences' rows are packed one after another, Q and O [total_q, q_heads, D], K and V
 //     [total_k, kv_heads, D] (p's row and head strides; its batch strides, batch, nq and nk
-//     are ignored), and FaVarlen (defined below) gives their int32 cumulative offsets on the
-//     device, cu_seqlens_q and cu_seqlens_k ([num_seqs + 1] each, starting at 0), and
-//     total_q = cu_seqlens_q[num_seqs] (host value; reserved = 0). max_seqlen_q/k are the
-//     longest query/key sequence (they size the grid). The optional LSE output is float32
-//     [q_heads, total_q]. Causal is bottom-right aligned per sequence. More sequences than
-//     grid z's 65,535 are launched in slices of the offsets, in order on `stream`.
+//     are ignored). FaVarlen (defined below) gives their int32 cumulative offsets on the
+//     device, cu_seqlens_q and cu_seqlens_k ([num_seqs + 1] each, starting at 0), and two
+//     host values:
+//       v.total_q  = cu_seqlens_q[num_seqs], the packed Q/O row count;
+//       v.reserved = total_k = cu_seqlens_k[num_seqs], the packed K/V row count.
+//     Set both. fa2 configs ignore v.reserved; the Hopper family's (fa3 "_vl" configs) bound
+//     the TMA descriptors of K and V by it, so when the dispatch picks one (see "Varlen
+//     dispatch") a total_k below max_seqlen_k, such as the 0 of a caller that leaves it unset,
+//     is refused with cudaErrorInvalidValue. max_seqlen_q/k are the longest query/key
+//     sequence (they size the grid). The optional LSE output is float32 [q_heads, total_q].
+//     Causal is bottom-right aligned per sequence. More sequences than grid z's 65,535 are
+//     launched in slices of the offsets, in order on `stream`.
 //     Returns cudaErrorInvalidValue for num_seqs < 1, max_seqlen_q < 1, max_seqlen_k < 0,
 //     total_q < max_seqlen_q, null or misaligned offsets, a head dim or dtype this header was
-//     not generated for, or parameters fa2tune_forward would refuse; otherwise the launch's
-//     status. Only the host-side values are checked: the offsets must describe the packed
-//     tensors.
+//     not generated for, parameters fa2tune_forward would refuse, or (fa3 pick) total_k <
+//     max_seqlen_k; otherwise the launch's status. Only the host-side values are checked: the
+//     offsets must describe the packed tensors, and total_k must be K's and V's row count.
 //
 //   const char* fa2tune_config_name_varlen(const Fa2Params& p, const FaVarlen& v,
 //                                          int num_seqs, int max_seqlen_q, int max_seqlen_k,
 //                                          int head_dim, fa2tune_dtype dtype, bool causal);
-//     The config fa2tune_forward_varlen would launch (nullptr when it would refuse).
+//     The config fa2tune_forward_varlen would launch (nullptr when it would refuse the call
+//     before choosing; an fa3 pick's total_k is checked by its launch only).
 //
 //   bool fa2tune_nearest_tuned_varlen(int head_dim, fa2tune_dtype dtype, bool causal,
 //                                     int num_seqs, int total_q, int q_heads, int kv_heads,
 //                                     int sm_count, fa2tune_tuned_choice* out);
 //     fa2tune_nearest_tuned for packed batches: the tuned varlen entry a batch of num_seqs
 //     sequences and total_q query rows gets on the tuned GPU (its nq and nk are the tuned
-//     batch's mean length, batch its count of sequences). False when the header has no tuned
-//     varlen entry for (D, dtype, causal) or the arguments are invalid.
+//     batch's mean length, batch its count of sequences), without the family guards (as
+//     fa2tune_nearest_tuned: an fa3 entry is named even where it cannot run). False when the
+//     header has no tuned varlen entry for (D, dtype, causal) or the arguments are invalid.
 //
 // Dispatch: on a device whose name (cudaGetDeviceProperties, cached per device) matches the
 // GPU this header was tuned for (named above; compared by fa2tune_detail::normalise_name,
@@ -100,22 +108,27 @@
 // (splitkv, tuned on decode shapes: few query rows, long keys) run on every sm_80+ target,
 // like FlashAttention-2's, and compete by the same shape distance.
 //
-// Varlen dispatch: packed batches run fa2's varlen (_vl) configs. On the tuned GPU, the
-// config of the tuned varlen problem nearest to the call is used, each batch compared as its
+// Varlen dispatch: packed batches run the varlen (_vl) configs of fa2 and of the Hopper
+// family (fa3, names "fa3_..._vl"). On the tuned GPU, the config of the tuned varlen problem
+// nearest to the call is used, each batch compared as its
 // count of sequences at their mean length, {mean, mean, num_seqs, q_heads, kv_heads}
 // (mean = total_q / num_seqs rounded to nearest, ties to even, at least 1:
 // fa2tune_shape::varlen_shape, the store's db.queries.varlen_shape), by the distance above;
-// key lengths do not enter (the tuned batches are self-attention). Elsewhere, and for head
-// dims, dtypes or masks without tuned varlen results, the varlen twin of FlashAttention-2's
-// default config (its tiles, _vl) runs: every (D, dtype, causal) the header serves densely it
-// also serves packed.
+// key lengths do not enter (the tuned batches are self-attention). As for dense calls, an fa3
+// varlen config is a candidate only where it can run (compute capability 9.0, a program
+// compiled for sm_90a, strides TMA can address: fa3::can_launch_varlen); the nearest of the
+// others is used instead, and the default's varlen twin when none can run. Elsewhere, and
+// for head dims, dtypes or masks without tuned varlen results, the varlen twin of
+// FlashAttention-2's default config (its tiles, _vl) runs: every (D, dtype, causal) the
+// header serves densely it also serves packed.
 //
 // Compiling: C++17, any list of sm_80+ targets. The fa3 kernels (when the header has any)
 // exist only in sm_90a code; for other targets they compile to stubs that are never launched:
 //   -gencode=arch=compute_90a,code=sm_90a                H100/H200: fa3 and fa2 configs
 //   -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80
 //                                                        the same, plus fa2 on A100, L40, ...
-//   -gencode=arch=compute_90,code=sm_90                  fa2 only (fa3 configs -> defaults)
+//   -gencode=arch=compute_90,code=sm_90                  fa2 only (fa3 configs -> defaults;
+//                                                        fa3 varlen ones -> fa2 varlen ones)
 //
 // ------------------------------------------------------------------------------------------
 // codegen/templates/fa2_dispatch.cuh: the exported header's dispatch and launch code. Not a
@@ -134,7 +147,9 @@
 //     compiled into the header (tuned winners and defaults), followed by the explicit
 //     instantiations of each config's kernel and launcher and its family's guard if any
 //     (HeaderPart.instantiations: fa2::fwd_kernel, fa2::launch; fa3::fwd_kernel,
-//     fa3::launch, fa3::can_launch; splitkv::fwd_kernel, splitkv::launch);
+//     fa3::launch, fa3::can_launch; splitkv::fwd_kernel, splitkv::launch; for a varlen
+//     config instead: fa2::fwd_varlen_kernel, fa2::launch_varlen; fa3::fwd_varlen_kernel,
+//     fa3::launch_varlen, fa3::can_launch_varlen);
 //   - in namespace fa2tune_detail:
 //       kTunedGpu      the tuned GPU's name, already normalised (normalise_name);
 //       kTuned         kTunedCount tables, one per tuned (D, dtype, causal), each with one
@@ -152,10 +167,13 @@
 //       kVarlenTuned   kVarlenTunedCount tables like kTuned's for packed batches, of
 //                      VarlenChoice: one per tuned varlen problem, its shape the
 //                      varlen_shape of its lengths (every field >= 1), sorted and distinct,
-//                      its launcher fa2::launch_varlen<alias> (only fa2 has varlen kernels:
-//                      no guard, no workspace); kVarlenTunedCount may be 0 (one sentinel);
+//                      its launcher its family's (fa2::launch_varlen<alias>,
+//                      fa3::launch_varlen<alias>) and its `accepts` its family's varlen
+//                      guard (fa3::can_launch_varlen<alias>) or nullptr (fa2); no
+//                      workspace; kVarlenTunedCount may be 0 (one sentinel);
 //       kVarlenDefaults kVarlenDefaultCount tables, one per kDefaults entry, each with one
-//                      VarlenChoice (shape all 0): the default's varlen twin.
+//                      VarlenChoice (shape all 0): the default's varlen twin (fa2, `accepts`
+//                      nullptr).
 //   Every (D, dtype, causal) of kTuned also has a kDefaults entry, so a tuned shape on another
 //   GPU still launches; likewise every kVarlenTuned key has a kVarlenDefaults entry.
 #ifndef FA2TUNE_EXPORTED_HEADER_
@@ -228,14 +246,16 @@ struct Table {
   int count;
 };
 
-// A packed variable-length config. Only fa2 has varlen kernels, and they run wherever the
-// header's code does: no guard, no workspace.
+// A packed variable-length config (fa2 or fa3; no family's takes a workspace). The guard sees
+// the call as the launcher will (varlen_params' Fa2Params, the caller's FaVarlen).
 using VarlenLaunchFn = cudaError_t (*)(const Fa2Params&, const FaVarlen&, cudaStream_t);
+using VarlenAcceptsFn = bool (*)(const Fa2Params&, const FaVarlen&);
 
 struct VarlenChoice {
   fa2tune_shape::Shape shape;  // the tuned batch's varlen_shape (all 0 for a default)
   VarlenLaunchFn launch;
   const char* name;
+  VarlenAcceptsFn accepts;  // whether `launch` can run here (fa3's guard); nullptr: always
 };
 
 struct VarlenTable {
@@ -367,27 +387,44 @@ inline const VarlenTable* find_varlen(const VarlenTable* tables, int count, int 
   return nullptr;
 }
 
-// The index of t's entry nearest to `asked` (the dense rule; every varlen entry can run).
-inline int nearest_varlen(const VarlenTable& t, const fa2tune_shape::Shape& asked, int sms,
-                          double* distance = nullptr) {
-  return fa2tune_shape::nearest(
-      asked, t.count, sms, [&t](int i) { return &t.choices[i].shape; }, distance);
+// A varlen call's shape (fa2tune_shape::varlen_shape of its query rows); p is varlen_params'.
+inline fa2tune_shape::Shape varlen_call_shape(const Fa2Params& p, const FaVarlen& v) {
+  return fa2tune_shape::varlen_shape(v.total_q, p.batch, p.q_heads, p.kv_heads);
 }
 
-// The tuned varlen table's nearest entry (on the tuned GPU only), else the default's varlen
-// twin; nullptr for a head dim, dtype or mask this header has no config for.
-inline const VarlenChoice* select_varlen(const fa2tune_shape::Shape& asked, int head_dim,
+// Whether a varlen choice can run the call here: its family's guard, if it has one.
+inline bool accepts_varlen(const VarlenChoice& c, const Fa2Params& p, const FaVarlen& v) {
+  return c.accepts == nullptr || c.accepts(p, v);
+}
+
+// The index of t's entry nearest to `asked` (the dense rule), among those that can run the
+// call when p and v are given (as nearest); -1 when none can.
+inline int nearest_varlen(const VarlenTable& t, const fa2tune_shape::Shape& asked, int sms,
+                          const Fa2Params* p, const FaVarlen* v, double* distance = nullptr) {
+  return fa2tune_shape::nearest(
+      asked, t.count, sms,
+      [&t, p, v](int i) -> const fa2tune_shape::Shape* {
+        const VarlenChoice& c = t.choices[i];
+        return p == nullptr || v == nullptr || accepts_varlen(c, *p, *v) ? &c.shape : nullptr;
+      },
+      distance);
+}
+
+// The tuned varlen table's nearest entry that can run the call (on the tuned GPU only), else
+// the default's varlen twin (fa2: it always can); nullptr for a head dim, dtype or mask this
+// header has no config for. p is varlen_params'.
+inline const VarlenChoice* select_varlen(const Fa2Params& p, const FaVarlen& v, int head_dim,
                                          int dtype, bool causal) {
   if (kVarlenTunedCount > 0 && on_tuned_gpu()) {
     const VarlenTable* t = find_varlen(kVarlenTuned, kVarlenTunedCount, head_dim, dtype, causal);
     if (t != nullptr) {
-      const int i = nearest_varlen(*t, asked, sm_count());
+      const int i = nearest_varlen(*t, varlen_call_shape(p, v), sm_count(), &p, &v);
       if (i >= 0) return &t->choices[i];
     }
   }
   const VarlenTable* d = find_varlen(kVarlenDefaults, kVarlenDefaultCount, head_dim, dtype,
                                      causal);
-  return d == nullptr ? nullptr : d->choices;
+  return d == nullptr || !accepts_varlen(d->choices[0], p, v) ? nullptr : d->choices;
 }
 
 // A varlen call's kernel arguments: p with the packed batch's count and longest lengths in
@@ -410,11 +447,6 @@ inline bool varlen_params(const Fa2Params& p, const FaVarlen& v, int num_seqs,
   if (!valid(s)) return false;
   *out = s;
   return true;
-}
-
-// A varlen call's shape (fa2tune_shape::varlen_shape of its query rows); p is varlen_params'.
-inline fa2tune_shape::Shape varlen_call_shape(const Fa2Params& p, const FaVarlen& v) {
-  return fa2tune_shape::varlen_shape(v.total_q, p.batch, p.q_heads, p.kv_heads);
 }
 
 // Launches c over p.batch sequences in slices of at most grid z's 65,535, each a later entry
@@ -546,8 +578,8 @@ inline const char* fa2tune_config_name_varlen(const Fa2Params& p, const FaVarlen
   Fa2Params s{};
   if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
     return nullptr;
-  const fa2tune_detail::VarlenChoice* c = fa2tune_detail::select_varlen(
-      fa2tune_detail::varlen_call_shape(s, v), head_dim, static_cast<int>(dtype), causal);
+  const fa2tune_detail::VarlenChoice* c =
+      fa2tune_detail::select_varlen(s, v, head_dim, static_cast<int>(dtype), causal);
   return c == nullptr ? nullptr : c->name;
 }
 
@@ -558,8 +590,8 @@ inline cudaError_t fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v,
   Fa2Params s{};
   if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
     return cudaErrorInvalidValue;
-  const fa2tune_detail::VarlenChoice* c = fa2tune_detail::select_varlen(
-      fa2tune_detail::varlen_call_shape(s, v), head_dim, static_cast<int>(dtype), causal);
+  const fa2tune_detail::VarlenChoice* c =
+      fa2tune_detail::select_varlen(s, v, head_dim, static_cast<int>(dtype), causal);
   if (c == nullptr) return cudaErrorInvalidValue;
   return fa2tune_detail::launch_varlen_slices(*c, s, v, stream);
 }
@@ -576,8 +608,8 @@ inline bool fa2tune_nearest_tuned_varlen(int head_dim, fa2tune_dtype dtype, bool
   if (t == nullptr) return false;
   double distance = 0.0;
   const int i = fa2tune_detail::nearest_varlen(
-      *t, fa2tune_shape::varlen_shape(total_q, num_seqs, q_heads, kv_heads), sm_count,
-      &distance);
+      *t, fa2tune_shape::varlen_shape(total_q, num_seqs, q_heads, kv_heads), sm_count, nullptr,
+      nullptr, &distance);
   if (i < 0) return false;
   if (out != nullptr) {
     const fa2tune_shape::Shape& s = t->choices[i].shape;

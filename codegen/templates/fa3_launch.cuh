@@ -12,6 +12,24 @@
 //       whether launch<T> would launch: the dispatch asks before it picks an fa3 config and
 //       takes FlashAttention-2's default otherwise.
 //
+// Packed variable-length configs (`_vl`, T::Varlen; docs/fa3_kernel.md "Varlen"):
+//   template <class T> __global__ void fa3::fwd_varlen_kernel(Fa2Params, fa3::VarlenArgs,
+//                                                             CUtensorMap q, k, v);
+//   template <class T> cudaError_t fa3::launch_varlen(const Fa2Params&, const FaVarlen&,
+//                                                      cudaStream_t);
+//       p as the dispatch's varlen_params makes it (batch = sequences, nq/nk the longest,
+//       batch strides unused), at most 65,535 sequences (the dispatch slices larger batches
+//       and passes each slice's offsets). FaVarlen.reserved carries total_k, the packed
+//       K/V row count (cu_seqlens_k[batch] of the whole batch): the K and V descriptors are
+//       bounded by it and the kernel never reads it, so it travels in the struct's spare
+//       field instead of changing the ABI struct (fa2_fwd.cuh, hashed into shipped builds).
+//       cudaErrorInvalidValue also when total_k < p.nk (the 0 of a caller that left
+//       reserved unset, unless no sequence has keys) or total_k < 0; otherwise as launch.
+//   template <class T> bool fa3::can_launch_varlen(const Fa2Params&, const FaVarlen&);
+//       as can_launch, for the varlen kernel and the packed tensors' views. It does not
+//       judge total_k (it assumes a valid one): a call that gives none is refused by
+//       launch_varlen rather than silently passed over to a slower config.
+//
 // Targets. The kernels need sm_90a (wgmma, setmaxnreg): compile with
 //   -gencode=arch=compute_90a,code=sm_90a
 // alone or next to other targets (-gencode=arch=compute_80,code=sm_80 ...). On every other
@@ -35,6 +53,10 @@
 #include <atomic>
 #include <cstdint>
 #include <type_traits>
+
+// FaVarlen, the argument type of the varlen launcher the dispatch table points at (the
+// exported header has inlined it already; this line keeps the file complete on its own).
+#include "fa2_fwd.cuh"
 
 // fa3_fwd.cuh stops any device compilation for a target without the sm_90a features
 // (#error). Here only the kernel bodies below need sm_90a and they are guarded, so for the
@@ -64,11 +86,31 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     fwd_kernel(const Fa2Params p, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k,
                const __grid_constant__ CUtensorMap tma_v) {
+  static_assert(!T::Varlen, "varlen configs take VarlenArgs: fwd_varlen_kernel");
 #if defined(FA3_LAUNCH_SM90A_)
   fwd_body<T>(p, &tma_q, &tma_k, &tma_v);  // as FA3_DEFINE_KERNEL
 #elif defined(__CUDA_ARCH__)
   // Another target: a stub, refused by launch() (see the top). Should it run anyway, it traps
   // rather than return without writing O.
+  __shared__ unsigned char stub_marker[kStubMarkerBytes];
+  reinterpret_cast<volatile unsigned char*>(stub_marker)[threadIdx.x % kStubMarkerBytes] = 0;
+  __trap();
+#endif
+}
+
+// The packed variable-length kernel (FA3_DEFINE_VARLEN_KERNEL's body): VarlenArgs (FaVarlen's
+// bytes) before the descriptors, which are over the packed [1, total, heads, D] tensors.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_varlen_kernel(const Fa2Params p, const VarlenArgs vl,
+                      const __grid_constant__ CUtensorMap tma_q,
+                      const __grid_constant__ CUtensorMap tma_k,
+                      const __grid_constant__ CUtensorMap tma_v) {
+  static_assert(T::Varlen, "dense configs take the descriptors only: fwd_kernel");
+#if defined(FA3_LAUNCH_SM90A_)
+  fwd_body<T>(p, &tma_q, &tma_k, &tma_v, vl);
+#elif defined(__CUDA_ARCH__)
+  // Another target: a stub, refused by launch_varlen() like fwd_kernel's.
   __shared__ unsigned char stub_marker[kStubMarkerBytes];
   reinterpret_cast<volatile unsigned char*>(stub_marker)[threadIdx.x % kStubMarkerBytes] = 0;
   __trap();
@@ -106,31 +148,60 @@ inline bool is_cc90(int dev) {
   return yes;
 }
 
+// The kernel a config compiles to: fwd_varlen_kernel for a varlen Traits, else fwd_kernel
+// (only the one taken is instantiated).
+template <class T>
+constexpr auto kernel_of() {
+  if constexpr (T::Varlen)
+    return &fwd_varlen_kernel<T>;
+  else
+    return &fwd_kernel<T>;
+}
+
 // Per kernel and device, once: the device is cc 9.0, the image the runtime loaded for
-// fwd_kernel<T> is the sm_90a one (not the stub), and the kernel may use T::kSmemBytes of
+// kernel_of<T>() is the sm_90a one (not the stub), and the kernel may use T::kSmemBytes of
 // dynamic shared memory. cudaSuccess or the reason why not.
+//
+// The cache is a function-local static of a template, which g++ makes one object per process
+// (STB_GNU_UNIQUE), shared by every library holding this header, even ones loaded with
+// RTLD_LOCAL. Two builds of one config (an sm_90a and a plain sm_90 library in one process)
+// have different kernels but would share the slot, so a slot names the kernel it was filled
+// for and only that kernel's lookups use it (seen on the H200: the sm_90 build took the
+// sm_90a build's "can run").
+struct PrepareSlot {
+  std::atomic<const void*> kernel{nullptr};
+  std::atomic<int> result{0};  // 0 = not yet, else the cudaError_t + 1
+};
+
 template <class T>
 cudaError_t prepare(int dev) {
-  static std::atomic<int> cache[kMaxDevices];  // 0 = not yet, else the cudaError_t + 1
+  static PrepareSlot cache[kMaxDevices];
   if (dev < 0) return cudaErrorInvalidDevice;
   const bool cacheable = dev < kMaxDevices;
-  if (cacheable) {
-    const int hit = cache[dev].load(std::memory_order_relaxed);
-    if (hit != 0) return static_cast<cudaError_t>(hit - 1);
+  const void* kernel = reinterpret_cast<const void*>(kernel_of<T>());
+  if (cacheable && cache[dev].kernel.load(std::memory_order_acquire) == kernel) {
+    const int hit = cache[dev].result.load(std::memory_order_acquire);
+    // Re-read: another library may have refilled the slot between the two loads.
+    if (hit != 0 && cache[dev].kernel.load(std::memory_order_acquire) == kernel)
+      return static_cast<cudaError_t>(hit - 1);
   }
   cudaError_t err = cudaSuccess;
   if (!is_cc90(dev)) {
     err = cudaErrorNotSupported;
   } else {
     cudaFuncAttributes attr{};
-    err = cudaFuncGetAttributes(&attr, fwd_kernel<T>);
+    err = cudaFuncGetAttributes(&attr, kernel_of<T>());
     if (err == cudaSuccess && attr.sharedSizeBytes >= static_cast<size_t>(kStubMarkerBytes))
       err = cudaErrorNoKernelImageForDevice;  // the stub: not compiled for sm_90a
     if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(fwd_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      err = cudaFuncSetAttribute(kernel_of<T>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  T::kSmemBytes);
   }
-  if (cacheable) cache[dev].store(static_cast<int>(err) + 1, std::memory_order_relaxed);
+  if (cacheable) {
+    cache[dev].kernel.store(nullptr, std::memory_order_release);  // invalid while refilled
+    cache[dev].result.store(static_cast<int>(err) + 1, std::memory_order_release);
+    cache[dev].kernel.store(kernel, std::memory_order_release);
+  }
   return err;
 }
 
@@ -177,6 +248,20 @@ inline bool tma_views(const Fa2Params& p, int d, TensorView* q, TensorView* k, T
                      p.k_batch_stride, k) &&
          tensor_view(p.v, d, p.nk, p.kv_heads, p.batch, p.v_row_stride, p.v_head_stride,
                      p.v_batch_stride, v);
+}
+
+// The TMA views of a packed launch's Q, K and V, as measure/tma.py's fa3_varlen_tensor_maps:
+// each tensor [total, heads, D] seen as [1, total, heads, D], so (D, total, heads, 1) with
+// the row and head strides of p and a synthetic batch stride (extent 1). total_k bounds K
+// and V (rows past it read as zeros; with no keys at all it is encoded as one row, never
+// loaded). False as tma_views, or for a total_k below p.nk (or negative).
+inline bool varlen_views(const Fa2Params& p, int d, int total_q, int total_k, TensorView* q,
+                         TensorView* k, TensorView* v) {
+  if (!fa2tune_abi::valid(p)) return false;
+  if (total_q < p.nq || total_k < p.nk || total_k < 0) return false;
+  return tensor_view(p.q, d, total_q, p.q_heads, 1, p.q_row_stride, p.q_head_stride, 0, q) &&
+         tensor_view(p.k, d, total_k, p.kv_heads, 1, p.k_row_stride, p.k_head_stride, 0, k) &&
+         tensor_view(p.v, d, total_k, p.kv_heads, 1, p.v_row_stride, p.v_head_stride, 0, v);
 }
 
 // cuTensorMapEncodeTiled from the driver, looked up once (nullptr when the driver lacks it).
@@ -243,6 +328,44 @@ cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
   if ((err = launch_detail::encode<Elem>(v, T::BlockN, &tma_v)) != cudaSuccess) return err;
   const dim3 grid((p.nq + T::BlockM - 1) / T::BlockM, p.q_heads, p.batch);
   fwd_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, tma_q, tma_k, tma_v);
+  return cudaGetLastError();
+}
+
+template <class T>
+bool can_launch_varlen(const Fa2Params& p, const FaVarlen& vl) {
+  static_assert(T::Varlen, "a dense config: can_launch");
+  // The views as launch_varlen builds them, given a valid total_k: this guard says whether
+  // the config can run here, not whether the call's total_k is right (launch_varlen's).
+  const int total_k = vl.reserved > p.nk ? vl.reserved : p.nk;
+  launch_detail::TensorView q, k, v;
+  if (!launch_detail::varlen_views(p, T::D, vl.total_q, total_k, &q, &k, &v)) return false;
+  return launch_detail::prepare<T>(launch_detail::current_device()) == cudaSuccess;
+}
+
+// Descriptors, like launch's, are encoded per launch (a few microseconds on the host): they
+// hold the tensors' addresses and row counts, which change from call to call; what is
+// cached is what does not (the driver entry point, each kernel's preparation per device).
+// Every slice of a large batch (launch_varlen_slices) encodes the same three again.
+template <class T>
+cudaError_t launch_varlen(const Fa2Params& p, const FaVarlen& vl, cudaStream_t stream) {
+  static_assert(T::Varlen, "a dense config: launch");
+  launch_detail::TensorView q, k, v;
+  if (!launch_detail::varlen_views(p, T::D, vl.total_q, vl.reserved, &q, &k, &v))
+    return cudaErrorInvalidValue;
+  if (vl.cu_seqlens_q == nullptr || vl.cu_seqlens_k == nullptr) return cudaErrorInvalidValue;
+  cudaError_t err = launch_detail::prepare<T>(launch_detail::current_device());
+  if (err != cudaSuccess) return err;
+  CUtensorMap tma_q, tma_k, tma_v;
+  using Elem = typename T::Elem;
+  if ((err = launch_detail::encode<Elem>(q, T::BlockM, &tma_q)) != cudaSuccess) return err;
+  if ((err = launch_detail::encode<Elem>(k, T::BlockN, &tma_k)) != cudaSuccess) return err;
+  if ((err = launch_detail::encode<Elem>(v, T::BlockN, &tma_v)) != cudaSuccess) return err;
+  // The kernel's own name for FaVarlen's bytes; reserved goes as 0, as the GPU stage's
+  // launches pass it (measure/varlen.py): total_k was only the host's.
+  const VarlenArgs args{vl.cu_seqlens_q, vl.cu_seqlens_k, vl.total_q, 0};
+  const dim3 grid((p.nq + T::BlockM - 1) / T::BlockM, p.q_heads, p.batch);
+  fwd_varlen_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, args, tma_q, tma_k,
+                                                                      tma_v);
   return cudaGetLastError();
 }
 
