@@ -7,7 +7,7 @@ the same ``fa2_dispatch_table.inc`` as the dense tables (:func:`codegen.export.r
 calls :func:`render_varlen_tables`):
 
 - per (D, dtype, causal), one entry per tuned varlen problem (:class:`VarlenPoint`): the
-  shape the store compares varlen problems by (:func:`db.queries.varlen_shape`: the count of
+  shape the store compares varlen problems by (:func:`core.shape.varlen_shape`: the count of
   sequences at their mean length, with the problem's heads) and the problem's winning ``_vl``
   config. A call takes the entry nearest to its own such shape, by the dense tables' distance
   (``fa_shape.cuh``), as :meth:`db.store.Store.best_varlen` does for lengths it holds no
@@ -96,7 +96,7 @@ class VarlenPoint:
             sequence, ``point.batch`` their count, ``point.heads``/``kv_heads`` the heads).
         seqlens: the lengths the batch was measured on.
         shape: the shape the dispatch measures a call's distance to:
-            :func:`db.queries.varlen_shape` of ``seqlens`` and the heads, computed by the
+            :func:`core.shape.varlen_shape` of ``seqlens`` and the heads, computed by the
             caller with the store's rule (this module reads no database).
 
     Raises:
@@ -194,7 +194,7 @@ def render_varlen_tables(
         "",
         "// Packed variable-length (_vl) configs, one table per (D, dtype, causal): one entry per",
         "// tuned varlen problem, {mean, mean, sequences, heads, kv_heads} (the count of",
-        "// sequences at their mean length, db.queries.varlen_shape), sorted by shape.",
+        "// sequences at their mean length, core.shape.varlen_shape), sorted by shape.",
     ]
     rows: list[str] = []
     for key in sorted(tables):

@@ -22,6 +22,7 @@ keeps the exact per-N rule).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Query rows of the nominal block the grid-fill term counts (the common FA2/FA3 tile height).
@@ -129,3 +130,11 @@ def effective_causal(causal: bool, nq: int) -> bool:
     header and ``fa2tune.torch`` all apply this one rule, so they agree.
     """
     return causal and nq != 1
+
+
+def varlen_shape(seqlens: Sequence[int], heads: int, kv_heads: int) -> Shape:
+    """The dense shape a packed batch is compared by: its count of sequences at their mean
+    length (the work per sequence of the mean one, the grid of the whole batch). The store,
+    the service, the exported header (fa_shape.cuh's twin) and ``fa2tune.torch`` use it."""
+    mean = max(1, round(sum(seqlens) / len(seqlens)))
+    return Shape(mean, mean, len(seqlens), heads, kv_heads)

@@ -7,8 +7,9 @@ module-level functions split by job:
 - :mod:`db.writes`: the write side (``upsert_gpu``, ``record_build``, ``problem_id``,
   ``record_measurement``), each in its own write transaction;
 - :mod:`db.queries`: the read side (``best``, ``best_or_nearest``, ``best_for_shape``,
-  ``best_varlen``, ``best_varlen_shape``, ``shape_winners``, ``varlen_winners``,
-  ``results``, ``gpus``, ``measured_pairs``, ``outcome``, ``spill_bytes``), read-only;
+  ``shape_winners``, ``results``, ``gpus``, ``measured_pairs``, ``outcome``,
+  ``spill_bytes``), read-only; :mod:`db.varlen_queries` its packed-batch part
+  (``best_varlen``, ``best_varlen_shape``, ``varlen_winners``);
 - :mod:`db.results`: the values the reads return (:class:`~db.results.BestResult`,
   :class:`~db.results.GpuSummary`, :class:`~db.results.ResultPage`,
   :class:`~db.results.ResultRow`, :class:`~db.results.StoredOutcome`, ``MAX_PAGE``).
@@ -29,7 +30,7 @@ from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult
 from core.shape import Shape
-from db import queries, writes
+from db import queries, varlen_queries, writes
 from db.results import BestResult, GpuSummary, ResultPage, StoredOutcome
 from db.session import init_db, make_engine
 
@@ -263,10 +264,12 @@ class Store:
     ) -> tuple[BestResult, tuple[int, ...]] | None:
         """The best varlen config for a packed batch of ``seqlens``: measured on exactly those
         lengths (and heads), else on the nearest tuned varlen problem (each compared as its
-        count of sequences at their mean length, :func:`db.queries.varlen_shape`). Returns the
+        count of sequences at their mean length, :func:`core.shape.varlen_shape`). Returns the
         result with the lengths it was measured on, or None when no varlen problem of this
         GPU, D, dtype and mask is tuned."""
-        return queries.best_varlen(self._engine, gpu, d, dtype, causal, seqlens, heads, kv_heads)
+        return varlen_queries.best_varlen(
+            self._engine, gpu, d, dtype, causal, seqlens, heads, kv_heads
+        )
 
     def best_varlen_shape(
         self,
@@ -288,7 +291,7 @@ class Store:
         Raises:
             ValueError: ``count`` or ``mean`` below 1.
         """
-        return queries.best_varlen_shape(
+        return varlen_queries.best_varlen_shape(
             self._engine, gpu, d, dtype, causal, count, mean, heads, kv_heads
         )
 
@@ -298,7 +301,7 @@ class Store:
         """The winner of every tuned varlen problem of ``gpu`` (any D, dtype and mask), among
         ``families`` when given, with the lengths it was measured on, in problem-id order:
         what the exported header's packed-batch tables hold."""
-        return queries.varlen_winners(self._engine, gpu, families)
+        return varlen_queries.varlen_winners(self._engine, gpu, families)
 
     def shape_winners(self) -> list[tuple[BestResult, int]]:
         """The winner of every tuned problem (any shape, any family), each with its GPU's SM

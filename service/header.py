@@ -19,8 +19,7 @@ from codegen.export_varlen import VarlenPoint, header_varlen_families
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
-from core.shape import Shape, ShapeError
-from db.queries import varlen_shape
+from core.shape import Shape, ShapeError, varlen_shape
 from db.results import MAX_PAGE, BestResult
 from db.store import Store
 

@@ -7,7 +7,7 @@ the shipped H200 varlen results render to the store's best, with the Hopper fami
 shipped too its faster winners, each with its family's varlen launcher and guard.
 ``compile``: a host-only probe (no GPU is touched) built for sm_90 (two translation units)
 and for sm_80 + sm_90a checks fa2tune_nearest_tuned_varlen and fa_shape.cuh's varlen_shape
-against the store's rule (db.queries.varlen_shape, Store.best_varlen), the default twin off
+against the store's rule (core.shape.varlen_shape, Store.best_varlen), the default twin off
 the tuned GPU, and the refusals; a header with fa3 varlen winners builds for sm_90a,
 sm_80 + sm_90a and plain sm_90 (fa3 kernels are stubs there, and its probe checks that no fa3
 entry is ever accepted), its fa3 launcher's TMA views agree with measure/tma.py's and it
@@ -36,8 +36,7 @@ from codegen.space import fa2_default_config
 from core.config import KernelConfig
 from core.fa3_config import Fa3Config
 from core.problem import Problem
-from core.shape import Shape, nearest_shape
-from db.queries import varlen_shape
+from core.shape import Shape, nearest_shape, varlen_shape
 from db.shipped import load_shipped_results
 from db.store import Store
 from measure.tma import dims_and_strides

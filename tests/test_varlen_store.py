@@ -9,7 +9,7 @@ import pytest
 
 from core.config import KernelConfig
 from core.problem import Problem
-from db.queries import varlen_shape
+from core.shape import varlen_shape
 from db.store import Store
 from db.transfer import dump, ingest_file
 from tests.factories import H200, make_config, make_report, ok_result

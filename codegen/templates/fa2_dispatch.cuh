@@ -113,7 +113,7 @@
 // nearest to the call is used, each batch compared as its
 // count of sequences at their mean length, {mean, mean, num_seqs, q_heads, kv_heads}
 // (mean = total_q / num_seqs rounded to nearest, ties to even, at least 1:
-// fa2tune_shape::varlen_shape, the store's db.queries.varlen_shape), by the distance above;
+// fa2tune_shape::varlen_shape, the store's core.shape.varlen_shape), by the distance above;
 // key lengths do not enter (the tuned batches are self-attention). As for dense calls, an fa3
 // varlen config is a candidate only where it can run (compute capability 9.0, a program
 // compiled for sm_90a, strides TMA can address: fa3::can_launch_varlen); the nearest of the

@@ -93,7 +93,7 @@ inline int nearest(const Shape& asked, int count, int sm_count, ShapeAt&& shape_
   return best;
 }
 
-// db.queries.varlen_shape: a packed batch of `count` sequences holding `total` query rows
+// core.shape.varlen_shape: a packed batch of `count` sequences holding `total` query rows
 // compares as `count` sequences of their mean length, rounded to the nearest integer with
 // ties to even (Python's round of the quotient; done here in integers, which gives the same
 // answer for any total below 2^51), and at least 1. count >= 1, total >= 0.

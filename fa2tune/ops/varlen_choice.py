@@ -4,7 +4,7 @@
 the GPU on every call), so a packed batch is known at choice time only by what the tensors'
 shapes and the caller's ints say: the number of sequences (``cu_seqlens_q.numel() - 1``) and
 the mean query length (``total_q // num_seqs``). The store compares varlen problems in
-exactly these terms (:func:`db.queries.varlen_shape`: count of sequences at their mean
+exactly these terms (:func:`core.shape.varlen_shape`: count of sequences at their mean
 length), so :meth:`db.store.Store.best_varlen_shape` answers with the config of the nearest
 tuned varlen problem of this GPU, head dim, dtype and mask; with nothing tuned (or a tuned
 config whose family does not build here: fa3 needs compute capability 9.0), FlashAttention-2's
@@ -24,8 +24,7 @@ from dataclasses import dataclass, replace
 
 from codegen import space as fa2_space
 from core.config import HEAD_DIMS_RULE, Dtype, KernelConfig
-from core.shape import Shape
-from db.queries import varlen_shape
+from core.shape import Shape, varlen_shape
 from db.store import Store
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import DTYPE_NAMES, Choice, Unsupported, arch_of, builds_here, open_store
