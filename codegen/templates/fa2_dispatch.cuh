@@ -272,25 +272,32 @@ struct VarlenTable {
 
 namespace fa2tune_detail {
 
-// Whether the current device is the tuned GPU. cudaGetDeviceProperties is slow, so the
-// answer is cached per device ordinal (0 = not looked up yet, 1 = tuned GPU, 2 = other).
+// Whether the current device is the tuned GPU. cudaGetDeviceProperties is slow, so each
+// device's normalised name is cached per ordinal, and compared with this header's kTunedGpu
+// on every call. The cache holds the name, not the answer, because g++ makes an inline
+// function's statics one object per process (STB_GNU_UNIQUE), shared by every library built
+// from a header like this one, and two such headers may be tuned for different GPUs.
 inline bool on_tuned_gpu() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];
+  constexpr int kNameBytes = 257;  // cudaDeviceProp::name (256) and its terminator
+  static char names[kMaxDevices][kNameBytes];
+  static std::atomic<int> state[kMaxDevices];  // 0 = empty, 1 = being written, 2 = ready
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   const bool cacheable = dev >= 0 && dev < kMaxDevices;
-  if (cacheable) {
-    const int hit = cache[dev].load(std::memory_order_relaxed);
-    if (hit != 0) return hit == 1;
-  }
+  if (cacheable && state[dev].load(std::memory_order_acquire) == 2)
+    return std::strcmp(names[dev], kTunedGpu) == 0;
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return false;
   char key[sizeof(prop.name) + 1];
   normalise_name(prop.name, key, sizeof(key));
-  const bool match = std::strcmp(key, kTunedGpu) == 0;
-  if (cacheable) cache[dev].store(match ? 1 : 2, std::memory_order_relaxed);
-  return match;
+  int empty = 0;
+  if (cacheable && sizeof(key) <= static_cast<size_t>(kNameBytes) &&
+      state[dev].compare_exchange_strong(empty, 1, std::memory_order_acq_rel)) {
+    std::memcpy(names[dev], key, sizeof(key));  // only the claiming thread writes
+    state[dev].store(2, std::memory_order_release);
+  }
+  return std::strcmp(key, kTunedGpu) == 0;
 }
 
 // The current device's SM count, for the shape distance's grid-fill term. The attribute is
