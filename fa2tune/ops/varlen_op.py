@@ -30,7 +30,6 @@ import math
 import operator
 import threading
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ import torch
 from core.family import AnyConfig
 from fa2tune.ops.choice import DTYPE_NAMES, FallbackWarning, Unsupported
 from fa2tune.ops.kernels import current_stream, device_info, load_kernel
-from fa2tune.ops.torch_op import _show_choice, no_lse, sdpa_fallback
+from fa2tune.ops.torch_op import _current_device, _show_choice, no_lse, sdpa_fallback
 from fa2tune.ops.varlen_choice import (
     VarlenCall,
     check_varlen_shapes,
@@ -61,8 +60,6 @@ _decisions: dict[tuple[object, ...], VarlenLauncher | str] = {}
 _decide_lock = threading.Lock()
 _warned: set[str] = set()
 
-# torch.cuda.current_device() without its Python wrapper (as torch_op).
-_current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 #: Bound launches kept per stride pattern: fa2 by (stream, grid x), fa3 (whose TMA
 #: descriptors hold the pointers and the packed row counts) by pointers, rows, stream, grid x.
