@@ -56,6 +56,7 @@ def pick_config(
         problem.causal,
         batch=problem.batch,
         heads=problem.heads,
+        kv_heads=problem.kv_heads,
         family=family,
     )
     if best is not None:
@@ -78,11 +79,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 n=n,
                 batch=args.batch,
                 heads=args.heads,
+                kv_heads=args.kv_heads,
                 dtype=dtype,
                 causal=causal,
             )
             for dtype in args.dtype.split(",")
-            for causal in (False, True)
+            for causal in {"no": (False,), "yes": (True,), "both": (False, True)}[args.causal]
             for d in _ints(args.d)
             for n in _ints(args.n)
         ]
@@ -228,6 +230,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp16,bf16")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=None, help="GQA: KV heads (default heads)")
+    parser.add_argument("--causal", choices=("no", "yes", "both"), default="both")
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--out", default="docs/performance")
