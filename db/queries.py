@@ -239,7 +239,7 @@ def _problems_query(
     return query
 
 
-def _best_of(
+def best_of(
     s: Session,
     problems: Sequence[Problem],
     *,
@@ -293,11 +293,11 @@ def best(
     kv_heads: int | None = None,
     family: str | None = None,
 ) -> BestResult | None:
-    """:meth:`db.store.Store.best`: the problems asked for, then :func:`_best_of`."""
+    """:meth:`db.store.Store.best`: the problems asked for, then :func:`best_of`."""
     with session_scope(engine) as s:
         query = _problems_query(gpu, d, dtype, causal, nk, batch, heads, kv_heads)
         problems = s.scalars(query.where(Problem.n == n).order_by(Problem.id)).all()
-        return _best_of(s, problems, exact=True, family=family)
+        return best_of(s, problems, exact=True, family=family)
 
 
 def best_or_nearest(
@@ -319,13 +319,13 @@ def best_or_nearest(
         return hit
     with session_scope(engine) as s:
         query = _problems_query(gpu, d, dtype, causal, nk, batch, heads, kv_heads)
-        has_ok = _has_ok_measurement()
+        has_ok = has_ok_measurement()
         tuned = s.scalars(query.where(has_ok).with_only_columns(Problem.n).distinct()).all()
         if not tuned:
             return None
         nearest = min(tuned, key=lambda t: (abs(math.log(t / n)), -t))
         problems = s.scalars(query.where(Problem.n == nearest).order_by(Problem.id)).all()
-        found = _best_of(s, problems, exact=False)
+        found = best_of(s, problems, exact=False)
         if found is None:
             return None
         # The distance of the asked N x N at the winner's batch and heads, so that it reads
@@ -336,11 +336,11 @@ def best_or_nearest(
         if measured is None or not 1 <= asked_nk <= MAX_DIM or n > MAX_DIM:
             return found
         asked = Shape(n, asked_nk, found.batch, found.heads, found.kv_heads)
-        sm_count = _sm_count(s, winner.gpu.name_key)
+        sm_count = gpu_sm_count(s, winner.gpu.name_key)
         return dataclasses.replace(found, distance=shape_distance(asked, measured, sm_count))
 
 
-def _sm_count(s: Session, name_key: str) -> int:
+def gpu_sm_count(s: Session, name_key: str) -> int:
     """:func:`effective_sm_count` of every GPU row stored under ``name_key``."""
     return effective_sm_count(s.scalars(select(Gpu.sm_count).where(Gpu.name_key == name_key)))
 
@@ -396,15 +396,15 @@ def best_for_shape(
         shaped = [(p, problem_shape(p)) for p in problems]
         hits = [p for p, sh in shaped if sh == shape]
         if hits:
-            return _best_of(s, hits, exact=True, family=family)
+            return best_of(s, hits, exact=True, family=family)
         tuned = sorted({sh for _, sh in shaped if sh is not None})
         if exact or not tuned:
             return None
-        sm_count = _sm_count(s, normalize_gpu_name(gpu))
+        sm_count = gpu_sm_count(s, normalize_gpu_name(gpu))
         nearest = nearest_shape(shape, tuned, sm_count)
         assert nearest is not None  # tuned is not empty
         chosen = [p for p, sh in shaped if sh == nearest]
-        return _best_of(
+        return best_of(
             s,
             chosen,
             exact=False,
@@ -416,7 +416,7 @@ def best_for_shape(
 def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
     """:meth:`db.store.Store.shape_winners`: one winner per tuned shape, with its SM count."""
     with session_scope(engine) as s:
-        has_ok = _has_ok_measurement()
+        has_ok = has_ok_measurement()
         problems = s.scalars(
             select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
@@ -434,7 +434,7 @@ def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
                 groups.setdefault((p.gpu.name_key, p.d, p.dtype, p.causal, sh), []).append(p)
         out: list[tuple[BestResult, int]] = []
         for key, group in groups.items():
-            found = _best_of(s, group, exact=True)
+            found = best_of(s, group, exact=True)
             if found is not None:
                 out.append((found, effective_sm_count(sm_counts[key[0]])))
         return out
@@ -568,7 +568,7 @@ def results(
     return ResultPage(total=total or 0, offset=offset, limit=limit, items=items)
 
 
-def _has_ok_measurement() -> Any:
+def has_ok_measurement() -> Any:
     """The clause "this problem has a verified, timed measurement" (correlated to Problem)."""
     return exists().where(
         Measurement.problem_id == Problem.id,

@@ -19,7 +19,7 @@ from core.gpu_name import normalize_gpu_name
 from core.problem import parse_seqlens
 from core.shape import Shape, nearest_key, shape_distance, varlen_shape
 from db.models import Gpu, Problem
-from db.queries import _best_of, _has_ok_measurement, _sm_count
+from db.queries import best_of, gpu_sm_count, has_ok_measurement
 from db.results import BestResult
 from db.session import session_scope
 
@@ -40,7 +40,7 @@ def _varlen_problems(s: Session, gpu: str, d: int, dtype: str, causal: bool) -> 
                 Problem.dtype == dtype,
                 Problem.causal == causal,
                 Problem.seqlens != "",
-                _has_ok_measurement(),
+                has_ok_measurement(),
             )
             .order_by(Problem.id)
         ).all()
@@ -53,10 +53,10 @@ def _nearest_varlen(
     """The fastest verified config of the varlen problem among ``rows`` whose
     :func:`varlen_shape` is nearest ``asked`` (ties: the lowest problem id), with its lengths."""
     measured = {p.id: parse_seqlens(p.seqlens) or () for p in rows}
-    sm_count = _sm_count(s, normalize_gpu_name(gpu))
+    sm_count = gpu_sm_count(s, normalize_gpu_name(gpu))
     shapes = {p.id: varlen_shape(measured[p.id], p.heads, p.kv_heads) for p in rows}
     nearest = min(rows, key=lambda p: (*nearest_key(asked, shapes[p.id], sm_count), p.id))
-    found = _best_of(s, [nearest], exact=False,
+    found = best_of(s, [nearest], exact=False,
                      distance=shape_distance(asked, shapes[nearest.id], sm_count))  # fmt: skip
     return (found, measured[nearest.id]) if found is not None else None
 
@@ -84,7 +84,7 @@ def best_varlen(
         exact = [p for p in rows if parse_seqlens(p.seqlens) == lens and p.heads == heads
                  and p.kv_heads == kv_heads]  # fmt: skip
         if exact:
-            found = _best_of(s, exact, exact=True)
+            found = best_of(s, exact, exact=True)
             return (found, lens) if found is not None else None
         return _nearest_varlen(s, gpu, rows, asked)
 
@@ -139,14 +139,14 @@ def varlen_winners(
             .where(
                 Gpu.name_key == normalize_gpu_name(gpu),
                 Problem.seqlens != "",
-                _has_ok_measurement(),
+                has_ok_measurement(),
             )
             .order_by(Problem.id)
         ).all()
         out: list[tuple[BestResult, tuple[int, ...]]] = []
         wanted: Sequence[str | None] = list(families) if families else [None]
         for p in rows:
-            found = _fastest(_best_of(s, [p], exact=True, family=f) for f in wanted)
+            found = _fastest(best_of(s, [p], exact=True, family=f) for f in wanted)
             lens = parse_seqlens(p.seqlens)
             if found is not None and lens:
                 out.append((found, lens))

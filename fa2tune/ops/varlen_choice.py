@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from codegen import space as fa2_space
 from core.config import HEAD_DIMS_RULE, Dtype, KernelConfig
-from core.shape import Shape, varlen_shape
+from core.shape import Shape, effective_causal, varlen_shape
 from db.store import Store
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import DTYPE_NAMES, Choice, Unsupported, arch_of, builds_here, open_store
@@ -60,8 +60,8 @@ def mean_bucket(total_q: int, count: int) -> int:
 def effective_varlen_causal(causal: bool, max_seqlen_q: int) -> bool:
     """A causal packed batch whose longest sequence has one query row is served unmasked:
     the mask is bottom-right aligned per sequence, so one row sees every key of its sequence
-    (as :func:`core.shape.effective_causal` for dense calls)."""
-    return causal and max_seqlen_q > 1
+    (:func:`core.shape.effective_causal`'s rule; no rows at all count as one)."""
+    return effective_causal(causal, max(max_seqlen_q, 1))
 
 
 def decision_key(
