@@ -10,6 +10,14 @@ from __future__ import annotations
 import math
 import re
 
+#: How the exported header declares its data (the GPU name and the dispatch tables):
+#: ``static``, so each translation unit, and so each shared library, has its own copy. As C++17
+#: ``inline`` variables g++ emits them STB_GNU_UNIQUE, one object per process even across
+#: libraries loaded with RTLD_LOCAL, and every library built from an exported header would
+#: read the first-loaded one's tables, kernel pointers included: another tuning's picks, or an
+#: sm_90a build's Hopper kernels called from a plain-sm_90 build (seen on the H200).
+DATA_DECL = "static constexpr"
+
 
 def cpp_bool(value: bool) -> str:
     return "true" if value else "false"

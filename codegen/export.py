@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from codegen.cpp_text import DATA_DECL
 from codegen.cpp_text import NOT_IN_COMMENT as _NOT_IN_COMMENT
 from codegen.cpp_text import braced as _braced
 from codegen.cpp_text import c_string as _c_string
@@ -383,7 +384,7 @@ def render_table(
         "",
         "namespace fa2tune_detail {",
         "",
-        f"inline constexpr char kTunedGpu[] = {_c_string(normalize_gpu_name(gpu))};"
+        f"{DATA_DECL} char kTunedGpu[] = {_c_string(normalize_gpu_name(gpu))};"
         "  // normalised device name",
         "",
         "// Tuned configs, one table per (D, dtype, causal): one entry per tuned shape",
@@ -393,24 +394,24 @@ def render_table(
     for d, dt, causal in sorted(tables):
         ident = f"kTuned_d{d}_{dt}_{'causal' if causal else 'full'}"
         by_shape = sorted(tables[(d, dt, causal)].items())
-        out.append(f"inline constexpr Choice {ident}[] = " + "{")
+        out.append(f"{DATA_DECL} Choice {ident}[] = " + "{")
         out += [f"    {_choice(shape, cfg)}," for shape, cfg in by_shape]
         out.append("};")
         rows.append(_table_row(d, dt, causal, ident, len(by_shape)))
     if not rows:  # C++ has no empty arrays: a sentinel, never read (kTunedCount is 0)
         rows.append("    " + _braced(0, 0, "false", "nullptr", 0) + ",")
     out += [
-        f"inline constexpr int kTunedCount = {len(tables)};",
-        "inline constexpr Table kTuned[] = {",
+        f"{DATA_DECL} int kTunedCount = {len(tables)};",
+        f"{DATA_DECL} Table kTuned[] = {{",
         *rows,
         "};",
         "",
         "// FlashAttention-2 defaults, used for other GPUs and untuned shapes.",
-        f"inline constexpr int kDefaultCount = {len(defaults)};",
-        "inline constexpr Choice kDefaultChoices[] = {",
+        f"{DATA_DECL} int kDefaultCount = {len(defaults)};",
+        f"{DATA_DECL} Choice kDefaultChoices[] = {{",
         ",\n".join(f"    {_choice(None, c)}" for c in defaults),
         "};",
-        "inline constexpr Table kDefaults[] = {",
+        f"{DATA_DECL} Table kDefaults[] = {{",
         *(
             _table_row(c.d, c.dtype, c.causal, f"&kDefaultChoices[{i}]", 1)
             for i, c in enumerate(defaults)

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from codegen.cpp_text import braced, c_string, cpp_bool
+from codegen.cpp_text import DATA_DECL, braced, c_string, cpp_bool
 from codegen.families import FAMILIES, family_of
 from core.config import Dtype, KernelConfig
 from core.elements import element
@@ -201,25 +201,25 @@ def render_varlen_tables(
         d, dt, causal = key
         ident = f"kVarlen_d{d}_{dt}_{'causal' if causal else 'full'}"
         by_shape = sorted(tables[key].items())
-        out.append(f"inline constexpr VarlenChoice {ident}[] = " + "{")
+        out.append(f"{DATA_DECL} VarlenChoice {ident}[] = " + "{")
         out += [f"    {_choice(shape, cfg)}," for shape, cfg in by_shape]
         out.append("};")
         rows.append(_table_row(key, ident, len(by_shape)))
     if not rows:  # C++ has no empty arrays: a sentinel, never read (kVarlenTunedCount is 0)
         rows.append("    " + braced(0, 0, "false", "nullptr", 0) + ",")
     out += [
-        f"inline constexpr int kVarlenTunedCount = {len(tables)};",
-        "inline constexpr VarlenTable kVarlenTuned[] = {",
+        f"{DATA_DECL} int kVarlenTunedCount = {len(tables)};",
+        f"{DATA_DECL} VarlenTable kVarlenTuned[] = {{",
         *rows,
         "};",
         "",
         "// The varlen twins of FlashAttention-2's defaults (the same tiles), for other GPUs and",
         "// keys without tuned varlen results.",
-        f"inline constexpr int kVarlenDefaultCount = {len(defaults)};",
-        "inline constexpr VarlenChoice kVarlenDefaultChoices[] = {",
+        f"{DATA_DECL} int kVarlenDefaultCount = {len(defaults)};",
+        f"{DATA_DECL} VarlenChoice kVarlenDefaultChoices[] = {{",
         ",\n".join(f"    {_choice(None, c)}" for c in defaults),
         "};",
-        "inline constexpr VarlenTable kVarlenDefaults[] = {",
+        f"{DATA_DECL} VarlenTable kVarlenDefaults[] = {{",
         *(
             _table_row((c.d, c.dtype, c.causal), f"&kVarlenDefaultChoices[{i}]", 1)
             for i, c in enumerate(defaults)

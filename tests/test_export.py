@@ -134,8 +134,8 @@ def test_header_tables_sorted_by_shape(header: str) -> None:
     assert "{64, FA2TUNE_FP16, false, kTuned_d64_fp16_full, 4}," in header
     assert "{128, FA2TUNE_FP16, true, kTuned_d128_fp16_causal, 2}," in header
     assert "{128, FA2TUNE_BF16, false, kTuned_d128_bf16_full, 1}," in header
-    assert "inline constexpr int kTunedCount = 4;" in header
-    assert "inline constexpr int kDefaultCount = 20;" in header
+    assert "static constexpr int kTunedCount = 4;" in header
+    assert "static constexpr int kDefaultCount = 20;" in header
 
 
 def test_header_filters(seeded_store: tuple[Store, Seeded]) -> None:
@@ -144,12 +144,12 @@ def test_header_filters(seeded_store: tuple[Store, Seeded]) -> None:
     names = instantiated(text)
     assert all(KernelConfig.from_name(n).d == 64 for n in names)
     assert all(KernelConfig.from_name(n).dtype == "fp16" for n in names)
-    assert "inline constexpr int kDefaultCount = 2;" in text
+    assert "static constexpr int kDefaultCount = 2;" in text
     assert "fa2tune export --gpu 'NVIDIA H200' --d 64 --dtype fp16" in text
     # A head dim without tuned results still gets its default (and says so).
     text = export_header(store, "H200", [32], generated_at=WHEN)
     assert "No tuned results for D=32: defaults only." in text
-    assert "inline constexpr int kTunedCount = 0;" in text
+    assert "static constexpr int kTunedCount = 0;" in text
     assert instantiated(text) == {
         fa2_default_config(32, t, c).name for t in ("fp16", "bf16") for c in (False, True)
     }
@@ -201,7 +201,7 @@ def test_default_head_dims_are_the_common_ones_and_the_tuned_ones(tmp_path: Path
         fa2_default_config(d, t, c).name for d in expected for t in DTYPES for c in (False, True)
     }
     assert defaults <= instantiated(text)
-    assert f"inline constexpr int kDefaultCount = {len(defaults)};" in text
+    assert f"static constexpr int kDefaultCount = {len(defaults)};" in text
     assert "fa2_d80_bf16_full_br128_bc64_w4_s2_swz" in instantiated(text)
     # Only fp16 asked for: the bf16-only tuned dims bring no defaults.
     text = export_header(store, "H200", dtypes=["fp16"], generated_at=WHEN)

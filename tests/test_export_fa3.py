@@ -95,7 +95,7 @@ def tuned_table(text: str) -> dict[Key, tuple[str, str]]:
     """(D, dtype, causal, N) -> (family, config name), from the header's kTuned tables; checks
     that each choice's launcher, name and guard belong together."""
     arrays = dict(
-        re.findall(r"inline constexpr Choice (kTuned_\w+)\[\] = \{\n(.*?)\n\};", text, re.S)
+        re.findall(r"static constexpr Choice (kTuned_\w+)\[\] = \{\n(.*?)\n\};", text, re.S)
     )
     rows = re.findall(r"\{(\d+), (FA2TUNE_\w+), (true|false), (kTuned_\w+), (\d+)\},", text)
     table: dict[Key, tuple[str, str]] = {}

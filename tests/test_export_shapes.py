@@ -76,7 +76,7 @@ _ENTRY = re.compile(
 
 def entries(header: str, ident: str) -> list[tuple[Shape, str]]:
     """The (shape, config name) entries of one kTuned table, in the header's order."""
-    body = header.split(f"inline constexpr Choice {ident}[] = {{\n")[1].split("\n};")[0]
+    body = header.split(f"static constexpr Choice {ident}[] = {{\n")[1].split("\n};")[0]
     out = []
     for *dims, alias, name in _ENTRY.findall(body):
         assert alias == name

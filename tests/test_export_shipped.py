@@ -43,7 +43,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 def dispatch_table(header: str) -> dict[tuple[int, str, bool, int], str]:
     """(D, dtype, causal, N) -> config name, read from the header's kTuned tables."""
     arrays = dict(
-        re.findall(r"inline constexpr Choice (kTuned_\w+)\[\] = \{\n(.*?)\n\};", header, re.S)
+        re.findall(r"static constexpr Choice (kTuned_\w+)\[\] = \{\n(.*?)\n\};", header, re.S)
     )
     rows = re.findall(r"\{(\d+), (FA2TUNE_\w+), (true|false), (kTuned_\w+), (\d+)\},", header)
     table: dict[tuple[int, str, bool, int], str] = {}

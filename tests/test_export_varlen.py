@@ -111,7 +111,7 @@ def varlen_table(header: str) -> dict[tuple[int, str, bool], list[tuple[Shape, s
     every entry's launcher and guard are its family's."""
     arrays = dict(
         re.findall(
-            r"inline constexpr VarlenChoice (kVarlen_\w+)\[\] = \{\n(.*?)\n\};", header, re.S
+            r"static constexpr VarlenChoice (kVarlen_\w+)\[\] = \{\n(.*?)\n\};", header, re.S
         )
     )
     rows = re.findall(r"\{(\d+), (FA2TUNE_\w+), (true|false), (kVarlen_\w+), (\d+)\},", header)
@@ -139,7 +139,7 @@ def varlen_defaults(header: str) -> set[str]:
 
 def test_tuned_varlen_configs_fill_the_varlen_table(header: str, store: Store) -> None:
     table = varlen_table(header)
-    assert "inline constexpr int kVarlenTunedCount = 1;" in header
+    assert "static constexpr int kVarlenTunedCount = 1;" in header
     # LONG and SAME share a varlen shape: the one entry is LONG's winner (the lower problem
     # id, as Store.best_varlen breaks the tie), SHORT has its own.
     assert table == {
@@ -173,13 +173,13 @@ def test_varlen_provenance_and_api_documented(header: str) -> None:
     assert "2.0000 ms" in provenance
     assert "inline cudaError_t fa2tune_forward_varlen(" in header
     # The dense table still holds exactly the dense winner.
-    assert "inline constexpr int kTunedCount = 1;" in header
+    assert "static constexpr int kTunedCount = 1;" in header
 
 
 def test_every_default_has_its_varlen_twin(header: str) -> None:
     defaults = [fa2_default_config(128, "fp16", c) for c in (False, True)]
     assert varlen_defaults(header) == {varlen_twin(c).name for c in defaults}
-    assert "inline constexpr int kVarlenDefaultCount = 2;" in header
+    assert "static constexpr int kVarlenDefaultCount = 2;" in header
     assert "{128, FA2TUNE_FP16, true, &kVarlenDefaultChoices[1], 1}," in header
 
 
@@ -188,7 +188,7 @@ def test_store_without_varlen_results_gets_the_twins(tmp_path: Path) -> None:
     _record(s, Problem(gpu=H200.name, d=64, n=2048), make_config(64, swizzle=True), 0.3)
     text = export_header(s, "H200", generated_at=WHEN)
     s.close()
-    assert "inline constexpr int kVarlenTunedCount = 0;" in text
+    assert "static constexpr int kVarlenTunedCount = 0;" in text
     assert "//   (none: packed batches run the defaults' varlen twins)" in text
     dense = set(re.findall(r'"(\w+)"', text.split("kDefaultChoices[] = {")[1].split("};")[0]))
     assert len(dense) == 20  # the common head dims (5) x dtypes x masks

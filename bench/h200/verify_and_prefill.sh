@@ -6,7 +6,8 @@
 #   prefill   tune bench/h200/prefill_gqa_workload.yaml (GQA prefill, B 1/4/16, N 512-8192)
 #             over fa2 and fa3, warm-started from the shipped two-family results, dump it
 #             (ship as db/data/h200_results_prefill_gqa.json) and compare with SDPA;
-# STAGES picks them (default both). Logs and results under $OUT.
+# STAGES picks them (default both); PREFILL_DTYPE=fp16 or bf16 tunes half of the workload (one
+# device call each fits the per-call limit). Logs and results under $OUT.
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 STAGES=${STAGES:-header prefill}
 if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; fi
@@ -23,14 +24,17 @@ if has header; then
   tail -5 $OUT/header_check.log
 fi
 if has prefill; then
-  ( export FA2TUNE_DB_URL=sqlite:////tmp/prefill_gqa.db
-    time timeout ${PREFILL_TIMEOUT:-420} $fa2 tune --workload bench/h200/prefill_gqa_workload.yaml \
+  dt=${PREFILL_DTYPE:-both}
+  sed "s/dtype: both/dtype: $dt/" bench/h200/prefill_gqa_workload.yaml > $OUT/workload_$dt.yaml
+  ( export FA2TUNE_DB_URL=sqlite:////tmp/prefill_gqa_$dt.db
+    time timeout ${PREFILL_TIMEOUT:-420} $fa2 tune --workload $OUT/workload_$dt.yaml \
       --family fa2,fa3 --warm-start db/data/h200_results_families.json --trials ${TRIALS:-16} \
-      --target-ms 50 --summary-json $OUT/prefill_gqa_summary.json
-    $fa2 dump -o $OUT/h200_results_prefill_gqa.json
-    for b in 1 4 16; do
+      --target-ms 50 --summary-json $OUT/prefill_gqa_summary_$dt.json
+    $fa2 dump -o $OUT/h200_results_prefill_gqa_$dt.json
+    [ $dt = both ] && dts="fp16 bf16" || dts=$dt
+    for t in $dts; do for b in 1 4 16; do
       timeout 120 python3 bench/compare_sdpa.py --db "$FA2TUNE_DB_URL" --d 128 --n 512,1024,2048,8192 \
-        --batch $b --heads 32 --kv-heads 8 --dtype fp16 --causal yes --out $OUT/prefill_compare_b$b
-    done ) > $OUT/prefill_gqa.log 2>&1
-  tail -30 $OUT/prefill_gqa.log
+        --batch $b --heads 32 --kv-heads 8 --dtype $t --causal yes --out $OUT/prefill_compare_${t}_b$b
+    done; done ) > $OUT/prefill_gqa_$dt.log 2>&1
+  tail -40 $OUT/prefill_gqa_$dt.log
 fi

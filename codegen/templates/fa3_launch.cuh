@@ -166,8 +166,8 @@ constexpr auto kernel_of() {
 // (STB_GNU_UNIQUE), shared by every library holding this header, even ones loaded with
 // RTLD_LOCAL. Two builds of one config (an sm_90a and a plain sm_90 library in one process)
 // have different kernels but would share the slot, so a slot names the kernel it was filled
-// for and only that kernel's lookups use it (seen on the H200: the sm_90 build took the
-// sm_90a build's "can run").
+// for and only that kernel's lookups use it. (The header's data tables are static, one copy
+// per library, for the same reason: codegen/cpp_text.py's DATA_DECL.)
 struct PrepareSlot {
   std::atomic<const void*> kernel{nullptr};
   std::atomic<int> result{0};  // 0 = not yet, else the cudaError_t + 1
