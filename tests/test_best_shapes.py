@@ -454,3 +454,36 @@ def test_cli_bad_shapes_exit_2(cli_db: str, args: list[str], option: str, needle
     assert "Traceback" not in result.output
     flat = " ".join(result.stderr.replace("│", " ").split())
     assert option in flat and needle in flat, flat
+
+
+SHIPPED_PREFILL = ROOT / "db" / "data" / "h200_results_prefill_gqa.json"
+PREFILL_WORKLOAD = ROOT / "bench" / "h200" / "prefill_gqa_workload.yaml"
+
+
+def test_shipped_gqa_prefill_answers_its_workload(tmp_path: Path) -> None:
+    """db/data/h200_results_prefill_gqa.json answers every shape of the workload it was tuned
+    on exactly, over HTTP, with the file's fastest OK measurement of that shape."""
+    from tuner.workload import load_workload
+
+    data = json.loads(SHIPPED_PREFILL.read_text())
+    fastest: dict[tuple[str, bool, int, int], tuple[float, str]] = {}
+    for m in data["measurements"]:
+        p = m["problem"]
+        if m["status"] == "OK" and m["median_ms"] is not None:
+            key = (p["dtype"], p["causal"], p["batch"], p["n"])
+            candidate = (m["median_ms"], m["build"]["config_name"])
+            fastest[key] = min(fastest.get(key, candidate), candidate)
+    targets = load_workload(PREFILL_WORKLOAD).targets
+    assert len(fastest) == len(targets) == 24
+    with Store.from_url(f"sqlite:///{tmp_path / 'prefill.db'}") as s:
+        load_shipped_results(s, [SHIPPED_PREFILL])
+        with TestClient(create_app(s)) as c:
+            for t in targets:
+                sh = t.shape
+                params = {"gpu": "NVIDIA H200", "d": t.d, "dtype": t.dtype, "causal": t.causal,
+                          "batch": sh.batch, "heads": sh.heads, "kv_heads": sh.kv_heads,
+                          "nq": sh.nq, "nk": sh.nk}  # fmt: skip
+                body = c.get("/v1/best", params=params).json()
+                assert body["exact"] is True, params
+                _, name = fastest[(t.dtype, t.causal, sh.batch, sh.nq)]
+                assert body["config"]["name"] == name, params
