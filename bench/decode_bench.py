@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import itertools
 import json
@@ -33,7 +34,7 @@ from core.problem import Problem
 from core.records import MeasureStatus
 from core.splitkv_config import SplitKvConfig
 from measure.jobs import BenchJob, MeasureOptions
-from measure.timing import TimingOptions
+from measure.timing import FLUSH_KINDS, TimingOptions
 from measure.worker import BenchWorker
 
 log = logging.getLogger("decode_bench")
@@ -48,12 +49,21 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def candidates(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
-    """A grid of split-KV configs (the choices that matter for decode) plus the other
-    families' defaults, so the table shows what the split-KV family adds."""
+#: The split-KV grids (block_n, warps, stages, splits): "decode" the choices that matter for
+#: decode at every batch; "wide" more of the space for few (batch, KV head) tiles, where the
+#: bytes one SM keeps in flight decide (B = 1: 8 row tiles for 132 SMs).
+GRIDS: dict[str, tuple[tuple[int, ...], ...]] = {
+    "decode": ((32, 64), (4, 8), (2, 3), (1, 4, 8, 16, 32, 64)),
+    "wide": ((16, 32, 64), (1, 2, 4, 8), (2, 3, 4), (8, 16, 24, 32, 48, 64, 96, 128)),
+}
+
+
+def candidates(d: int, dtype: Dtype, causal: bool, grid_name: str = "decode") -> list[AnyConfig]:
+    """A grid of split-KV configs plus the other families' defaults, so the table shows what
+    the split-KV family adds."""
     grid = (
         SplitKvConfig(d, dtype, causal, 16, n, w, s, k)
-        for n, w, s, k in itertools.product((32, 64), (4, 8), (2, 3), (1, 4, 8, 16, 32, 64))
+        for n, w, s, k in itertools.product(*GRIDS[grid_name])
     )
     configs: list[AnyConfig] = [c for c in grid if not invalid_reasons(c)]
     for name, fam in FAMILIES.items():
@@ -73,11 +83,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         gpu = worker.gpu_info
         assert gpu is not None, "the worker reported no GPU"
         dtypes: list[Dtype] = [x for x in ("fp16", "bf16") if x in args.dtype.split(",")]  # type: ignore[misc]
-        configs = {dt_: candidates(args.d, dt_, False) for dt_ in dtypes}
+        configs = {dt_: candidates(args.d, dt_, False, args.grid) for dt_ in dtypes}
         builds = {
             r.config: r
             for r in build_configs([c for cs in configs.values() for c in cs], args.arch)
         }
+        timing = dataclasses.replace(TIMING, flush_by=args.flush)
         for dtype, nk, batch in itertools.product(dtypes, _ints(args.nk), _ints(args.batch)):
             p = Problem(
                 gpu=gpu.name, d=args.d, n=args.nq, nk=nk if nk != args.nq else None,
@@ -92,7 +103,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     failures.append(f"{config.name}: {report.status}")
                     continue
                 # SDPA once per shape, on the same inputs and with the same timing.
-                options = MeasureOptions(sdpa=i == 0, timing=TIMING)
+                options = MeasureOptions(sdpa=i == 0, timing=timing)
                 res = worker.measure(BenchJob.make(config, report.cubin, p, options))
                 if i == 0 and isinstance(res.extra.get("sdpa"), dict):
                     sdpa = res.extra["sdpa"]
@@ -104,7 +115,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             row: dict[str, Any] = {
                 "dtype": dtype, "nq": args.nq, "nk": nk, "batch": batch, "heads": args.heads,
                 "kv_heads": args.kv_heads, "d": args.d, "failures": failures,
+                "flush_by": args.flush,
+                "top": [(c.name, ms) for ms, c in results[:8]],
             }  # fmt: skip
+            if args.floor:
+                row.update(floor_times(p, timing))
             if results:
                 ms, best = results[0]
                 row.update(best=best.name, ms=ms, gbps=kv_bytes(p) / (ms * 1e-3) / 1e9)
@@ -121,6 +136,25 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             log.info("%s", {k: v for k, v in row.items() if k != "failures"})
             rows.append(row)
     return rows
+
+
+def floor_times(p: Problem, timing: TimingOptions) -> dict[str, float]:
+    """What one launch costs on this GPU regardless of the kernel, timed as the configs are
+    (same options, L2 flushed): ``read_ms``, torch's sum over a tensor of the problem's K and
+    V bytes (one streaming-read launch, the bandwidth a single call of this size can reach),
+    and ``empty_ms``, a launch that does nothing measurable (one element)."""
+    import torch
+
+    from measure.timing import time_with_options
+
+    kv = torch.randn(2 * p.batch * p.n_keys * p.n_kv_heads * p.d, device="cuda").half()
+    one = torch.randn(1, device="cuda")
+    out = {
+        "read_ms": time_with_options(lambda: kv.sum(dtype=torch.float32), timing).median_ms,
+        "empty_ms": time_with_options(lambda: one.add_(1.0), timing).median_ms,
+    }
+    out["read_hbm_fraction"] = kv_bytes(p) / (out["read_ms"] * 1e-3) / H200_PEAK_BYTES_PER_S
+    return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -155,6 +189,13 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("decode_bench"))
+    ap.add_argument("--grid", choices=sorted(GRIDS), default="decode", help="split-KV grid")
+    ap.add_argument(
+        "--floor", action="store_true", help="also time a streaming read and an empty launch"
+    )
+    ap.add_argument(
+        "--flush", choices=FLUSH_KINDS, default="write", help="how L2 is flushed between reps"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -279,7 +279,9 @@ class GpuJobHandler:
         t = opts.timing
         stats = time_with_options(launch, t, device=self.device)
         synchronize(self.stream)
-        extra.update(mean_ms=stats.mean_ms, stdev_ms=stats.stdev_ms, flush_l2=t.flush_l2)
+        extra.update(
+            mean_ms=stats.mean_ms, stdev_ms=stats.stdev_ms, flush_l2=t.flush_l2, flush_by=t.flush_by
+        )
 
         if opts.recheck:
             self._enter("recheck")

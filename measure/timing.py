@@ -81,6 +81,10 @@ class TimingStats:
         )
 
 
+#: The ways to flush L2 between reps (TimingOptions.flush_by).
+FLUSH_KINDS = ("write", "read")
+
+
 @dataclass(frozen=True)
 class TimingOptions:
     """How :func:`time_launches` is driven; the worker passes these through from a job.
@@ -92,6 +96,11 @@ class TimingOptions:
         max_reps: most timed reps.
         budget_ms: cap on estimated kernel time of all reps, for very slow configs.
         flush_l2: flush L2 between reps (cold-L2 timing).
+        flush_by: how (:data:`FLUSH_KINDS`): ``"write"`` (the default, every campaign's) zeroes
+            the flush buffer, which leaves L2 full of dirty lines that the timed call's reads
+            evict, so its HBM also carries their write-back; ``"read"`` reads the buffer, which
+            leaves clean lines. Both leave none of the call's data in L2; they differ for calls
+            whose bytes are comparable to the L2 size (B = 1 decode).
     """
 
     warmup: int = 5
@@ -100,6 +109,11 @@ class TimingOptions:
     max_reps: int = 2000
     budget_ms: float = 5000.0
     flush_l2: bool = True
+    flush_by: str = "write"
+
+    def __post_init__(self) -> None:
+        if self.flush_by not in FLUSH_KINDS:
+            raise ValueError(f"flush_by must be one of {FLUSH_KINDS}, got {self.flush_by!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +216,19 @@ def _flush_buffer(device: int) -> torch.Tensor:
     return buf
 
 
+def _flusher(device: int, kind: str) -> Callable[[], object]:
+    """The flush of ``device``'s L2 that ``kind`` names (see TimingOptions.flush_by)."""
+    import torch
+
+    buf = _flush_buffer(device)
+    if kind == "write":
+        return lambda: buf.zero_()
+    if kind == "read":
+        words = buf.view(torch.int32)
+        return lambda: torch.sum(words, dtype=torch.int64)
+    raise ValueError(f"flush_by must be one of {FLUSH_KINDS}, got {kind!r}")
+
+
 def _cycles_per_ms(device: int) -> float | None:
     """Calibrate ``torch.cuda._sleep`` once per device (its unit is clock cycles)."""
     import torch
@@ -233,6 +260,7 @@ def time_launches(
     reps: int | None = None,
     rotate: Sequence[Sequence[object]] | None = None,
     flush_l2: bool = True,
+    flush_by: str = "write",
     target_ms: float = 200.0,
     min_reps: int = 10,
     max_reps: int = 2000,
@@ -247,7 +275,8 @@ def time_launches(
         warmup: untimed calls first (loads modules, warms clocks and caches).
         reps: timed calls; ``None`` chooses adaptively (see :func:`choose_reps`).
         rotate: argument sets used round-robin, rep ``i`` uses ``rotate[i % len(rotate)]``.
-        flush_l2: zero a buffer of twice the L2 size before every timed call (untimed).
+        flush_l2: flush L2 before every timed call (untimed): touch a buffer of twice its size.
+        flush_by: ``"write"`` zeroes that buffer, ``"read"`` reads it (TimingOptions.flush_by).
         target_ms: adaptive mode: kernel time to spend measuring.
         min_reps: adaptive mode: fewest reps.
         max_reps: adaptive mode: most reps.
@@ -266,7 +295,7 @@ def time_launches(
     dev = torch.cuda.current_device() if device is None else device
     with torch.cuda.device(dev):
         arg_sets: list[Sequence[object]] = [tuple(a) for a in rotate] if rotate else [()]
-        flush = _flush_buffer(dev) if flush_l2 else None
+        flush = _flusher(dev, flush_by) if flush_l2 else None
         cycles_per_ms = _cycles_per_ms(dev)
 
         def one(i: int) -> None:
@@ -280,7 +309,7 @@ def time_launches(
             if i == 1:
                 t0 = time.perf_counter()
             if flush is not None:
-                flush.zero_()
+                flush()
             one(i)
         cpu_ms_per_rep = (time.perf_counter() - t0) * 1e3 / (n_warm - 1)
         torch.cuda.synchronize(dev)
@@ -309,6 +338,7 @@ def time_with_options(
         fn,
         warmup=options.warmup,
         flush_l2=options.flush_l2,
+        flush_by=options.flush_by,
         target_ms=options.target_ms,
         min_reps=options.min_reps,
         max_reps=options.max_reps,
@@ -320,7 +350,7 @@ def time_with_options(
 def _timed(
     one: Callable[[int], None],
     reps: int,
-    flush: torch.Tensor | None,
+    flush: Callable[[], object] | None,
     cycles_per_ms: float | None,
     cpu_ms_per_rep: float,
 ) -> list[float]:
@@ -340,7 +370,7 @@ def _timed(
         t0 = time.perf_counter()
         for i in range(b0, b1):
             if flush is not None:
-                flush.zero_()
+                flush()
             starts[i].record()
             one(i)
             ends[i].record()

@@ -174,6 +174,13 @@ class _FlushBuffer:
         self.clock.t += 5.0  # a slow flush: it must not show in the samples
         self.clock.log.append("flush")
 
+    def view(self, dtype: str) -> _FlushBuffer:
+        return self
+
+    def read(self) -> None:
+        self.clock.t += 3.0
+        self.clock.log.append("read-flush")
+
 
 @pytest.fixture
 def fake_torch(monkeypatch: pytest.MonkeyPatch) -> _Clock:
@@ -184,6 +191,8 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     fake.cuda = _FakeCuda(clock)  # type: ignore[attr-defined]
     fake.uint8 = "uint8"  # type: ignore[attr-defined]
     fake.empty = lambda *a, **k: _FlushBuffer(clock)  # type: ignore[attr-defined]
+    fake.int32, fake.int64 = "int32", "int64"  # type: ignore[attr-defined]
+    fake.sum = lambda buf, dtype: buf.read()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", fake)
     # Module caches keyed by device must not leak the fakes into real GPU tests.
     monkeypatch.setattr(timing, "_flush_buffers", {})
@@ -223,3 +232,29 @@ def test_time_launches_adaptive_count_and_no_flush(fake_torch: _Clock) -> None:
     assert stats.reps == 20  # 40 ms target / 2 ms per call
     assert stats.median_ms == pytest.approx(2.0)
     assert "flush" not in fake_torch.log
+
+
+def test_time_launches_flush_by_read(fake_torch: _Clock) -> None:
+    """flush_by="read" reads the buffer instead of zeroing it, outside the event pair."""
+    from measure.timing import time_launches
+
+    def kernel() -> None:
+        fake_torch.t += 1.0
+        fake_torch.log.append("kernel")
+
+    stats = time_launches(kernel, warmup=1, reps=4, flush_by="read")
+    assert stats.median_ms == pytest.approx(1.0)
+    tail = [x for x in fake_torch.log if x != "sleep"][-16:]
+    assert tail == ["read-flush", "event", "kernel", "event"] * 4
+    assert "flush" not in fake_torch.log
+
+
+def test_flush_kind_is_checked(fake_torch: _Clock) -> None:
+    from measure.timing import time_launches
+
+    with pytest.raises(ValueError, match="flush_by"):
+        TimingOptions(flush_by="zero")
+    with pytest.raises(ValueError, match="flush_by"):
+        time_launches(lambda: None, reps=1, flush_by="zero")
+    o = TimingOptions(flush_by="read")
+    assert TimingOptions.from_dict(o.to_dict()) == o
