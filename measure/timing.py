@@ -31,7 +31,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +82,8 @@ class TimingStats:
 
 
 #: The ways to flush L2 between reps (TimingOptions.flush_by).
-FLUSH_KINDS = ("write", "read")
+FlushKind = Literal["write", "read"]
+FLUSH_KINDS: tuple[str, ...] = get_args(FlushKind)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ class TimingOptions:
     max_reps: int = 2000
     budget_ms: float = 5000.0
     flush_l2: bool = True
-    flush_by: str = "write"
+    flush_by: FlushKind = "write"
 
     def __post_init__(self) -> None:
         if self.flush_by not in FLUSH_KINDS:
@@ -216,7 +217,7 @@ def _flush_buffer(device: int) -> torch.Tensor:
     return buf
 
 
-def _flusher(device: int, kind: str) -> Callable[[], object]:
+def _flusher(device: int, kind: FlushKind) -> Callable[[], object]:
     """The flush of ``device``'s L2 that ``kind`` names (see TimingOptions.flush_by)."""
     import torch
 
@@ -260,7 +261,7 @@ def time_launches(
     reps: int | None = None,
     rotate: Sequence[Sequence[object]] | None = None,
     flush_l2: bool = True,
-    flush_by: str = "write",
+    flush_by: FlushKind = "write",
     target_ms: float = 200.0,
     min_reps: int = 10,
     max_reps: int = 2000,
