@@ -11,7 +11,8 @@ state. ptxas still has the last word: spills are measured per build like the oth
 Enumerated values (issue 12's space): block_m 64/128/192 (one consumer warpgroup per 64 rows),
 block_n 64..192 in steps of 16, 2-4 stages, P·V from registers or shared memory, overlap and
 ping-pong on or off (ping-pong only with two consumer warpgroups), and the consumer register
-counts that fill the register file for each warpgroup count.
+counts that fill the register file for each warpgroup count. Causal dense configs come in
+both launch orders (``longest_first``, the ``_lf`` twins).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def invalid_reasons(config: Fa3Config) -> list[str]:
         why.append(f"block_n {c.block_n} is not a multiple of 16 in 64..192")
     if c.stages not in STAGES:
         why.append(f"stages {c.stages} is not one of {list(STAGES)}")
+    if c.longest_first and not c.causal:
+        why.append("longest-first order is for causal configs (full blocks do equal work)")
+    if c.longest_first and c.varlen:
+        why.append("longest-first order is for dense configs (a varlen grid is per sequence)")
     if c.pingpong and c.consumer_warpgroups != 2:
         why.append("ping-pong needs exactly 2 consumer warpgroups (block_m = 128)")
     if c.smem_bytes > MAX_SMEM_PER_BLOCK:
@@ -104,7 +109,7 @@ def enumerate_space(
 
     With ``varlen``, the packed-sequence twins (``_vl``) of the same configs: the varlen
     kernel has the dense one's tiles, shared memory and register budget, so the rules are
-    the same.
+    the same. Dense causal spaces also hold every config's longest-first twin (``_lf``).
 
     Raises:
         ValueError: for a head dim outside :data:`HEAD_DIMS`.
@@ -123,6 +128,8 @@ def enumerate_space(
     )
     if varlen:
         candidates = (replace(c, varlen=True) for c in candidates)
+    elif causal:
+        candidates = (replace(c, longest_first=lf) for c in candidates for lf in (False, True))
     return sorted({c for c in candidates if not invalid_reasons(c)})
 
 
@@ -163,4 +170,6 @@ def seed_configs(
         ]
     if d == 256:
         found.append(replace(base, block_n=64, pv_regs=False))
+    if causal and not varlen:  # the default in both launch orders (faster at long N)
+        found.append(replace(base, longest_first=True))
     return sorted({replace(c, varlen=varlen) for c in found if not invalid_reasons(c)})

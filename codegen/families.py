@@ -268,8 +268,13 @@ def _fa3_render(config: AnyConfig) -> str:
         c.name, c.d, element(c.dtype).cuda_type, flag(c.causal), c.block_m, c.block_n,
         c.stages, flag(c.pv_regs), flag(c.overlap), flag(c.pingpong), c.consumer_regs,
     )  # fmt: skip
-    # A varlen config is its own kernel symbol (FaVarlen's bytes before the descriptors).
-    macro = "FA3_DEFINE_VARLEN_KERNEL" if c.varlen else "FA3_DEFINE_KERNEL"
+    # A varlen config is its own kernel symbol (FaVarlen's bytes before the descriptors); a
+    # longest-first one its own Traits (fa3_fwd.cuh's macros).
+    macro = "FA3_DEFINE_KERNEL"
+    if c.varlen:
+        macro = "FA3_DEFINE_VARLEN_KERNEL"
+    elif c.longest_first:
+        macro = "FA3_DEFINE_LONGEST_FIRST_KERNEL"
     return f'#include "fa3_fwd.cuh"\n{macro}({", ".join(map(str, args))})\n'
 
 
@@ -280,8 +285,9 @@ def _fa3_traits(config: AnyConfig) -> str:
         c.d, element(c.dtype).cuda_type, flags[0], c.block_m, c.block_n, c.stages,
         flags[1], flags[2], flags[3], c.consumer_regs,
     )  # fmt: skip
-    # Varlen is the Traits' last parameter, defaulted to false: dense aliases keep their text.
-    tail = ", true" if c.varlen else ""
+    # Varlen and LongestFirst are the Traits' last parameters, defaulted to false: other
+    # configs' aliases keep their text.
+    tail = ", true" if c.varlen else ", false, true" if c.longest_first else ""
     return f"fa3::Traits<{', '.join(map(str, args))}{tail}>"
 
 

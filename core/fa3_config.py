@@ -25,7 +25,7 @@ WARPGROUP_ROWS = 64
 _NAME_RE = re.compile(
     r"^fa3_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
     r"_m(?P<block_m>\d+)_n(?P<block_n>\d+)_s(?P<stages>\d+)"
-    r"_(?P<pv>rs|ss)(?P<ov>_ov)?(?P<pp>_pp)?_r(?P<regs>\d+)(?P<vl>_vl)?$"
+    r"_(?P<pv>rs|ss)(?P<ov>_ov)?(?P<pp>_pp)?_r(?P<regs>\d+)(?P<lf>_lf)?(?P<vl>_vl)?$"
 )
 
 
@@ -49,12 +49,15 @@ class Fa3Config:
             producer gives its surplus back); unused with one consumer warpgroup.
         varlen: takes packed variable-length sequences (cumulative offsets, a second kernel
             argument before the descriptors) instead of a dense batch; name suffix ``_vl``.
+        longest_first: causal blocks start longest first across heads (over chunks of heads
+            whose K/V fit in L2) rather than within each head; dense causal configs only;
+            name suffix ``_lf`` (codegen/templates/fa3_fwd.cuh, "Launch order").
     """
 
     family: ClassVar[str] = "fa3"
     #: Parameters :meth:`params` leaves out at their default (added after results were
     #: stored; a dense config's stored parameters and name stay what they were).
-    optional_params: ClassVar[frozenset[str]] = frozenset({"varlen"})
+    optional_params: ClassVar[frozenset[str]] = frozenset({"varlen", "longest_first"})
 
     d: int
     dtype: Dtype
@@ -67,6 +70,7 @@ class Fa3Config:
     pingpong: bool = True
     consumer_regs: int = 240
     varlen: bool = False
+    longest_first: bool = False
 
     @property
     def name(self) -> str:
@@ -74,7 +78,7 @@ class Fa3Config:
         mask = "causal" if self.causal else "full"
         flags = ("rs" if self.pv_regs else "ss") + ("_ov" if self.overlap else "")
         flags += "_pp" if self.pingpong else ""
-        tail = "_vl" if self.varlen else ""
+        tail = ("_lf" if self.longest_first else "") + ("_vl" if self.varlen else "")
         return (
             f"fa3_d{self.d}_{self.dtype}_{mask}_m{self.block_m}_n{self.block_n}"
             f"_s{self.stages}_{flags}_r{self.consumer_regs}{tail}"
@@ -123,14 +127,17 @@ class Fa3Config:
         ]
         if self.varlen:
             switches.append("packed sequences")
+        if self.longest_first:
+            switches.append("longest first across heads")
         return f"{self.tile}, {self.stages} stages, {', '.join(switches)}"
 
     def params(self) -> dict[str, Any]:
         """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``
-        (``varlen`` only when set, see :attr:`optional_params`)."""
+        (the :attr:`optional_params` only when set)."""
         own = {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
-        if not self.varlen:
-            del own["varlen"]
+        for name in self.optional_params:
+            if not own[name]:
+                del own[name]
         return own
 
     def to_dict(self) -> dict[str, object]:
@@ -153,6 +160,7 @@ class Fa3Config:
             pingpong=bool(data["pingpong"]),
             consumer_regs=num("consumer_regs"),
             varlen=bool(data.get("varlen", False)),
+            longest_first=bool(data.get("longest_first", False)),
         )
 
     @classmethod
@@ -180,4 +188,5 @@ class Fa3Config:
             pingpong=m["pp"] is not None,
             consumer_regs=int(m["regs"]),
             varlen=m["vl"] is not None,
+            longest_first=m["lf"] is not None,
         )

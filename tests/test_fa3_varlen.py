@@ -98,10 +98,12 @@ def test_space_and_seeds_have_varlen_twins() -> None:
         for causal in (False, True):
             dense = fa3_space.enumerate_space(d, "bf16", causal)
             twins = fa3_space.enumerate_space(d, "bf16", causal, varlen=True)
-            assert twins == sorted(replace(c, varlen=True) for c in dense)
+            # Every dense config but the longest-first ones (dense causal only) has its twin.
+            assert twins == sorted(replace(c, varlen=True) for c in dense if not c.longest_first)
             seeds = fa3_space.seed_configs(d, "bf16", causal, varlen=True)
+            dense_seeds = fa3_space.seed_configs(d, "bf16", causal)
             assert seeds == sorted(
-                replace(c, varlen=True) for c in fa3_space.seed_configs(d, "bf16", causal)
+                replace(c, varlen=True) for c in dense_seeds if not c.longest_first
             )
             assert all(c.varlen and fa3_space.is_valid(c)[0] for c in seeds)
             assert all(family("fa3").check(c, 227 * 1024)[0] for c in seeds)

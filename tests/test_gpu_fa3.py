@@ -215,6 +215,23 @@ def test_sample_configs(d: int, dtype: Dtype, causal: bool, cache: Path) -> None
     _run_configs(_sample(d, dtype, causal), shape_problems(d, dtype, causal, ALL_SHAPES), cache)
 
 
+#: (batch, heads, kv heads, nq, nk) whose (head, batch) pairs span several longest-first
+#: chunks (fa3_fwd.cuh: K/V of 2 MB per query head at D=128 make chunks of 8 pairs, the last
+#: one smaller), with Nq < Nk and GQA; the last shape fits one chunk.
+CHUNKED_SHAPES = [(3, 6, 6, 4096, 4096), (3, 10, 5, 1000, 8192), (2, 8, 2, 700, 2100)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 128])
+def test_longest_first_order_over_chunks(d: int, dtype: Dtype, tmp_path: Path) -> None:
+    """The `_lf` configs of the sample (the default's twin and sampled ones): every block of
+    a grid remapped across chunks computes its own (m-block, head, batch), checked against the
+    reference on shapes with several chunks, both layouts, LSE."""
+    configs = [c for c in _sample(d, dtype, True) if c.longest_first]
+    assert configs
+    _run_configs(configs, shape_problems(d, dtype, True, CHUNKED_SHAPES), tmp_path)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])

@@ -430,8 +430,13 @@ VARLEN_FAMILIES: Final = frozenset({"fa2", "fa3"})
 
 
 def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:
-    """The packed-sequence twins (``_vl``) of the configs of :data:`VARLEN_FAMILIES`."""
-    return [replace(c, varlen=True) for c in configs if isinstance(c, KernelConfig | Fa3Config)]
+    """The packed-sequence twins (``_vl``) of the configs of :data:`VARLEN_FAMILIES` (a
+    longest-first fa3 config has none: its launch order is for dense grids)."""
+    return [
+        replace(c, varlen=True)
+        for c in configs
+        if isinstance(c, KernelConfig) or (isinstance(c, Fa3Config) and not c.longest_first)
+    ]
 
 
 def _default_first(family: Family, p: Problem) -> list[AnyConfig]:

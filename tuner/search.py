@@ -100,8 +100,12 @@ log = logging.getLogger(__name__)
 PARAM_NAMES: Final[tuple[str, ...]] = ("br", "bc", "rows_per_warp", "stages", "layout")
 FA3_PARAM_NAMES: Final[tuple[str, ...]] = (
     "fa3_block_m", "fa3_block_n", "fa3_stages", "fa3_pv", "fa3_overlap", "fa3_pingpong",
-    "fa3_regs",
+    "fa3_regs", "fa3_order",
 )  # fmt: skip
+#: Parameters added after studies were stored, with the value every config had before. A
+#: resumed study whose stored choices lack one keeps searching the configs with that value
+#: (see :meth:`SearchSpace.with_choices`) rather than losing the family.
+ADDED_PARAM_DEFAULTS: Final[dict[str, CategoricalChoiceType]] = {"fa3_order": "per_head"}
 SPLITKV_PARAM_NAMES: Final[tuple[str, ...]] = (
     "skv_rows", "skv_block_n", "skv_warps", "skv_stages", "skv_splits",
 )  # fmt: skip
@@ -183,6 +187,7 @@ def params_of(config: AnyConfig) -> dict[str, CategoricalChoiceType]:
             "fa3_overlap": config.overlap,
             "fa3_pingpong": config.pingpong,
             "fa3_regs": config.consumer_regs,
+            "fa3_order": "longest_first" if config.longest_first else "per_head",
         }
     if isinstance(config, SplitKvConfig):
         return {f"skv_{k}": v for k, v in config.params().items()}
@@ -266,9 +271,15 @@ class SearchSpace:
     def with_choices(self, choices: Mapping[str, Sequence[CategoricalChoiceType]]) -> SearchSpace:
         """The same configs under previously stored choice lists (for resuming a study).
 
-        Configs whose parameters fall outside ``choices`` are dropped, with a warning.
+        Configs whose parameters fall outside ``choices`` are dropped, with a warning. A
+        parameter of :data:`ADDED_PARAM_DEFAULTS` missing from ``choices`` (a study stored
+        before it existed) is fixed at its default.
         """
-        fixed = {name: tuple(choices[name]) for name in self.param_names if name in choices}
+        fixed = {
+            name: tuple(choices[name]) if name in choices else (ADDED_PARAM_DEFAULTS[name],)
+            for name in self.param_names
+            if name in choices or name in ADDED_PARAM_DEFAULTS
+        }
         kept = tuple(
             c
             for c in self.configs

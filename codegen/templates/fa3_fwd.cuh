@@ -29,6 +29,15 @@
 // past nk (with the sequence's nk), and O and LSE rows past the sequence's nq are never
 // stored. Fa2Params then holds the longest lengths (they size the grid), batch is the number
 // of sequences, the batch strides are unused and LSE is [q_heads, total_q].
+//
+// Launch order of causal blocks (the blocks of a causal call do unequal work: the bottom
+// m-block of a head sees every key, the top one a single tile). By default blockIdx.x is
+// reversed, so each head's longest blocks start first. LongestFirst (the `_lf` configs, dense
+// causal only) orders across heads instead: the linear block index walks m-blocks from the
+// bottom up over a chunk of (head, batch) pairs whose K/V fit kLongestFirstL2Bytes of L2,
+// then the next chunk, so a wave's blocks share K/V and the last blocks to start are the
+// shortest. Measured on the H200 (docs/performance.md, "Changes to the template", 9): faster
+// at long N, slower at short N with many heads; a tuned choice, not a rule.
 #pragma once
 
 #include <cuda.h>
@@ -64,10 +73,11 @@ struct VarlenArgs {
 };
 static_assert(sizeof(VarlenArgs) == 24 && alignof(VarlenArgs) == 8, "FaVarlen's ABI");
 
-// Varlen_ is last and defaults to false, so a dense config's Traits spell as before.
+// Varlen_ and LongestFirst_ come last and default to false, so a config without them spells
+// its Traits as before.
 template <int D_, typename Elem_, bool Causal_, int BlockM_, int BlockN_, int Stages_,
           bool PvFromRegs_, bool IntraOverlap_, bool PingPong_, int ConsumerRegs_,
-          bool Varlen_ = false>
+          bool Varlen_ = false, bool LongestFirst_ = false>
 struct Traits {
   using Elem = Elem_;
   static constexpr int D = D_;
@@ -80,6 +90,7 @@ struct Traits {
   static constexpr bool PingPong = PingPong_;
   static constexpr int ConsumerRegs = ConsumerRegs_;
   static constexpr bool Varlen = Varlen_;
+  static constexpr bool LongestFirst = LongestFirst_;
 
   static constexpr int kConsumerWGs = BlockM / 64;
   static constexpr int kThreads = (kConsumerWGs + 1) * 128;
@@ -124,6 +135,8 @@ struct Traits {
                 "BlockN a multiple of 16 in 64..192");
   static_assert(Stages >= 2 && Stages <= 4, "2..4 K/V stages");
   static_assert(!PingPong || kConsumerWGs == 2, "ping-pong needs exactly 2 consumer warpgroups");
+  static_assert(!LongestFirst || (Causal && !Varlen),
+                "longest-first order is for dense causal configs (the only unequal blocks)");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over 227 KB");
   static_assert(ConsumerRegs % 8 == 0 && ConsumerRegs >= 24 && ConsumerRegs <= 256,
                 "setmaxnreg takes a multiple of 8 in 24..256");
@@ -529,6 +542,34 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
 }
 
 // ---------------------------------------------------------------------------------------------
+// L2 bytes the K and V of one chunk of (head, batch) pairs may take in longest-first order: a
+// third of the H100/H200's 50 MB, so the chunk stays resident beside Q, O and other traffic.
+constexpr long long kLongestFirstL2Bytes = 16ll << 20;
+
+// The (m-block, head, batch) of this block in longest-first order (see the top). The grid is
+// the usual (m-blocks, q_heads, batch); only the mapping of its linear index changes.
+template <class T>
+__device__ __forceinline__ void block_coord_longest_first(const Fa2Params& p, BlockCoord* bc) {
+  const int m_blocks = gridDim.x, heads = gridDim.y;
+  const int pairs = gridDim.y * gridDim.z;  // (head, batch)
+  // K and V bytes per query head: a KV head's are shared by its q_heads / kv_heads heads,
+  // which are consecutive in the chunk.
+  const long long kv_bytes = max(
+      1ll, static_cast<long long>(p.nk) * T::D * 2 * 2 / (p.q_heads / p.kv_heads));
+  const int chunk_pairs = static_cast<int>(
+      max(1ll, min(static_cast<long long>(pairs), kLongestFirstL2Bytes / kv_bytes)));
+  const int lin = blockIdx.x + m_blocks * (blockIdx.y + heads * blockIdx.z);
+  const int chunk = lin / (m_blocks * chunk_pairs);
+  const int first = chunk * chunk_pairs;
+  const int in_chunk = min(chunk_pairs, pairs - first);  // the last chunk may be smaller
+  const int within = lin - chunk * m_blocks * chunk_pairs;
+  const int pair = first + within % in_chunk;
+  bc->m0 = (m_blocks - 1 - within / in_chunk) * T::BlockM;
+  bc->head = pair % heads;
+  bc->batch = pair / heads;
+}
+
+// ---------------------------------------------------------------------------------------------
 // vl is read only by varlen instantiations (T::Varlen).
 template <class T>
 __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* tq,
@@ -543,11 +584,15 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* 
   const Bars<T> bars{sbase + T::kBarOff};
 
   BlockCoord bc;
-  // Causal blocks near the bottom do the most work: launch them first.
-  const int m_block = T::Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
-  bc.m0 = m_block * T::BlockM;
-  bc.head = blockIdx.y;
-  bc.batch = blockIdx.z;
+  if constexpr (T::LongestFirst) {
+    block_coord_longest_first<T>(p, &bc);
+  } else {
+    // Causal blocks near the bottom do the most work: launch them first.
+    const int m_block = T::Causal ? (gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+    bc.m0 = m_block * T::BlockM;
+    bc.head = blockIdx.y;
+    bc.batch = blockIdx.z;
+  }
   bc.kv_head = bc.head / (p.q_heads / p.kv_heads);
   int q_start = 0;  // packed: the sequence's first row
   if constexpr (T::Varlen) {
@@ -621,8 +666,20 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* 
 // dynamic shared memory NAME_traits::kSmemBytes (see docs/fa3_kernel.md).
 #define FA3_DEFINE_KERNEL(NAME, D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS,      \
                           INTRA_OVERLAP, PING_PONG, CONSUMER_REGS)                            \
-  using NAME##_traits = fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS,  \
-                                    INTRA_OVERLAP, PING_PONG, CONSUMER_REGS>;                 \
+  FA3_DEFINE_DENSE_KERNEL_(NAME, fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES,       \
+                                             PV_FROM_REGS, INTRA_OVERLAP, PING_PONG,          \
+                                             CONSUMER_REGS>)
+
+// The same for an `_lf` config: causal blocks launched longest first across heads.
+#define FA3_DEFINE_LONGEST_FIRST_KERNEL(NAME, D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES,      \
+                                        PV_FROM_REGS, INTRA_OVERLAP, PING_PONG, CONSUMER_REGS) \
+  FA3_DEFINE_DENSE_KERNEL_(NAME, fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES,       \
+                                             PV_FROM_REGS, INTRA_OVERLAP, PING_PONG,          \
+                                             CONSUMER_REGS, false, true>)
+
+// The dense kernel of one Traits type (variadic: the type's template arguments hold commas).
+#define FA3_DEFINE_DENSE_KERNEL_(NAME, ...)                                                   \
+  using NAME##_traits = __VA_ARGS__;                                                          \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                   \
       NAME(const Fa2Params p, const __grid_constant__ CUtensorMap tma_q,                      \
            const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) { \
