@@ -42,7 +42,8 @@ ENUM = {"FA2TUNE_FP16": "fp16", "FA2TUNE_BF16": "bf16"}
 FA3_FULL = Fa3Config.from_name("fa3_d128_fp16_full_m128_n128_s2_rs_ov_pp_r240")
 FA3_FULL_SLOW = Fa3Config.from_name("fa3_d128_fp16_full_m128_n176_s2_rs_ov_pp_r240")
 FA3_FULL_WRONG = Fa3Config.from_name("fa3_d128_fp16_full_m128_n192_s2_rs_ov_pp_r240")
-FA3_CAUSAL = Fa3Config.from_name("fa3_d128_bf16_causal_m128_n176_s2_rs_ov_pp_r240")
+# A longest-first config: the header must spell its Traits (two trailing flags) and launch it.
+FA3_CAUSAL = Fa3Config.from_name("fa3_d128_bf16_causal_m128_n176_s2_rs_ov_pp_r240_lf")
 FA2_SMALL = make_config(128, "fp16", False, br=64, bc=64, stages=2, swizzle=True)
 FA2_D64 = make_config(64, "fp16", False, br=128, bc=64, stages=2, swizzle=True)
 
