@@ -344,3 +344,10 @@ def test_winners_cover_both_families() -> None:
     families = {c.family for c in WINNERS.values()}
     assert families == {"fa2", "fa3"}
     assert all(isinstance(c, KernelConfig | Fa3Config) for c in WINNERS.values())
+
+
+def test_longest_first_winner_keeps_its_order_in_the_header(header: str) -> None:
+    """An `_lf` winner's alias carries LongestFirst (after Varlen = false), so the header
+    launches the order that was measured."""
+    alias = "fa3::Traits<128, __nv_bfloat16, true, 128, 176, 2, true, true, true, 240, false, true>"
+    assert f"using {FA3_CAUSAL.name} = {alias};" in header
