@@ -331,19 +331,26 @@ def shipped_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         yield s
 
 
-def _shipped_winners() -> dict[tuple[str, int, str, bool], dict[int, str]]:
-    """(GPU, D, dtype, causal) -> {N: the fastest OK config}, read from the file itself."""
-    data = json.loads(SHIPPED.read_text())
-    fastest: dict[tuple[str, int, str, bool, int], tuple[float, str]] = {}
-    for m in data["measurements"]:
+def _fastest_ok(path: Path, fields: tuple[str, ...]) -> dict[tuple[Any, ...], str]:
+    """The fastest OK config per problem of a dump file, read from the file itself, keyed by
+    the problem's ``fields`` (problems with Nq != Nk left out)."""
+    fastest: dict[tuple[Any, ...], tuple[float, str]] = {}
+    for m in json.loads(path.read_text())["measurements"]:
         p = m["problem"]
         if m["status"] != "OK" or m["median_ms"] is None or p["nk"] != p["n"]:
             continue
-        key = (p["gpu"], p["d"], p["dtype"], p["causal"], p["n"])
+        key = tuple(p[f] for f in fields)
         candidate = (m["median_ms"], m["build"]["config_name"])
         fastest[key] = min(fastest.get(key, candidate), candidate)
+    return {key: name for key, (_, name) in fastest.items()}
+
+
+def _shipped_winners() -> dict[tuple[str, int, str, bool], dict[int, str]]:
+    """(GPU, D, dtype, causal) -> {N: the fastest OK config}, read from the file itself."""
     out: dict[tuple[str, int, str, bool], dict[int, str]] = {}
-    for (gpu, d, dtype, causal, n), (_, name) in fastest.items():
+    for (gpu, d, dtype, causal, n), name in _fastest_ok(
+        SHIPPED, ("gpu", "d", "dtype", "causal", "n")
+    ).items():
         out.setdefault((gpu, d, dtype, causal), {})[n] = name
     return out
 
@@ -465,14 +472,7 @@ def test_shipped_gqa_prefill_answers_its_workload(tmp_path: Path) -> None:
     on exactly, over HTTP, with the file's fastest OK measurement of that shape."""
     from tuner.workload import load_workload
 
-    data = json.loads(SHIPPED_PREFILL.read_text())
-    fastest: dict[tuple[str, bool, int, int], tuple[float, str]] = {}
-    for m in data["measurements"]:
-        p = m["problem"]
-        if m["status"] == "OK" and m["median_ms"] is not None:
-            key = (p["dtype"], p["causal"], p["batch"], p["n"])
-            candidate = (m["median_ms"], m["build"]["config_name"])
-            fastest[key] = min(fastest.get(key, candidate), candidate)
+    fastest = _fastest_ok(SHIPPED_PREFILL, ("dtype", "causal", "batch", "n"))
     targets = load_workload(PREFILL_WORKLOAD).targets
     assert len(fastest) == len(targets) == 24
     with Store.from_url(f"sqlite:///{tmp_path / 'prefill.db'}") as s:
@@ -485,5 +485,5 @@ def test_shipped_gqa_prefill_answers_its_workload(tmp_path: Path) -> None:
                           "nq": sh.nq, "nk": sh.nk}  # fmt: skip
                 body = c.get("/v1/best", params=params).json()
                 assert body["exact"] is True, params
-                _, name = fastest[(t.dtype, t.causal, sh.batch, sh.nq)]
+                name = fastest[(t.dtype, t.causal, sh.batch, sh.nq)]
                 assert body["config"]["name"] == name, params

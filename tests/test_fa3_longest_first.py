@@ -121,3 +121,31 @@ def test_template_refuses_longest_first_outside_dense_causal(tmp_path: Path) -> 
     ok, log = _nvcc(family("fa3").render(full), "fa3_lf_full", tmp_path)
     assert not ok
     assert "longest-first order is for dense causal configs" in log
+
+
+def test_a_longest_first_winner_through_store_dump_ingest_and_best(tmp_path: Path) -> None:
+    """An `_lf` measurement is stored, dumped, ingested elsewhere and answered by /v1/best
+    with its parameter (the generic params path; no migration: `longest_first` is left out
+    of the params of every other config, as `varlen` is)."""
+    from fastapi.testclient import TestClient
+    from test_service_data import make_store
+
+    from core.problem import Problem
+    from db.transfer import export, ingest
+    from service.main import create_app
+    from tests.factories import H200, ok_result, seed_measurement
+
+    problem = Problem(gpu=H200.name, d=128, n=2048, batch=1, heads=32, kv_heads=8,
+                      dtype="fp16", causal=True)  # fmt: skip
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with make_store(tmp_path / "a") as source, make_store(tmp_path / "b") as target:
+        seed_measurement(source, problem=problem, config=CAUSAL, result=ok_result(0.09, problem))
+        seed_measurement(source, problem=problem, config=LF, result=ok_result(0.08, problem))
+        ingest(target, export(source))
+        with TestClient(create_app(target)) as client:
+            params = {"gpu": H200.name, "d": 128, "dtype": "fp16", "causal": True, "batch": 1,
+                      "heads": 32, "kv_heads": 8, "nq": 2048, "nk": 2048}  # fmt: skip
+            body = client.get("/v1/best", params=params).json()
+    assert body["config"]["name"] == LF.name and body["exact"] is True
+    assert body["config"]["params"]["longest_first"] is True

@@ -495,6 +495,23 @@ struct fa2tune_tuned_choice {
   int nq, nk, batch, q_heads, kv_heads;  // the shape the entry was tuned at
 };
 
+namespace fa2tune_detail {
+
+// The answer of fa2tune_nearest_tuned(_varlen): entry i, named `name`, tuned at `s`.
+inline fa2tune_tuned_choice tuned_choice(int i, const char* name, double distance,
+                                         const fa2tune_shape::Shape& s) {
+  return {i,
+          name,
+          distance,
+          static_cast<int>(s.nq),
+          static_cast<int>(s.nk),
+          static_cast<int>(s.batch),
+          static_cast<int>(s.heads),
+          static_cast<int>(s.kv_heads)};
+}
+
+}  // namespace fa2tune_detail
+
 inline bool fa2tune_nearest_tuned(int head_dim, fa2tune_dtype dtype, bool causal, int nq,
                                   int nk, int batch, int q_heads, int kv_heads, int sm_count,
                                   fa2tune_tuned_choice* out) {
@@ -508,17 +525,8 @@ inline bool fa2tune_nearest_tuned(int head_dim, fa2tune_dtype dtype, bool causal
       *t, fa2tune_detail::call_shape(nq, nk, batch, q_heads, kv_heads), sm_count, nullptr,
       &distance);
   if (i < 0) return false;
-  if (out != nullptr) {
-    const fa2tune_shape::Shape& s = t->choices[i].shape;
-    *out = {i,
-            t->choices[i].name,
-            distance,
-            static_cast<int>(s.nq),
-            static_cast<int>(s.nk),
-            static_cast<int>(s.batch),
-            static_cast<int>(s.heads),
-            static_cast<int>(s.kv_heads)};
-  }
+  if (out != nullptr)
+    *out = fa2tune_detail::tuned_choice(i, t->choices[i].name, distance, t->choices[i].shape);
   return true;
 }
 
@@ -618,17 +626,8 @@ inline bool fa2tune_nearest_tuned_varlen(int head_dim, fa2tune_dtype dtype, bool
       *t, fa2tune_shape::varlen_shape(total_q, num_seqs, q_heads, kv_heads), sm_count, nullptr,
       nullptr, &distance);
   if (i < 0) return false;
-  if (out != nullptr) {
-    const fa2tune_shape::Shape& s = t->choices[i].shape;
-    *out = {i,
-            t->choices[i].name,
-            distance,
-            static_cast<int>(s.nq),
-            static_cast<int>(s.nk),
-            static_cast<int>(s.batch),
-            static_cast<int>(s.heads),
-            static_cast<int>(s.kv_heads)};
-  }
+  if (out != nullptr)
+    *out = fa2tune_detail::tuned_choice(i, t->choices[i].name, distance, t->choices[i].shape);
   return true;
 }
 
