@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from core.config import KernelConfig
+    from core.config import Fa2Config
     from core.problem import Problem
     from core.records import GpuInfo
     from tuner.replay import ReplayTable
@@ -76,7 +76,7 @@ def _scratch_dir() -> str:
     )
 
 
-def valid_space(problem: Problem, gpu: GpuInfo, arch: str) -> list[KernelConfig]:
+def valid_space(problem: Problem, gpu: GpuInfo, arch: str) -> list[Fa2Config]:
     """The mma.sync (fa2) configs ``fa2tune tune`` searches for ``problem`` on ``gpu``.
 
     The recorded exhaustive sweeps this script replays cover that family; on an sm_90 GPU

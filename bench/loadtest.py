@@ -73,7 +73,7 @@ def seed(db_path: Path) -> int:
     Returns:
         Measurements added.
     """
-    from core.config import KernelConfig
+    from core.config import Fa2Config
     from core.problem import Problem
     from db.dump_format import DumpFile
     from db.store import Store
@@ -108,7 +108,7 @@ def seed(db_path: Path) -> int:
                             br = rng.choice((64, 128)) if d < 256 else 64
                             bc = rng.choice((32, 64, 128)) if d < 256 else 64
                             stages = rng.choice((1, 2))
-                            cfg = KernelConfig(
+                            cfg = Fa2Config(
                                 d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=4,
                                 stages=stages, pad=8,
                             )  # fmt: skip

@@ -37,7 +37,7 @@ from codegen.build import build_configs
 from codegen.fa3_space import default_config as fa3_default
 from codegen.fa3_space import seed_configs as fa3_seeds
 from codegen.space import is_valid
-from core.config import Dtype, KernelConfig
+from core.config import Dtype, Fa2Config
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from measure.loader import LoadedKernel, ensure_context
@@ -49,7 +49,7 @@ from measure.verify import check_output, poison
 
 log = logging.getLogger("varlen_bench")
 #: The families with varlen kernels.
-VarlenConfig = KernelConfig | Fa3Config
+VarlenConfig = Fa2Config | Fa3Config
 TIMING = TimingOptions(target_ms=100.0, max_reps=300, budget_ms=3000.0)
 #: (br, bc, warps, stages, swizzle) of the varlen configs tried: FA2's tiles and their kin.
 TILES = (
@@ -73,7 +73,7 @@ def lengths(count: int, lo: int, hi: int, seed: int) -> list[int]:
 
 def candidates(d: int, dtype: Dtype, causal: bool, fa3: bool) -> list[VarlenConfig]:
     configs: list[VarlenConfig] = [
-        KernelConfig(d, dtype, causal, br, bc, w, s, pad=0, swizzle=swz, varlen=True)
+        Fa2Config(d, dtype, causal, br, bc, w, s, pad=0, swizzle=swz, varlen=True)
         for br, bc, w, s, swz in TILES
     ]
     configs = [c for c in configs if is_valid(c)[0]]  # type: ignore[arg-type]

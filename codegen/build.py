@@ -33,7 +33,7 @@ from codegen.render import template_hash, write_if_changed
 from codegen.space import ARCH_SMEM_LIMIT
 from core.build_report import BuildReport, BuildStatus
 from core.family import AnyConfig
-from fa2tune.settings import get_settings
+from core.settings import get_settings
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from codegen.space import (
     estimate_registers,
 )
 from core.build_report import BuildReport, BuildStatus
-from core.config import HEAD_DIMS_RULE, Dtype, KernelConfig
+from core.config import HEAD_DIMS_RULE, Dtype, Fa2Config
 from core.family import AnyConfig, config_from_name
 from core.splitkv_config import SplitKvConfig
 
@@ -44,7 +44,7 @@ _STATUS_STYLE: dict[BuildStatus, str] = {
 }
 
 
-def _layout(config: KernelConfig) -> str:
+def _layout(config: Fa2Config) -> str:
     return "swizzle" if config.swizzle else f"pad {config.pad}"
 
 
@@ -99,7 +99,7 @@ def _check_arch(arch: str) -> str:
 def _est_registers(config: AnyConfig) -> int:
     """The space's register estimate per thread (fa3: accumulators plus headroom;
     splitkv: accumulators)."""
-    if isinstance(config, KernelConfig):
+    if isinstance(config, Fa2Config):
         return estimate_registers(config)
     if isinstance(config, SplitKvConfig):
         return splitkv_space.accumulator_regs(config)
@@ -153,7 +153,7 @@ def space(
                 **c.to_dict(),
                 "tile": c.tile,
                 "description": c.describe(),
-                **({"layout": _layout(c)} if isinstance(c, KernelConfig) else {}),
+                **({"layout": _layout(c)} if isinstance(c, Fa2Config) else {}),
                 "smem_bytes": c.smem_bytes,
                 "est_registers": _est_registers(c),
             }

@@ -2,32 +2,32 @@
 
 The header is C++ from two templates and data from Python:
 
-- ``codegen/templates/fa2_dispatch.cuh``: the dispatch and launch code and the public API,
+- ``codegen/templates/dispatch.cuh``: the dispatch and launch code and the public API,
   with its local includes inlined: each kernel family's part (its
   :attr:`~codegen.families.HeaderPart.template`, e.g. ``fa3_launch.cuh`` with ``fa3_fwd.cuh``)
   once, in registry order, only for the families with a config in the header (through
-  ``fa2_dispatch_families.inc``, rendered here as their ``#include`` lines), the GPU-name rule
-  (``fa2_gpu_name.cuh``), the shape distance (``fa_shape.cuh``, the C++ twin of
-  :mod:`core.shape`) and ``fa2_dispatch_table.inc``, the table rendered here;
+  ``dispatch_families.inc``, rendered here as their ``#include`` lines), the GPU-name rule
+  (``gpu_name.cuh``), the shape distance (``fa_shape.cuh``, the C++ twin of
+  :mod:`core.shape`) and ``dispatch_table.inc``, the table rendered here;
 - rendered here, from plain values (:class:`TunedPoint`): the comment naming the GPU with the
   provenance (and family) of every tuned config, and the table the dispatch reads: aliases and
   explicit instantiations of the tuned winners plus FlashAttention-2's default config per head
   dim, the tuned GPU's name key, and per (D, dtype, causal) one entry per tuned problem: its
   whole shape (Nq, Nk, batch, heads, KV heads) and its config, from which the dispatch takes
   the nearest shape to the call's. The table's contract is written at the top of
-  fa2_dispatch.cuh.
+  dispatch.cuh.
 
-The entry points it defines (fa2_dispatch.cuh documents them all)::
+The entry points it defines (dispatch.cuh documents them all)::
 
-    cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+    cudaError_t fa2tune_forward(const FaParams& p, int head_dim, fa2tune_dtype dtype,
                                 bool causal, cudaStream_t stream = 0);
-    size_t fa2tune_workspace_size(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+    size_t fa2tune_workspace_size(const FaParams& p, int head_dim, fa2tune_dtype dtype,
                                   bool causal);
-    cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_dim,
+    cudaError_t fa2tune_forward_with_workspace(const FaParams& p, int head_dim,
                                                fa2tune_dtype dtype, bool causal,
                                                void* workspace, size_t workspace_bytes,
                                                cudaStream_t stream = 0);
-    cudaError_t fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v, int num_seqs,
+    cudaError_t fa2tune_forward_varlen(const FaParams& p, const FaVarlen& v, int num_seqs,
                                        int max_seqlen_q, int max_seqlen_k, int head_dim,
                                        fa2tune_dtype dtype, bool causal,
                                        cudaStream_t stream = 0);
@@ -79,15 +79,15 @@ from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem
 from core.shape import Shape
-from fa2tune import __version__
+from core.version import __version__
 
 log = logging.getLogger(__name__)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATE_NAME = "fa2_fwd.cuh"  # the kernel template
-DISPATCH_TEMPLATE = "fa2_dispatch.cuh"  # the header's C++ around the kernel template
-TABLE_INCLUDE = "fa2_dispatch_table.inc"  # what fa2_dispatch.cuh includes; rendered here
-FAMILIES_INCLUDE = "fa2_dispatch_families.inc"  # the used families' parts; rendered here
+DISPATCH_TEMPLATE = "dispatch.cuh"  # the header's C++ around the kernel template
+TABLE_INCLUDE = "dispatch_table.inc"  # what dispatch.cuh includes; rendered here
+FAMILIES_INCLUDE = "dispatch_families.inc"  # the used families' parts; rendered here
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"(?P<path>[^"]+)"[^\n]*$', re.MULTILINE)
 _PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[^\n]*\n?", re.MULTILINE)
@@ -216,7 +216,7 @@ def inline_template(
 
 
 # ------------------------------------------------------------------------------------------
-# Rendering: data only; every line of C++ logic is in templates/fa2_dispatch.cuh.
+# Rendering: data only; every line of C++ logic is in templates/dispatch.cuh.
 
 
 def _shell_arg(s: str) -> str:
@@ -311,7 +311,7 @@ def _nvcc_note(f: Family) -> str | None:
 def _choice(shape: Shape | None, cfg: AnyConfig) -> str:
     """One ``Choice``: the tuned shape (all 0 for a default), launcher, name, guard and the
     caller-workspace entry points (``Workspace<alias>``, nullptr in C++ for a family without
-    a workspace; fa2_dispatch.cuh finds a family's by its Traits)."""
+    a workspace; dispatch.cuh finds a family's by its Traits)."""
     part = family_of(cfg).header
     alias = f"fa2tune_configs::{cfg.name}"
     guard = "nullptr" if part.guard is None else f"&{part.guard}<{alias}>"
@@ -342,7 +342,7 @@ def render_table(
     varlen: Mapping[VarlenKey, Mapping[Shape, AnyConfig]] | None = None,
     varlen_defaults: Sequence[AnyConfig] = (),
 ) -> str:
-    """``fa2_dispatch_table.inc``: the data fa2_dispatch.cuh dispatches on (see its contract).
+    """``dispatch_table.inc``: the data dispatch.cuh dispatches on (see its contract).
 
     Args:
         gpu: the tuned GPU's name; the header stores its :func:`normalize_gpu_name` key.
@@ -450,7 +450,7 @@ def render_header(
             default config is compiled into the user's program, so not all
             :data:`~core.config.HEAD_DIMS`).
         dtypes: element types the header supports.
-        template_dir: where ``fa2_fwd.cuh`` and ``fa2_dispatch.cuh`` live.
+        template_dir: where ``fa2_fwd.cuh`` and ``dispatch.cuh`` live.
         generated_at: timestamp for the comment (now when None).
         filename: the header's file name, for the comment.
 

@@ -1,9 +1,9 @@
 """The exported header's packed variable-length (varlen) part, rendered from plain values.
 
-``fa2tune_forward_varlen`` (codegen/templates/fa2_dispatch.cuh) launches packed batches
+``fa2tune_forward_varlen`` (codegen/templates/dispatch.cuh) launches packed batches
 (``[total, heads, D]`` rows, ``cu_seqlens`` offsets) through the ``_vl`` configs' host
 launchers, ``fa2::launch_varlen`` and ``fa3::launch_varlen``. Its data is rendered here, into
-the same ``fa2_dispatch_table.inc`` as the dense tables (:func:`codegen.export.render_table`
+the same ``dispatch_table.inc`` as the dense tables (:func:`codegen.export.render_table`
 calls :func:`render_varlen_tables`):
 
 - per (D, dtype, causal), one entry per tuned varlen problem (:class:`VarlenPoint`): the
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from codegen.cpp_text import DATA_DECL, braced, c_string, cpp_bool
 from codegen.families import FAMILIES, family_of
-from core.config import Dtype, KernelConfig
+from core.config import Dtype, Fa2Config
 from core.elements import element
 from core.family import AnyConfig
 from core.shape import Shape
@@ -72,7 +72,7 @@ def has_varlen_launcher(config: AnyConfig) -> bool:
     return is_varlen(config) and part.varlen_kernel is not None and part.varlen_launcher is not None
 
 
-def varlen_twin(config: AnyConfig) -> KernelConfig:
+def varlen_twin(config: AnyConfig) -> Fa2Config:
     """The varlen config with ``config``'s tiles: what packed calls run where nothing was
     tuned, when ``config`` is the dense default the header falls back to.
 
@@ -82,7 +82,7 @@ def varlen_twin(config: AnyConfig) -> KernelConfig:
     Raises:
         ValueError: ``config`` is not an fa2 config.
     """
-    if not isinstance(config, KernelConfig):
+    if not isinstance(config, Fa2Config):
         raise ValueError(f"{config.name}: the varlen defaults are fa2 configs")
     return replace(config, varlen=True)
 
@@ -179,7 +179,7 @@ def _table_row(key: VarlenKey, choices: str, count: int) -> str:
 def render_varlen_tables(
     tables: Mapping[VarlenKey, Mapping[Shape, AnyConfig]], defaults: Sequence[AnyConfig]
 ) -> list[str]:
-    """The varlen part of ``fa2_dispatch_table.inc`` (inside ``namespace fa2tune_detail``;
+    """The varlen part of ``dispatch_table.inc`` (inside ``namespace fa2tune_detail``;
     the configs' aliases and instantiations are written with the others').
 
     Args:

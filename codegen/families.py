@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from codegen import fa3_space, splitkv_space
 from codegen import space as fa2_space
 from codegen.render import render_instantiation
-from core.config import HEAD_DIMS, HEAD_DIMS_RULE, Dtype, KernelConfig
+from core.config import HEAD_DIMS, HEAD_DIMS_RULE, Dtype, Fa2Config
 from core.elements import element
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig, UnknownFamilyError, config_type
@@ -40,22 +40,22 @@ class HeaderPart:
             when the header holds a config of the family.
         traits: the C++ type that names one config (``fa2::Traits<...>``).
         kernel: the C++ kernel template, instantiated once per config (``fa2::fwd_kernel``).
-        launcher: the C++ host launcher template, ``cudaError_t (const Fa2Params&,
+        launcher: the C++ host launcher template, ``cudaError_t (const FaParams&,
             cudaStream_t)``, instantiated once per config; the dispatch table points at it.
         kernel_params: the kernel's parameter list as its explicit instantiation spells it
             (with the ``__grid_constant__`` annotations, which must repeat the template's).
-        guard: the C++ template ``bool (const Fa2Params&)`` saying whether the launcher can
+        guard: the C++ template ``bool (const FaParams&)`` saying whether the launcher can
             run a launch on the current device, instantiated once per config and asked by the
             dispatch before it picks one of the family's configs; None when the family runs
             wherever the header's code does.
         varlen_kernel: the packed variable-length kernel template (``fa2::fwd_varlen_kernel``,
-            taking ``FaVarlen`` after ``Fa2Params``), instantiated instead of ``kernel`` for a
+            taking ``FaVarlen`` after ``FaParams``), instantiated instead of ``kernel`` for a
             config whose ``varlen`` is set; None for a family without varlen kernels.
-        varlen_launcher: its host launcher, ``cudaError_t (const Fa2Params&, const FaVarlen&,
+        varlen_launcher: its host launcher, ``cudaError_t (const FaParams&, const FaVarlen&,
             cudaStream_t)`` (``fa2::launch_varlen``); the varlen dispatch table points at it.
         varlen_kernel_params: the varlen kernel's parameter list as its explicit
             instantiation spells it (fa3's: ``fa3::VarlenArgs`` and the three descriptors).
-        varlen_guard: as ``guard``, for packed launches: ``bool (const Fa2Params&, const
+        varlen_guard: as ``guard``, for packed launches: ``bool (const FaParams&, const
             FaVarlen&)``, asked before the varlen dispatch picks one of the family's configs;
             None when they run wherever the header's code does.
     """
@@ -64,11 +64,11 @@ class HeaderPart:
     traits: Callable[[AnyConfig], str]
     kernel: str
     launcher: str
-    kernel_params: str = "const Fa2Params"
+    kernel_params: str = "const FaParams"
     guard: str | None = None
     varlen_kernel: str | None = None
     varlen_launcher: str | None = None
-    varlen_kernel_params: str = "const Fa2Params, const FaVarlen"
+    varlen_kernel_params: str = "const FaParams, const FaVarlen"
     varlen_guard: str | None = None
 
     def instantiations(self, alias: str, *, varlen: bool = False) -> list[str]:
@@ -86,18 +86,18 @@ class HeaderPart:
                 f"template __global__ void {self.varlen_kernel}<{alias}>"
                 f"({self.varlen_kernel_params});",
                 f"template cudaError_t {self.varlen_launcher}<{alias}>"
-                "(const Fa2Params&, const FaVarlen&, cudaStream_t);",
+                "(const FaParams&, const FaVarlen&, cudaStream_t);",
             ]
             if self.varlen_guard is not None:
                 guard = f"{self.varlen_guard}<{alias}>"
-                lines.append(f"template bool {guard}(const Fa2Params&, const FaVarlen&);")
+                lines.append(f"template bool {guard}(const FaParams&, const FaVarlen&);")
             return lines
         lines = [
             f"template __global__ void {self.kernel}<{alias}>({self.kernel_params});",
-            f"template cudaError_t {self.launcher}<{alias}>(const Fa2Params&, cudaStream_t);",
+            f"template cudaError_t {self.launcher}<{alias}>(const FaParams&, cudaStream_t);",
         ]
         if self.guard is not None:
-            lines.append(f"template bool {self.guard}<{alias}>(const Fa2Params&);")
+            lines.append(f"template bool {self.guard}<{alias}>(const FaParams&);")
         return lines
 
 
@@ -118,7 +118,7 @@ class Family:
         render: the ``.cu`` text of one instantiation.
         grid: launch grid of a config on a call's shape.
         host_prep: dotted name (``module:function``) of the GPU stage's preparation of extra
-            launch arguments, or None when the kernel takes only its ``Fa2Params``.
+            launch arguments, or None when the kernel takes only its ``FaParams``.
         header: this family's part of the exported header.
         serves: whether a campaign searches the family on a problem (every family is correct
             on every shape; this only keeps a family off problems it cannot win).
@@ -176,12 +176,12 @@ class Family:
 
 
 def _fa2_grid(config: AnyConfig, shape: Shape) -> Grid:
-    assert isinstance(config, KernelConfig)
+    assert isinstance(config, Fa2Config)
     return (-(-shape.nq // config.br), shape.heads, shape.batch)  # ceil(nq / br) query tiles
 
 
 def _fa2_traits(config: AnyConfig) -> str:
-    assert isinstance(config, KernelConfig)
+    assert isinstance(config, Fa2Config)
     c = config
     flags = ("true" if c.causal else "false", "true" if c.swizzle else "false")
     args = (c.d, element(c.dtype).cuda_type, flags[0], c.br, c.bc, c.warps, c.stages, c.pad)
@@ -191,7 +191,7 @@ def _fa2_traits(config: AnyConfig) -> str:
 
 
 def _fa2_render(config: AnyConfig) -> str:
-    assert isinstance(config, KernelConfig)
+    assert isinstance(config, Fa2Config)
     return render_instantiation(config)
 
 
@@ -200,7 +200,7 @@ def _fa2_space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -
 
 
 def _fa2_check(config: AnyConfig, smem_limit: int) -> tuple[bool, str]:
-    assert isinstance(config, KernelConfig)
+    assert isinstance(config, Fa2Config)
     return fa2_space.is_valid(config, smem_limit)
 
 
@@ -308,13 +308,13 @@ FA3 = Family(
         kernel="fa3::fwd_kernel",
         launcher="fa3::launch",
         kernel_params=", ".join(
-            ["const Fa2Params"] + ["const __grid_constant__ CUtensorMap"] * 3
+            ["const FaParams"] + ["const __grid_constant__ CUtensorMap"] * 3
         ),  # p, tma_q, tma_k, tma_v (docs/fa3_kernel.md)
         guard="fa3::can_launch",
         varlen_kernel="fa3::fwd_varlen_kernel",
         varlen_launcher="fa3::launch_varlen",
         varlen_kernel_params=", ".join(
-            ["const Fa2Params", "const fa3::VarlenArgs"]
+            ["const FaParams", "const fa3::VarlenArgs"]
             + ["const __grid_constant__ CUtensorMap"] * 3
         ),  # p, vl, tma_q, tma_k, tma_v over the packed tensors
         varlen_guard="fa3::can_launch_varlen",
@@ -382,7 +382,7 @@ SPLITKV = Family(
         traits=_splitkv_traits,
         kernel="splitkv::fwd_kernel",
         launcher="splitkv::launch",
-        kernel_params="const Fa2Params, float*, float*, int*",  # p, ws_o, ws_lse, ws_count
+        kernel_params="const FaParams, float*, float*, int*",  # p, ws_o, ws_lse, ws_count
     ),
     host_prep="measure.splitkv:splitkv_workspace",
     serves=splitkv_space.serves,

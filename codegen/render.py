@@ -14,7 +14,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.elements import cuda_type
 
 TEMPLATE_HEADER = "fa2_fwd.cuh"
@@ -37,7 +37,7 @@ def _cpp_bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def render_instantiation(config: KernelConfig) -> str:
+def render_instantiation(config: Fa2Config) -> str:
     """The ``.cu`` text that instantiates ``config`` as an ``extern "C"`` kernel.
 
     Args:
@@ -144,7 +144,7 @@ def template_hash(directory: Path | None = None, main: str = TEMPLATE_HEADER) ->
     The files are :func:`template_files` of the family's main template, so an edit to it or
     to any header it includes changes the hash and thus every build directory derived from
     it (:func:`codegen.build.source_hash`), while templates of other families and the
-    exported header's dispatch code (``fa2_dispatch.cuh``, which includes the kernel) do
+    exported header's dispatch code (``dispatch.cuh``, which includes the kernel) do
     not. The exported header names the kernel source by this same digest.
 
     Args:

@@ -3,7 +3,7 @@
 The rules mirror the ``static_assert``\\ s and the code structure of
 ``codegen/templates/fa2_fwd.cuh``: each warp owns whole 16-row ``mma.m16n8k16`` tiles of the
 query block (split-Q), key tiles are consumed 16 keys per k-step, the swizzle permutes 16-byte
-chunks in groups of 4, and the dynamic shared memory is ``KernelConfig.smem_bytes``. On top of
+chunks in groups of 4, and the dynamic shared memory is ``Fa2Config.smem_bytes``. On top of
 what the template accepts, two budgets prune configs that cannot be good: rows per warp are kept
 at 16 or 32 (64 would need ~2x the accumulator registers of the largest useful tile) and a
 per-thread register estimate must stay under :data:`MAX_EST_REGISTERS`. Configs estimated
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, KernelConfig, tile_head_dim
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, Fa2Config, tile_head_dim
 
 VALID_HEAD_DIMS: tuple[int, ...] = HEAD_DIMS
 VALID_DTYPES: tuple[Dtype, ...] = DTYPES
@@ -88,7 +88,7 @@ SEED_TILES: tuple[tuple[int, int, int], ...] = (
 SEED_STAGES: tuple[int, ...] = (1, 2)
 
 
-def estimate_registers(config: KernelConfig) -> int:
+def estimate_registers(config: Fa2Config) -> int:
     """Rough registers per thread of an instantiation, following the template's arrays.
 
     Per thread a warp's fp32 accumulators take ``rows_per_warp * (D + bc) / 32`` registers
@@ -114,7 +114,7 @@ def estimate_registers(config: KernelConfig) -> int:
     return accumulators + softmax_state + q_regs + BASE_REGISTERS
 
 
-def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
+def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> Fa2Config:
     """FlashAttention-2's config for a head dim: the fallback for untuned GPUs and shapes.
 
     Its tile is :data:`FA2_TILES`'s for ``d``'s tile head dim, with :data:`FA2_STAGES` stages
@@ -126,7 +126,7 @@ def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
     if d not in HEAD_DIMS:
         raise ValueError(f"unsupported head dim {d}: not {HEAD_DIMS_RULE}")
     br, bc, warps = FA2_TILES[tile_head_dim(d)]
-    return KernelConfig(
+    return Fa2Config(
         d=d, dtype=dtype, causal=causal, br=br, bc=bc, warps=warps,
         stages=FA2_STAGES, pad=0, swizzle=FA2_SWIZZLE,
     )  # fmt: skip
@@ -139,7 +139,7 @@ def _check_arch(arch: str) -> None:
         )
 
 
-def is_valid(config: KernelConfig, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tuple[bool, str]:
+def is_valid(config: Fa2Config, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tuple[bool, str]:
     """Check one config against the space's rules.
 
     Args:
@@ -202,7 +202,7 @@ def enumerate_space(
     arch: str = "sm_90",
     *,
     varlen: bool = False,
-) -> list[KernelConfig]:
+) -> list[Fa2Config]:
     """Every valid config for one head dim, dtype and mask, in a deterministic order.
 
     Args:
@@ -215,7 +215,7 @@ def enumerate_space(
         varlen: the packed-sequence kernels (``_vl``) instead of the dense ones.
 
     Returns:
-        The valid configs sorted by ``KernelConfig`` order (d, dtype, causal, br, bc, warps,
+        The valid configs sorted by ``Fa2Config`` order (d, dtype, causal, br, bc, warps,
         stages, pad, swizzle), without duplicates.
 
     Raises:
@@ -228,7 +228,7 @@ def enumerate_space(
         raise ValueError(f"dtype {dtype!r} is not one of {list(VALID_DTYPES)}")
     limit = min(smem_limit, ARCH_SMEM_LIMIT[arch])
     candidates = (
-        KernelConfig(
+        Fa2Config(
             d=d,
             dtype=dtype,
             causal=causal,
@@ -251,7 +251,7 @@ def enumerate_space(
 
 def seed_configs(
     d: int, dtype: Dtype = "fp16", causal: bool = False, *, varlen: bool = False
-) -> list[KernelConfig]:
+) -> list[Fa2Config]:
     """Known-good starting points: FlashAttention-2's tile and the seed kernels' tiles.
 
     FA2's config for ``d`` (:func:`fa2_default_config`: 1 stage, swizzled) comes also in the
@@ -268,15 +268,15 @@ def seed_configs(
     Returns:
         Valid seed configs, sorted and without duplicates.
     """
-    found: list[KernelConfig] = []
+    found: list[Fa2Config] = []
     if d in VALID_HEAD_DIMS:
         fa2 = fa2_default_config(d, dtype, causal)
         found += [fa2, replace(fa2, pad=8, swizzle=False)]
     for br, bc, warps in SEED_TILES:
         for stages in SEED_STAGES:
-            found.append(KernelConfig(d, dtype, causal, br, bc, warps, stages, pad=8))
+            found.append(Fa2Config(d, dtype, causal, br, bc, warps, stages, pad=8))
     return _sorted_unique(replace(c, varlen=varlen) for c in found if is_valid(c)[0])
 
 
-def _sorted_unique(configs: Iterable[KernelConfig]) -> list[KernelConfig]:
+def _sorted_unique(configs: Iterable[Fa2Config]) -> list[Fa2Config]:
     return sorted(set(configs))

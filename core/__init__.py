@@ -9,7 +9,7 @@ import it without pulling in another stage.
 from __future__ import annotations
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import DTYPES, ELEMENT_BYTES, HEAD_DIMS, Dtype, KernelConfig
+from core.config import DTYPES, ELEMENT_BYTES, HEAD_DIMS, Dtype, Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 
@@ -20,8 +20,8 @@ __all__ = [
     "BuildReport",
     "BuildStatus",
     "Dtype",
+    "Fa2Config",
     "GpuInfo",
-    "KernelConfig",
     "MeasureResult",
     "MeasureStatus",
     "Problem",

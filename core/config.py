@@ -1,8 +1,8 @@
 """The kernel configuration: one point of the template's compile-time parameter space.
 
-A :class:`KernelConfig` is frozen, has a readable :attr:`~KernelConfig.name` that carries every
+A :class:`Fa2Config` is frozen, has a readable :attr:`~Fa2Config.name` that carries every
 parameter (it is also the extern "C" kernel symbol and the build directory name) and a stable
-:attr:`~KernelConfig.key` (short hash of the name) for caches and the database.
+:attr:`~Fa2Config.key` (short hash of the name) for caches and the database.
 
 Part of the shared floor (:mod:`core`), with the element types and head dims every stage
 agrees on.
@@ -20,7 +20,7 @@ Dtype = Literal["fp16", "bf16"]
 DTYPES: tuple[Dtype, ...] = ("fp16", "bf16")
 #: Every head dim the product takes: multiples of 8 up to 256 (40, 80, 160 and 192 are in
 #: widely used models). The fa2 template rounds its tile up to a multiple of 32
-#: (:attr:`KernelConfig.tile_d`) and masks the extra columns, as FlashAttention-2 does.
+#: (:attr:`Fa2Config.tile_d`) and masks the extra columns, as FlashAttention-2 does.
 HEAD_DIMS: tuple[int, ...] = tuple(range(8, 257, 8))
 #: The head dims headers export default kernels for when none are asked for (FlashAttention-2's
 #: own instantiations; other dims come with their tuned results or when asked for).
@@ -47,7 +47,7 @@ _NAME_RE = re.compile(
 
 
 @dataclass(frozen=True, order=True)
-class KernelConfig:
+class Fa2Config:
     """Compile-time parameters of one FA2 forward kernel instantiation.
 
     Attributes:
@@ -144,7 +144,7 @@ class KernelConfig:
         return own
 
     @classmethod
-    def from_dict(cls, data: dict[str, object]) -> KernelConfig:
+    def from_dict(cls, data: dict[str, object]) -> Fa2Config:
         return cls(
             d=int(data["d"]),  # type: ignore[call-overload]
             dtype=str(data["dtype"]),  # type: ignore[arg-type]
@@ -159,7 +159,7 @@ class KernelConfig:
         )
 
     @classmethod
-    def from_name(cls, name: str) -> KernelConfig:
+    def from_name(cls, name: str) -> Fa2Config:
         """Parse a name produced by :attr:`name`.
 
         Raises:

@@ -24,7 +24,7 @@ class Element:
         cuda_type: the CUDA C++ type, e.g. ``"__half"``.
         torch_name: the attribute of the ``torch`` module, e.g. ``"float16"``.
         header_enum: the exported header's ``fa2tune_dtype`` constant, e.g. ``"FA2TUNE_FP16"``
-            (its numeric value is fixed in codegen/templates/fa2_dispatch.cuh).
+            (its numeric value is fixed in codegen/templates/dispatch.cuh).
     """
 
     name: str

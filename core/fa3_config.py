@@ -1,6 +1,6 @@
 """The Hopper-native family's config (``fa3``): one instantiation of ``FA3_DEFINE_KERNEL``.
 
-Like :class:`core.config.KernelConfig` for the mma.sync family, a :class:`Fa3Config` is
+Like :class:`core.config.Fa2Config` for the mma.sync family, a :class:`Fa3Config` is
 frozen, its :attr:`~Fa3Config.name` carries every parameter (it is the extern "C" symbol and
 starts with the family, ``fa3_``), and its :attr:`~Fa3Config.key` hashes the name. The space
 rules (which configs compile, register budgets) live in :mod:`codegen.fa3_space`; the kernel

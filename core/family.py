@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Protocol, TypeAlias
 
-from core.config import Dtype, KernelConfig
+from core.config import Dtype, Fa2Config
 from core.fa3_config import Fa3Config
 from core.splitkv_config import SplitKvConfig
 
@@ -53,11 +53,11 @@ class FamilyConfig(Protocol):
 
 
 #: Any family's config (a union as families are added; each satisfies :class:`FamilyConfig`).
-AnyConfig: TypeAlias = KernelConfig | Fa3Config | SplitKvConfig
+AnyConfig: TypeAlias = Fa2Config | Fa3Config | SplitKvConfig
 
 #: Family name -> config type. A family's name is also its config names' prefix.
 CONFIG_TYPES: dict[str, type[AnyConfig]] = {
-    "fa2": KernelConfig,
+    "fa2": Fa2Config,
     "fa3": Fa3Config,
     "splitkv": SplitKvConfig,
 }

@@ -12,7 +12,7 @@ A100-SXM4-80GB"``); users write it shorter or differently (``"H200"``, ``"h200"`
 So ``"NVIDIA H200"``, ``"nvidia-h200"``, ``"H200"`` all give ``"h200"`` and ``"NVIDIA
 A100-SXM4-80GB"`` gives ``"a100 sxm4 80gb"``. The rule is defined on ASCII alone so that the
 exported header's C++ (``fa2tune_detail::normalise_name`` in
-codegen/templates/fa2_gpu_name.cuh, which works on bytes) computes exactly the same key;
+codegen/templates/gpu_name.cuh, which works on bytes) computes exactly the same key;
 tests/test_gpu_name.py compiles it and compares the two on a list of names.
 
 The store keeps this key in ``gpus.name_key``: changing the rule changes which rows a lookup

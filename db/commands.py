@@ -17,6 +17,7 @@ from rich.table import Table
 
 from codegen import fa3_space
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
+from core.settings import get_settings
 from core.shape import Shape
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS, ShapeParamError, resolve_shape
 from core.varlen_request import VarlenRequest, no_varlen_results, resolve_varlen
@@ -26,11 +27,10 @@ from db.shipped import load_shipped_results
 from db.store import Store
 from db.transfer import dump as dump_results
 from db.transfer import export, ingest_file, to_json
-from fa2tune.settings import get_settings
 
 logger = logging.getLogger(__name__)
 
-MAX_N = 2**31 - 1  # the kernel's sequence lengths, batch and heads are int32 (Fa2Params)
+MAX_N = 2**31 - 1  # the kernel's sequence lengths, batch and heads are int32 (FaParams)
 #: Lengths a table row lists before it shortens the list (the JSON output has them all).
 SHOWN_SEQLENS = 24
 # Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.fa3_space.HEAD_DIMS,

@@ -52,7 +52,7 @@ FORMAT_VERSION: Final = 2  # 2: configs carry their kernel family and its params
 _MAX_ERRORS_SHOWN = 10
 
 #: The largest value of an ``Integer`` column (32-bit signed on PostgreSQL), and the kernel's
-#: limit on sequence lengths, batch and heads (``Fa2Params`` holds them as int32).
+#: limit on sequence lengths, batch and heads (``FaParams`` holds them as int32).
 INT32_MAX: Final = 2**31 - 1
 #: The largest value of a ``BigInteger`` column (64-bit signed).
 INT64_MAX: Final = 2**63 - 1

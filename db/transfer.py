@@ -29,6 +29,7 @@ from core.build_report import BuildStatus
 from core.gpu_name import normalize_gpu_name
 from core.problem import parse_seqlens, seqlens_text
 from core.records import MeasureStatus
+from core.version import __version__
 from db.dump_format import (
     BuildKey,
     BuildRecord,
@@ -47,7 +48,6 @@ from db.models import Build, Gpu, Measurement, Problem, build_report_values, utc
 from db.queries import build_config
 from db.session import PG_INGEST_LOCK, session_scope
 from db.store import Store
-from fa2tune import __version__
 
 logger = logging.getLogger(__name__)
 

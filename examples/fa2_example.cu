@@ -154,7 +154,7 @@ bool run_case(const Options& o, int d, int n, bool causal, std::mt19937& rng) {
   CHECK_CUDA(cudaMemcpy(dv, hv.data(), kv_elems * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(dout, 0xff, q_elems * 2));  // NaN pattern: unwritten rows show up
 
-  Fa2Params p{};
+  FaParams p{};
   p.q = dq;
   p.k = dk;
   p.v = dv;

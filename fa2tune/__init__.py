@@ -1,6 +1,7 @@
-"""fa2tune: autotuning kernel generator and service for FlashAttention-2 forward kernels."""
+"""fa2tune: autotuning kernel generator and service for FlashAttention forward kernels."""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from core.version import __version__
+
 __all__ = ["__version__"]

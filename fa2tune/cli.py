@@ -20,9 +20,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import make_url
 
 from codegen import commands as codegen_commands
+from core.settings import get_settings, override_settings
 from db import commands as db_commands
 from db.session import DatabaseOpenError
-from fa2tune.settings import get_settings, override_settings
 from measure import commands as measure_commands
 from service import commands as service_commands
 from tuner import tune_cli
@@ -171,7 +171,7 @@ class _CleanErrors(typer.core.TyperGroup):
         except _USAGE_ERROR as error:
             raise _one_line_usage(error) from error
         except Exception as exc:
-            from fa2tune.settings import get_settings
+            from core.settings import get_settings
 
             try:
                 db_url: str | None = get_settings().db_url

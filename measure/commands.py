@@ -11,7 +11,7 @@ import typer
 
 log = logging.getLogger(__name__)
 
-MAX_N = 2**31 - 1  # Fa2Params' lengths, batch and heads are int32
+MAX_N = 2**31 - 1  # FaParams' lengths, batch and heads are int32
 
 
 def bench(

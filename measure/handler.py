@@ -203,7 +203,7 @@ class GpuJobHandler:
 
         o, lse = inputs.outputs()
         poison(o, lse)
-        # The Fa2Params, the family's extra arguments (fa3: TMA descriptors of these
+        # The FaParams, the family's extra arguments (fa3: TMA descriptors of these
         # tensors), its grid and block: one bound launch for the check and the timing loop.
         launch = kernel.bind_config(
             config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout, self.stream

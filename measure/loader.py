@@ -3,7 +3,7 @@
 Holds the driver calls (:func:`driver`, :func:`call`, :class:`CudaError`, context set-up and
 health), module loading (:class:`LoadedKernel`) and launching (:class:`BoundLaunch`, the
 family's launch geometry and ``host_prep``). Every kernel family's kernels take one by-value
-:class:`~measure.params.Fa2Params` first (the ABI of ``docs/architecture.md``, built from
+:class:`~measure.params.FaParams` first (the ABI of ``docs/architecture.md``, built from
 tensors by :func:`measure.params.make_params`), then whatever the family's ``host_prep``
 returns (the Hopper family: three ``CUtensorMap`` descriptors, :mod:`measure.tma`;
 docs/fa3_kernel.md). Grid and block come from the family registry (:mod:`codegen.families`:
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from core.family import AnyConfig
 from core.problem import Problem
 from core.shape import Shape
-from measure.params import Fa2Params, Layout, make_params
+from measure.params import FaParams, Layout, make_params
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 Dim3: TypeAlias = tuple[int, int, int]
 
 #: A family's ``host_prep`` (named by ``codegen.families.Family.host_prep``):
-#: ``(config, q, k, v, layout)`` -> the kernel's arguments after its ``Fa2Params``, in order,
+#: ``(config, q, k, v, layout)`` -> the kernel's arguments after its ``FaParams``, in order,
 #: each a ctypes value whose bytes are the argument (e.g. :class:`measure.tma.TensorMap`).
 HostPrep: TypeAlias = Callable[..., Sequence[Any]]
 
@@ -194,7 +194,7 @@ def synchronize(stream_handle: int) -> None:
 class BoundLaunch:
     """One prepared ``cuLaunchKernel`` call; calling it launches asynchronously.
 
-    Holds the :class:`Fa2Params`, the family's extra arguments (ctypes values, e.g. TMA
+    Holds the :class:`FaParams`, the family's extra arguments (ctypes values, e.g. TMA
     descriptors) and the ``void*`` array pointing at them in kernel-parameter order (the
     params first), so all of them stay alive as long as the launcher does. Without extra
     arguments the array has the one entry of the ``fa2`` ABI.
@@ -217,7 +217,7 @@ class BoundLaunch:
         cu: Any,
         fn: Any,
         symbol: str,
-        params: Fa2Params,
+        params: FaParams,
         grid: tuple[int, int, int],
         block: tuple[int, int, int],
         smem: int,
@@ -374,7 +374,7 @@ class LoadedKernel:
 
     def launch(
         self,
-        params: Fa2Params,
+        params: FaParams,
         grid: tuple[int, int, int],
         block: tuple[int, int, int],
         smem: int,
@@ -391,7 +391,7 @@ class LoadedKernel:
 
     def bind(
         self,
-        params: Fa2Params,
+        params: FaParams,
         grid: tuple[int, int, int],
         block: tuple[int, int, int],
         smem: int,
@@ -541,7 +541,7 @@ def host_prep(family: str) -> HostPrep | None:
 def extra_args(
     config: AnyConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout
 ) -> tuple[Any, ...]:
-    """The kernel arguments after ``Fa2Params`` for one launch of ``config`` on these tensors.
+    """The kernel arguments after ``FaParams`` for one launch of ``config`` on these tensors.
 
     Empty for a family without ``host_prep`` (``fa2``); otherwise what the family's
     ``host_prep(config, q, k, v, layout)`` returns (``fa3``: the TMA descriptors of Q, K and

@@ -1,6 +1,6 @@
-"""The kernels' by-value argument, :class:`Fa2Params`, and building it from torch tensors.
+"""The kernels' by-value argument, :class:`FaParams`, and building it from torch tensors.
 
-Every kernel family's kernels take one ``Fa2Params`` first (the ABI of
+Every kernel family's kernels take one ``FaParams`` first (the ABI of
 ``docs/architecture.md``): the Q, K, V, O and LSE pointers, the (batch, head, row) strides of
 Q, K, V and O in elements, the sizes and the softmax scale. :func:`make_params` checks the
 tensors in either layout (:data:`LAYOUTS`: ``bnhd`` or ``bhnd``) and fills one in.
@@ -31,7 +31,7 @@ ALIGN_ELEMS = 8
 ALIGN_BYTES = 16
 
 
-class Fa2Params(ctypes.Structure):
+class FaParams(ctypes.Structure):
     """The kernel's single by-value argument; layout as in ``docs/architecture.md``."""
 
     _fields_ = [
@@ -62,10 +62,10 @@ class Fa2Params(ctypes.Structure):
 
 
 # The ABI is fixed; a drifting field list must fail at import, not on the GPU.
-assert ctypes.sizeof(Fa2Params) == 160, ctypes.sizeof(Fa2Params)
-assert ctypes.alignment(Fa2Params) == 8
-assert Fa2Params.softmax_scale.offset == 156
-assert Fa2Params.batch.offset == 136
+assert ctypes.sizeof(FaParams) == 160, ctypes.sizeof(FaParams)
+assert ctypes.alignment(FaParams) == 8
+assert FaParams.softmax_scale.offset == 156
+assert FaParams.batch.offset == 136
 
 
 def _dims(t: torch.Tensor, layout: Layout) -> tuple[int, int, int, int]:
@@ -114,7 +114,7 @@ def make_params(
     lse: torch.Tensor | None,
     scale: float,
     layout: Layout = "bnhd",
-) -> Fa2Params:
+) -> FaParams:
     """Build the kernel argument from torch tensors.
 
     Args:
@@ -166,7 +166,7 @@ def make_params(
     if max(b, hq, hkv, nq, nk) >= 2**31:
         raise ValueError("dimensions must fit in int32")
     qs, ks, vs, os_ = (_strides(t, layout) for t in (q, k, v, o))
-    return Fa2Params(
+    return FaParams(
         q.data_ptr(),
         k.data_ptr(),
         v.data_ptr(),

@@ -1,7 +1,7 @@
 """Workspace for the split-KV family's launches (the ``splitkv`` family's ``host_prep``).
 
 A splitkv kernel (codegen/templates/splitkv_fwd.cuh) takes, after its
-:class:`~measure.params.Fa2Params`, three pointers: float32 partial O (``d`` floats a row:
+:class:`~measure.params.FaParams`, three pointers: float32 partial O (``d`` floats a row:
 the head dim, not the kernel's tile D) and LSE per (row tile, split), and one int counter per
 row tile that the last block of a row tile resets to zero.
 The partials are poisoned with NaN, so a merge that read a partial no block wrote shows up as

@@ -1,6 +1,6 @@
 """TMA descriptors for the Hopper family's launches (the ``fa3`` family's ``host_prep``).
 
-An fa3 kernel (docs/fa3_kernel.md) takes, after its :class:`~measure.params.Fa2Params`, three
+An fa3 kernel (docs/fa3_kernel.md) takes, after its :class:`~measure.params.FaParams`, three
 ``__grid_constant__ CUtensorMap`` arguments by value: the tiled TMA descriptors of Q, K and V.
 A descriptor holds the tensor's global address, so it is built per launch (per bound launch:
 a timing loop reuses one) from the tensors' pointers, shapes and strides, with
@@ -145,7 +145,7 @@ def fa3_tensor_maps(
     """The fa3 family's ``host_prep``: the kernel's extra arguments ``(tma_q, tma_k, tma_v)``.
 
     The signature every family's ``host_prep`` has (:func:`measure.loader.extra_args` calls
-    it): ``(config, q, k, v, layout)`` -> the kernel arguments after ``Fa2Params``, in order,
+    it): ``(config, q, k, v, layout)`` -> the kernel arguments after ``FaParams``, in order,
     each a ctypes value whose bytes are the argument. Call it after
     :func:`measure.params.make_params` has checked the tensors; the descriptors hold the
     tensors' addresses, so they are valid while those tensors live.

@@ -3,7 +3,7 @@
 A varlen call packs every sequence's rows one after another (``[total, heads, D]``) and says
 where each starts with cumulative offsets (``cu_seqlens``, int32, ``batch + 1`` entries), as
 FlashAttention-2's varlen forward takes them. The kernels (``_vl`` configs, see
-``codegen/templates/fa2_fwd.cuh`` and ``fa3_fwd.cuh``) take :class:`~measure.params.Fa2Params`
+``codegen/templates/fa2_fwd.cuh`` and ``fa3_fwd.cuh``) take :class:`~measure.params.FaParams`
 with the longest lengths and ``batch`` = the number of sequences, then a :class:`FaVarlen`;
 the Hopper family's then its three TMA descriptors over the packed tensors
 (:func:`measure.tma.fa3_varlen_tensor_maps`).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.problem import Problem
 from measure.loader import GRID_YZ_LIMIT, BoundLaunch, ChainedLaunch, LoadedKernel, launch_geometry
-from measure.params import Fa2Params, make_params
+from measure.params import FaParams, make_params
 from measure.reference import (
     InputSet,
     _measure_sdpa_error,
@@ -213,7 +213,7 @@ def sequence_inputs(inputs: VarlenInputs, i: int, sdpa_ref: bool) -> InputSet:
 
 def varlen_params(
     inputs: VarlenInputs, o: torch.Tensor, lse: torch.Tensor | None
-) -> tuple[Fa2Params, FaVarlen]:
+) -> tuple[FaParams, FaVarlen]:
     """The two kernel arguments of a varlen launch on ``inputs`` writing ``o`` and ``lse``.
 
     Raises:
@@ -298,7 +298,7 @@ def bind_varlen(
     launches = []
     for b0 in range(0, inputs.batch, GRID_YZ_LIMIT):
         count = min(GRID_YZ_LIMIT, inputs.batch - b0)
-        part = Fa2Params.from_buffer_copy(params)
+        part = FaParams.from_buffer_copy(params)
         part.batch = count
         part_extra = FaVarlen(extra.cu_seqlens_q + 4 * b0, extra.cu_seqlens_k + 4 * b0,
                               extra.total_q, 0)  # fmt: skip

@@ -11,10 +11,10 @@ import typer
 
 from codegen.export import ExportError
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS_RULE, Dtype
+from core.settings import get_settings, override_settings
 from db.dump_format import TransferError
 from db.shipped import load_shipped_results
 from db.store import Store
-from fa2tune.settings import get_settings, override_settings
 from service.header import UnknownGpuError, export_header
 
 log = logging.getLogger(__name__)

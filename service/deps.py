@@ -18,8 +18,8 @@ from anyio import CapacityLimiter
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from core.settings import Settings, get_settings
 from db.store import Store
-from fa2tune.settings import Settings, get_settings
 from service.index import BestIndex, IndexHolder
 
 

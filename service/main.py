@@ -23,12 +23,12 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from core.settings import get_settings
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
+from core.version import __version__
 from db.dump_format import DumpFile
 from db.shipped import load_shipped_results
 from db.store import Store
-from fa2tune import __version__
-from fa2tune.settings import get_settings
 from service.deps import SlowEndpoints
 from service.fastpath import BestFastPath
 from service.index import IndexHolder

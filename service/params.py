@@ -11,7 +11,7 @@ from core.config import HEAD_DIMS, HEAD_DIMS_RULE
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
 
 MAX_GPU_NAME = 128  # the gpus.name column
-MAX_N = 2**31 - 1  # Fa2Params.nq is an int32
+MAX_N = 2**31 - 1  # FaParams.nq is an int32
 
 
 #: A character that is not blank: not one of the characters ``str.strip`` removes

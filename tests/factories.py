@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import Dtype, KernelConfig
+from core.config import Dtype, Fa2Config
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
@@ -39,9 +39,9 @@ def make_config(
     stages: int = 1,
     pad: int = 8,
     swizzle: bool = False,
-) -> KernelConfig:
+) -> Fa2Config:
     """A kernel config (defaults: a common D=128 tile)."""
-    return KernelConfig(
+    return Fa2Config(
         d=d,
         dtype=dtype,
         causal=causal,
@@ -55,7 +55,7 @@ def make_config(
 
 
 def make_report(
-    config: KernelConfig,
+    config: Fa2Config,
     *,
     arch: str = "sm_90",
     status: BuildStatus = BuildStatus.OK,

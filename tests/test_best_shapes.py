@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo
 from core.shape import Shape, effective_causal, shape_distance
@@ -63,7 +63,7 @@ def square(n: int) -> Shape:
 def seed(store: Store, gpu: GpuInfo = H200) -> None:
     """D=128 fp16 full: the campaign's square 1024 and 4096 (batch 2, 16 heads), a decode-like
     GQA shape and a big-batch square one."""
-    plan: list[tuple[Shape, KernelConfig, float]] = [
+    plan: list[tuple[Shape, Fa2Config, float]] = [
         (square(1024), SQUARE_1K, 0.1),
         (square(4096), SQUARE_4K_SLOW, 1.2),
         (square(4096), SQUARE_4K, 1.0),
@@ -392,7 +392,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def cli_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr("fa2tune.settings._overrides", {})
+    monkeypatch.setattr("core.settings._overrides", {})
     monkeypatch.setattr("db.shipped.shipped_files", lambda: [])
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     with Store.from_url(url) as s:

@@ -46,7 +46,7 @@ def _seed_varlen(store: Store) -> None:
 @pytest.fixture
 def no_shipped(monkeypatch: pytest.MonkeyPatch) -> None:
     """The command loads no packaged results and takes no settings from earlier tests."""
-    monkeypatch.setattr("fa2tune.settings._overrides", {})
+    monkeypatch.setattr("core.settings._overrides", {})
     monkeypatch.setattr("db.shipped.shipped_files", lambda: [])
 
 

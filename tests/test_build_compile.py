@@ -18,8 +18,8 @@ from codegen.build import BuildBatch, build_batch
 from codegen.render import TEMPLATE_HEADER, render_instantiation, template_dir
 from codegen.space import is_valid
 from core.build_report import BuildStatus
-from core.config import KernelConfig
-from fa2tune.settings import get_settings
+from core.config import Fa2Config
+from core.settings import get_settings
 
 NVCC = get_settings().nvcc
 HAVE_NVCC = shutil.which(NVCC) is not None
@@ -38,11 +38,11 @@ needs_template = pytest.mark.skipif(
 
 def cfg(
     d: int, br: int, bc: int, warps: int, stages: int, pad: int = 8, swz: bool = False
-) -> KernelConfig:
-    return KernelConfig(d, "fp16", False, br, bc, warps, stages, pad=pad, swizzle=swz)
+) -> Fa2Config:
+    return Fa2Config(d, "fp16", False, br, bc, warps, stages, pad=pad, swizzle=swz)
 
 
-SAMPLE: list[KernelConfig] = [
+SAMPLE: list[Fa2Config] = [
     # D=64: FA2's tile in both layouts, the seed kernels' 64x64 and 128x64/8w.
     cfg(64, 128, 128, 4, 1),
     cfg(64, 128, 128, 4, 1, pad=0, swz=True),
@@ -117,13 +117,13 @@ def test_second_build_is_served_from_cache(sample_builds: tuple[Path, BuildBatch
 TINY_TEMPLATE = r"""
 #pragma once
 #include <cstdint>
-struct Fa2Params {
+struct FaParams {
   const void* q; const void* k; const void* v; void* o; float* lse;
   int64_t s[12];
   int32_t batch, q_heads, kv_heads, nq, nk;
   float softmax_scale;
 };
-static_assert(sizeof(Fa2Params) == 160, "ABI");
+static_assert(sizeof(FaParams) == 160, "ABI");
 template <int D, int Bc, int Warps, int Pad, bool Swizzle>
 struct Traits {
   static_assert(!Swizzle, "tiny template: no swizzle");
@@ -133,7 +133,7 @@ struct Traits {
 // for Bc live accumulators, so Bc = 256 spills.
 #define FA2_DEFINE_KERNEL(NAME, D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE)   \
   using NAME##_t = Traits<D, BC, WARPS, PAD, SWIZZLE>;                                  \
-  extern "C" __global__ void __launch_bounds__(NAME##_t::kThreads, 8) NAME(Fa2Params p) { \
+  extern "C" __global__ void __launch_bounds__(NAME##_t::kThreads, 8) NAME(FaParams p) { \
     __shared__ float big[PAD == 16 ? 60000 : 32];                                       \
     const float* q = static_cast<const float*>(p.q);                                    \
     float acc[BC];                                                                      \

@@ -26,7 +26,7 @@ from codegen.build import (
 from codegen.ninja import NinjaEntry
 from codegen.render import TemplateMissingError, render_instantiation
 from core.build_report import BuildStatus
-from core.config import KernelConfig
+from core.config import Fa2Config
 
 FAKE_NVCC = r'''#!{python}
 """A stand-in for nvcc that prints ptxas -v style output."""
@@ -85,7 +85,7 @@ class Fake:
     def calls(self) -> int:
         return len(self.calls_file.read_text().splitlines()) if self.calls_file.exists() else 0
 
-    def build(self, configs: list[KernelConfig], **kwargs: object) -> build_mod.BuildBatch:
+    def build(self, configs: list[Fa2Config], **kwargs: object) -> build_mod.BuildBatch:
         return build_batch(
             configs,
             "sm_90",
@@ -104,14 +104,14 @@ def fake(tmp_path: Path) -> Iterator[Fake]:
     nvcc_version.cache_clear()
 
 
-def cfg(br: int = 64, bc: int = 64, warps: int = 4, stages: int = 1, d: int = 64) -> KernelConfig:
-    return KernelConfig(d, "fp16", False, br, bc, warps, stages, pad=8)
+def cfg(br: int = 64, bc: int = 64, warps: int = 4, stages: int = 1, d: int = 64) -> Fa2Config:
+    return Fa2Config(d, "fp16", False, br, bc, warps, stages, pad=8)
 
 
-def mark(monkeypatch: pytest.MonkeyPatch, markers: dict[KernelConfig, str]) -> None:
+def mark(monkeypatch: pytest.MonkeyPatch, markers: dict[Fa2Config, str]) -> None:
     """Make chosen configs' instantiations carry a marker the fake nvcc reacts to."""
 
-    def patched(config: KernelConfig) -> str:
+    def patched(config: Fa2Config) -> str:
         text = render_instantiation(config)
         return text + f"// {markers[config]}\n" if config in markers else text
 
@@ -316,7 +316,7 @@ def test_cli_build_named_configs_json(cli: Callable[[list[str]], Result], fake: 
     assert [r["name"] for r in rows] == names
     assert rows[0]["status"] == "OK" and rows[0]["registers"] == 228
     assert rows[1]["config"]["causal"] is True and rows[1]["config"]["swizzle"] is True
-    assert rows[0]["dynamic_smem"] == KernelConfig.from_name(names[0]).smem_bytes
+    assert rows[0]["dynamic_smem"] == Fa2Config.from_name(names[0]).smem_bytes
 
 
 def test_cli_build_without_nvcc(cli: Callable[[list[str]], Result], fake: Fake) -> None:

@@ -24,7 +24,7 @@ from test_replay_synthetic import (
 
 from codegen.space import seed_configs
 from core.build_report import BuildReport
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult
 from db.models import Build, Measurement
@@ -291,7 +291,7 @@ class _SlowBuild:
         self.lock = threading.Lock()
         self.table = ReplayMeasure(synthetic_table(problems_for([512])))
 
-    def __call__(self, configs: Sequence[KernelConfig]) -> list[BuildReport]:
+    def __call__(self, configs: Sequence[Fa2Config]) -> list[BuildReport]:
         with self.lock:
             self.batches.append([c.name for c in configs])
         if len(configs) > 1:
@@ -336,7 +336,7 @@ def test_build_ahead_compiles_a_queued_config_at_once_when_asked() -> None:
 
 
 def test_build_ahead_reports_build_errors_to_the_caller() -> None:
-    def broken(configs: Sequence[KernelConfig]) -> list[BuildReport]:
+    def broken(configs: Sequence[Fa2Config]) -> list[BuildReport]:
         raise RuntimeError("nvcc exploded")
 
     ahead = BuildAhead(broken, batch_size=2)
@@ -398,7 +398,7 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
     space = seed_configs(64)[:3]
     problems = problems_for([512, 1024])
 
-    def build_fn(configs: Sequence[KernelConfig]) -> list[BuildReport]:
+    def build_fn(configs: Sequence[Fa2Config]) -> list[BuildReport]:
         return build_configs(configs, arch="sm_90", cache_dir=tmp_path / "cache", jobs=2)
 
     with (

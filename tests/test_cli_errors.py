@@ -31,7 +31,7 @@ BEST = ["best", "--gpu", "H200", "--d", "128", "--n", "4096"]
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     # --db is a process-wide override; keep the package's shipped results out of the stores.
-    monkeypatch.setattr("fa2tune.settings._overrides", {})
+    monkeypatch.setattr("core.settings._overrides", {})
     monkeypatch.setattr("db.shipped.shipped_files", lambda: [])
 
 

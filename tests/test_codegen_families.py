@@ -6,7 +6,7 @@ import pytest
 
 from codegen.families import FA2, FA3, FAMILIES, SPLITKV, families_for, family, family_of
 from codegen.space import fa2_default_config
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.family import (
     UnknownFamilyError,
     config_from_name,
@@ -15,12 +15,12 @@ from core.family import (
 )
 from core.shape import Shape
 
-CFG = KernelConfig(d=128, dtype="bf16", causal=True, br=128, bc=64, warps=4, stages=2, pad=8)
+CFG = Fa2Config(d=128, dtype="bf16", causal=True, br=128, bc=64, warps=4, stages=2, pad=8)
 
 
 def test_the_mma_sync_template_is_family_fa2() -> None:
     assert list(FAMILIES) == ["fa2", "fa3", "splitkv"] and family("fa2") is FA2
-    assert family_of(CFG) is FA2 and FA2.config_type is KernelConfig
+    assert family_of(CFG) is FA2 and FA2.config_type is Fa2Config
     assert CFG.name.startswith("fa2_") and family_of_name(CFG.name) == "fa2"
     assert FA2.templates == ("fa2_fwd.cuh",)
 
@@ -94,5 +94,5 @@ def test_fa2_header_part() -> None:
     header = FA2.header
     assert header.traits(CFG) == "fa2::Traits<128, __nv_bfloat16, true, 128, 64, 4, 2, 8, false>"
     kernel, launcher = header.instantiations("A")
-    assert kernel == "template __global__ void fa2::fwd_kernel<A>(const Fa2Params);"
-    assert launcher == "template cudaError_t fa2::launch<A>(const Fa2Params&, cudaStream_t);"
+    assert kernel == "template __global__ void fa2::fwd_kernel<A>(const FaParams);"
+    assert launcher == "template cudaError_t fa2::launch<A>(const FaParams&, cudaStream_t);"

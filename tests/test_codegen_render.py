@@ -16,11 +16,11 @@ from codegen.render import (
     template_hash,
     write_if_changed,
 )
-from core.config import KernelConfig
+from core.config import Fa2Config
 
 
 def test_render_fp16_full() -> None:
-    c = KernelConfig(128, "fp16", False, 128, 64, 4, 1, pad=8)
+    c = Fa2Config(128, "fp16", False, 128, 64, 4, 1, pad=8)
     assert render_instantiation(c) == (
         '#include "fa2_fwd.cuh"\n'
         "FA2_DEFINE_KERNEL(fa2_d128_fp16_full_br128_bc64_w4_s1_pad8, 128, __half, false, "
@@ -29,7 +29,7 @@ def test_render_fp16_full() -> None:
 
 
 def test_render_bf16_causal_swizzle() -> None:
-    c = KernelConfig(64, "bf16", True, 64, 32, 2, 3, pad=0, swizzle=True)
+    c = Fa2Config(64, "bf16", True, 64, 32, 2, 3, pad=0, swizzle=True)
     text = render_instantiation(c)
     assert text.splitlines() == [
         '#include "fa2_fwd.cuh"',
@@ -40,7 +40,7 @@ def test_render_bf16_causal_swizzle() -> None:
 
 
 def test_render_rejects_unknown_dtype() -> None:
-    c = KernelConfig(64, "fp8", False, 64, 64, 4, 1)  # type: ignore[arg-type]
+    c = Fa2Config(64, "fp8", False, 64, 64, 4, 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="dtype"):
         render_instantiation(c)
 

@@ -21,7 +21,7 @@ from codegen.space import (
     is_valid,
     seed_configs,
 )
-from core.config import HEAD_DIMS, KernelConfig, tile_head_dim
+from core.config import HEAD_DIMS, Fa2Config, tile_head_dim
 
 
 def cfg(
@@ -34,8 +34,8 @@ def cfg(
     swz: bool = False,
     dtype: str = "fp16",
     causal: bool = False,
-) -> KernelConfig:
-    return KernelConfig(d, dtype, causal, br, bc, warps, stages, pad=pad, swizzle=swz)  # type: ignore[arg-type]
+) -> Fa2Config:
+    return Fa2Config(d, dtype, causal, br, bc, warps, stages, pad=pad, swizzle=swz)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("d", VALID_HEAD_DIMS)
@@ -138,7 +138,7 @@ def test_enumerate_rejects_bad_input(kwargs: dict[str, object], match: str) -> N
         (cfg(128, 128, 256, 4, pad=0, swz=True), "registers"),
     ],
 )
-def test_is_valid_names_the_broken_rule(config: KernelConfig, fragment: str) -> None:
+def test_is_valid_names_the_broken_rule(config: Fa2Config, fragment: str) -> None:
     ok, reason = is_valid(config)
     assert not ok
     assert fragment in reason
@@ -168,8 +168,8 @@ def test_seed_configs_are_valid_and_in_the_space(d: int, causal: bool) -> None:
     assert seeds == sorted(set(seeds))
     assert all(s in space for s in seeds)
     br, bc, warps = FA2_TILES[tile_head_dim(d)]
-    assert KernelConfig(d, "bf16", causal, br, bc, warps, 1, pad=8) in seeds
-    assert KernelConfig(d, "bf16", causal, br, bc, warps, 1, pad=0, swizzle=True) in seeds
+    assert Fa2Config(d, "bf16", causal, br, bc, warps, 1, pad=8) in seeds
+    assert Fa2Config(d, "bf16", causal, br, bc, warps, 1, pad=0, swizzle=True) in seeds
 
 
 def test_fa2_default_config_is_fa2s() -> None:

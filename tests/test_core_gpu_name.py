@@ -13,7 +13,7 @@ import pytest
 from core.gpu_name import normalize_gpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
-CPP_RULE = ROOT / "codegen" / "templates" / "fa2_gpu_name.cuh"
+CPP_RULE = ROOT / "codegen" / "templates" / "gpu_name.cuh"
 SHIPPED = ROOT / "db" / "data"
 
 # Names as drivers report them, as users write them, and edge cases of the rule.
@@ -85,7 +85,7 @@ def test_store_and_service_use_the_rule() -> None:
 
 
 PROBE = r"""
-#include "fa2_gpu_name.cuh"
+#include "gpu_name.cuh"
 #include <cstdio>
 #include <cstring>
 // Prints the key of every argument, one per line, in brackets (an empty key is visible).

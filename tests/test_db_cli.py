@@ -26,7 +26,7 @@ WINNER = make_config(br=128, bc=64, warps=8, stages=2)
 def _isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     # --db is a process-wide override; never let one test's URL leak into another, and keep
     # the package's shipped results (if any) out of these databases unless a test opts in.
-    monkeypatch.setattr("fa2tune.settings._overrides", {})
+    monkeypatch.setattr("core.settings._overrides", {})
     monkeypatch.setattr("db.shipped.shipped_files", lambda: [])
 
 
@@ -189,7 +189,7 @@ def test_commands_use_the_settings_url_without_db_flag(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _seed(sqlite_url)
-    monkeypatch.setattr("fa2tune.settings._overrides", {"db_url": sqlite_url})
+    monkeypatch.setattr("core.settings._overrides", {"db_url": sqlite_url})
     result = runner.invoke(app, ["best", "--gpu", "H200", "--d", "128", "--n", "4096", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["config_name"] == WINNER.name

@@ -98,7 +98,7 @@ def test_migration_environment_falls_back_to_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"sqlite:///{tmp_path / 'from-settings.db'}"
-    monkeypatch.setattr("fa2tune.settings._overrides", {"db_url": url})
+    monkeypatch.setattr("core.settings._overrides", {"db_url": url})
     command.upgrade(alembic_config(), "head")
     assert _version(url) == HEAD
 

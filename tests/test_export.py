@@ -21,7 +21,7 @@ from codegen.export import (
     render_header,
 )
 from codegen.space import fa2_default_config
-from core.config import COMMON_HEAD_DIMS, DTYPES, KernelConfig
+from core.config import COMMON_HEAD_DIMS, DTYPES, Fa2Config
 from core.gpu_name import normalize_gpu_name as normalise_device_name
 from core.problem import Problem
 from core.shape import Shape, nearest_shape
@@ -76,9 +76,9 @@ def test_header_has_dispatch_api_and_provenance(header: str) -> None:
     # The public API is documented at the top and defined at the bottom.
     top = header.split("#ifndef FA2TUNE_EXPORTED_HEADER_")[0]
     assert (
-        "cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype," in top
+        "cudaError_t fa2tune_forward(const FaParams& p, int head_dim, fa2tune_dtype dtype," in top
     )
-    assert "inline cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim" in header
+    assert "inline cudaError_t fa2tune_forward(const FaParams& p, int head_dim" in header
     assert "inline const char* fa2tune_config_name(" in header
     assert "enum fa2tune_dtype : int { FA2TUNE_FP16 = 0, FA2TUNE_BF16 = 1 };" in header
     assert "cudaGetDeviceProperties(&prop, dev)" in header
@@ -91,7 +91,7 @@ def test_header_has_dispatch_api_and_provenance(header: str) -> None:
 def test_header_inlines_the_template(header: str) -> None:
     template = (TEMPLATE_DIR / TEMPLATE_NAME).read_text()
     assert "template <class T>\ninline cudaError_t launch(" in header
-    assert "struct Fa2Params {" in header and header.count("struct Fa2Params {") == 1
+    assert "struct FaParams {" in header and header.count("struct FaParams {") == 1
     assert not re.search(r'^\s*#\s*include\s*"', header, re.MULTILINE), "local includes remain"
     assert "#pragma once" not in header
     assert template.splitlines()[0] in header
@@ -113,7 +113,7 @@ def test_header_instantiates_tuned_and_defaults(
     assert defaults <= names
     assert names == h200 | defaults, "only the tuned configs and the defaults"
     for name in names:
-        cfg = KernelConfig.from_name(name)
+        cfg = Fa2Config.from_name(name)
         assert f"template cudaError_t fa2::launch<fa2tune_configs::{name}>" in header
         elem = "__half" if cfg.dtype == "fp16" else "__nv_bfloat16"
         causal, swizzle = str(cfg.causal).lower(), str(cfg.swizzle).lower()
@@ -142,8 +142,8 @@ def test_header_filters(seeded_store: tuple[Store, Seeded]) -> None:
     store, _ = seeded_store
     text = export_header(store, "NVIDIA H200", [64], dtypes=["fp16"], generated_at=WHEN)
     names = instantiated(text)
-    assert all(KernelConfig.from_name(n).d == 64 for n in names)
-    assert all(KernelConfig.from_name(n).dtype == "fp16" for n in names)
+    assert all(Fa2Config.from_name(n).d == 64 for n in names)
+    assert all(Fa2Config.from_name(n).dtype == "fp16" for n in names)
     assert "static constexpr int kDefaultCount = 2;" in text
     assert "fa2tune export --gpu 'NVIDIA H200' --d 64 --dtype fp16" in text
     # A head dim without tuned results still gets its default (and says so).
@@ -195,7 +195,7 @@ def test_default_head_dims_are_the_common_ones_and_the_tuned_ones(tmp_path: Path
     expected = (32, 40, 64, 80, 96, 128, 256)
     assert f"// Head dims: {', '.join(map(str, expected))} (others" in text
     assert "fa2tune export --gpu 'NVIDIA H200' -o fa2_tuned.cuh" in text  # re-export: no --d
-    dims = {KernelConfig.from_name(n).d for n in instantiated(text)}
+    dims = {Fa2Config.from_name(n).d for n in instantiated(text)}
     assert dims == set(expected)
     defaults = {
         fa2_default_config(d, t, c).name for d in expected for t in DTYPES for c in (False, True)
@@ -208,13 +208,13 @@ def test_default_head_dims_are_the_common_ones_and_the_tuned_ones(tmp_path: Path
     assert "// Head dims: 32, 64, 96, 128, 256 (others" in text
     # Asked for, any supported head dim is exported, tuned or not.
     text = export_header(store, "H200", [152, 200], generated_at=WHEN)
-    assert {KernelConfig.from_name(n).d for n in instantiated(text)} == {152, 200}
+    assert {Fa2Config.from_name(n).d for n in instantiated(text)} == {152, 200}
     assert "No tuned results for D=152, 200: defaults only." in text
     store.close()
 
 
 def test_render_dedupes_and_needs_no_store() -> None:
-    cfg = KernelConfig(64, "fp16", False, 64, 64, 4, 2, 0, True)
+    cfg = Fa2Config(64, "fp16", False, 64, 64, 4, 2, 0, True)
     pts = [TunedPoint(64, "fp16", False, 1024, cfg), TunedPoint(64, "fp16", False, 1024, cfg)]
     text = render_header("NVIDIA H100 80GB HBM3", pts, ds=[64], dtypes=["fp16"])
     alias = f"fa2tune_configs::{cfg.name}"
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
     if (!fa2tune_nearest_tuned(64, FA2TUNE_FP16, false, n, n, 2, 16, 16, 132, &c)) return 1;
     std::printf("%d %d %s\n", n, c.nq, c.name);
   }
-  Fa2Params p{};
+  FaParams p{};
   std::printf("invalid %d\n", fa2tune_forward(p, 64, FA2TUNE_FP16, false) == cudaErrorInvalidValue);
   return 0;
 }

@@ -25,7 +25,7 @@ from test_service_data import make_store
 from codegen.families import FA2, FA3
 from codegen.render import template_hash
 from codegen.space import fa2_default_config
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig
 from core.problem import Problem
@@ -149,11 +149,11 @@ def test_header_parts_instantiate_the_kernels_signature() -> None:
     kernel, launcher, guard = FA3.header.instantiations("A")
     grid_constant = "const __grid_constant__ CUtensorMap"
     assert kernel == (
-        "template __global__ void fa3::fwd_kernel<A>(const Fa2Params, "
+        "template __global__ void fa3::fwd_kernel<A>(const FaParams, "
         f"{grid_constant}, {grid_constant}, {grid_constant});"
     )
-    assert launcher == "template cudaError_t fa3::launch<A>(const Fa2Params&, cudaStream_t);"
-    assert guard == "template bool fa3::can_launch<A>(const Fa2Params&);"
+    assert launcher == "template cudaError_t fa3::launch<A>(const FaParams&, cudaStream_t);"
+    assert guard == "template bool fa3::can_launch<A>(const FaParams&);"
     assert FA3.header.template == "fa3_launch.cuh" and FA2.header.guard is None
     assert len(FA2.header.instantiations("A")) == 2
 
@@ -172,7 +172,7 @@ def test_provenance_names_families_templates_and_targets(header: str) -> None:
 def test_fa3_parts_only_with_an_fa3_config(header: str, store: Store) -> None:
     assert header.count("namespace fa3 {") >= 1 and "cuTensorMapEncodeTiled" in header
     assert header.count("#define FA3_DEFINE_KERNEL(") == 1  # fa3_fwd.cuh, inlined once
-    assert header.count("struct Fa2Params {") == 1  # fa_params.cuh, inlined once for both
+    assert header.count("struct FaParams {") == 1  # fa_params.cuh, inlined once for both
     assert not re.search(r'^\s*#\s*include\s*"', header, re.MULTILINE)
     assert "#pragma once" not in header
     # D=64 has fa2 winners only: nothing of fa3 in that header.
@@ -228,8 +228,8 @@ PROBE = r"""
 #include <cstdlib>
 // Host-side checks of a two-family header built without sm_90a: no GPU is needed, and on a
 // GPU (even an H200) the fa3 kernels are stubs here, so no fa3 config may ever be picked.
-static Fa2Params params(int d, int n) {
-  Fa2Params p{};
+static FaParams params(int d, int n) {
+  FaParams p{};
   p.q = p.k = p.v = p.o = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // never read
   p.batch = 2; p.q_heads = 4; p.kv_heads = 2; p.nq = p.nk = n; p.softmax_scale = 0.1f;
   p.q_row_stride = p.o_row_stride = 4 * d; p.k_row_stride = p.v_row_stride = 2 * d;
@@ -256,7 +256,7 @@ int main() {
                 (unsigned long long)v.strides[1], (unsigned long long)v.strides[2]);
   }
   // 2. Every tuned choice: its name and whether it may run here (fa3: never, in this build).
-  const Fa2Params p = params(128, 4096);
+  const FaParams p = params(128, 4096);
   for (int i = 0; i < fa2tune_detail::kTunedCount; ++i)
     for (int j = 0; j < fa2tune_detail::kTuned[i].count; ++j) {
       const fa2tune_detail::Choice& c = fa2tune_detail::kTuned[i].choices[j];
@@ -267,10 +267,10 @@ int main() {
   const char* name = fa2tune_config_name(p, 128, FA2TUNE_FP16, false);
   std::printf("picked %s %d\n", name ? name : "(none)", fa2tune_detail::on_tuned_gpu() ? 1 : 0);
   // 4. Bad parameters: the fa3 launcher refuses them before touching a device.
-  Fa2Params bad = p;
+  FaParams bad = p;
   bad.k_row_stride = 260;  // not a multiple of 8 elements
   using Full = fa2tune_configs::FA3_FULL_NAME;
-  std::printf("invalid %d %d %d\n", fa3::launch<Full>(Fa2Params{}, 0) == cudaErrorInvalidValue,
+  std::printf("invalid %d %d %d\n", fa3::launch<Full>(FaParams{}, 0) == cudaErrorInvalidValue,
               fa3::launch<Full>(bad, 0) == cudaErrorInvalidValue,
               fa3::launch<Full>(p, 0) != cudaSuccess);
   return 0;
@@ -343,7 +343,7 @@ def test_sm80_only_build_never_dispatches_to_fa3(header: str, tmp_path: Path) ->
 def test_winners_cover_both_families() -> None:
     families = {c.family for c in WINNERS.values()}
     assert families == {"fa2", "fa3"}
-    assert all(isinstance(c, KernelConfig | Fa3Config) for c in WINNERS.values())
+    assert all(isinstance(c, Fa2Config | Fa3Config) for c in WINNERS.values())
 
 
 def test_longest_first_winner_keeps_its_order_in_the_header(header: str) -> None:

@@ -23,7 +23,7 @@ from factories import H200, make_config, make_report, ok_result
 from test_service_data import make_store
 
 from codegen.export import TEMPLATE_DIR, TunedPoint, render_header
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.shape import Shape, nearest_shape, shape_distance
 from db.store import Store
@@ -38,7 +38,7 @@ CFG_B = make_config(64, "fp16", False, br=64, bc=64, stages=2, swizzle=True)
 
 #: Tuned problems of D=64 fp16 full: (shape, winner, median ms). Shapes differing only in
 #: batch, heads, KV heads or Nk each keep an entry, even with the same winner.
-PLAN: list[tuple[Shape, KernelConfig, float]] = [
+PLAN: list[tuple[Shape, Fa2Config, float]] = [
     (Shape(4096, 4096, 2, 16, 16), CFG_A, 0.50),
     (Shape(4096, 4096, 8, 32, 8), CFG_B, 1.60),  # GQA group 4
     (Shape(1, 8192, 16, 32, 4), CFG_B, 0.02),  # decode

@@ -20,7 +20,7 @@ from test_service_data import make_store
 
 from codegen.build import source_hash
 from codegen.render import render_instantiation, template_hash
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.shape import Shape, nearest_shape
 from db.dump_format import ConfigRecord
 from db.shipped import load_shipped_results
@@ -122,7 +122,7 @@ def test_header_names_the_build_cache_template_hash(store: Store) -> None:
     builds = json.loads(SHIPPED.read_text())["builds"]
     for b in builds[:: max(1, len(builds) // 50)]:
         cfg = ConfigRecord.model_validate(b["config"]).to_config()
-        assert isinstance(cfg, KernelConfig)
+        assert isinstance(cfg, Fa2Config)
         text = render_instantiation(cfg)
         assert (
             source_hash(digest, text, b["flags"], b["nvcc_version"], b["arch"]) == b["source_hash"]

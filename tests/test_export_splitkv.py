@@ -138,8 +138,8 @@ PROBE = r"""
 // Host-only (no GPU is touched): the tuned entry for each shape on argv (nq nk b h kv ...)
 // on 132 SMs, then the workspace entry points of every tuned choice and the splitkv
 // config's workspace size for the decode shape.
-static Fa2Params params(int nq, int nk, int b, int h, int kv) {
-  Fa2Params p{};
+static FaParams params(int nq, int nk, int b, int h, int kv) {
+  FaParams p{};
   p.q = p.k = p.v = p.o = reinterpret_cast<void*>(std::uintptr_t{1} << 20);  // never read
   p.batch = b; p.q_heads = h; p.kv_heads = kv; p.nq = nq; p.nk = nk; p.softmax_scale = 0.1f;
   p.q_row_stride = p.o_row_stride = 128LL * h; p.k_row_stride = p.v_row_stride = 128LL * kv;
@@ -162,14 +162,14 @@ int main(int argc, char** argv) {
     std::printf("workspace %s %d %d\n", c.name, c.workspace_size != nullptr,
                 c.launch_with_workspace != nullptr);
   }
-  const Fa2Params p = params(1, 8192, 8, 32, 8);
+  const FaParams p = params(1, 8192, 8, 32, 8);
   using Split = fa2tune_configs::SPLIT_NAME;
   std::printf("bytes %zu %zu\n", splitkv::workspace_size<Split>(p),
               splitkv::workspace_size<Split>(params(1, 32, 8, 32, 8)));
   // Off the tuned GPU (no device here) the default fa2 config runs: no workspace; and
   // invalid parameters are refused before anything is launched.
   std::printf("public %zu %d\n", fa2tune_workspace_size(p, 128, FA2TUNE_FP16, false),
-              fa2tune_forward_with_workspace(Fa2Params{}, 128, FA2TUNE_FP16, false, nullptr, 0) ==
+              fa2tune_forward_with_workspace(FaParams{}, 128, FA2TUNE_FP16, false, nullptr, 0) ==
                   cudaErrorInvalidValue);
   return 0;
 }

@@ -33,7 +33,7 @@ from codegen.export import TunedPoint, render_header
 from codegen.export_varlen import VarlenPoint, header_varlen_families, varlen_twin
 from codegen.families import FA2, FA3, HeaderPart
 from codegen.space import fa2_default_config
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from core.shape import Shape, nearest_shape, varlen_shape
@@ -49,7 +49,7 @@ WHEN = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 ENUM = {"FA2TUNE_FP16": "fp16", "FA2TUNE_BF16": "bf16"}
 
 
-def vl(config: KernelConfig) -> KernelConfig:
+def vl(config: Fa2Config) -> Fa2Config:
     return replace(config, varlen=True)
 
 
@@ -63,14 +63,14 @@ SHORT = tuple([3, 50, 17, 90, 1, 64, 33, 22] * 4)  # 32 sequences, mean 35
 SAME = (1482, 1482, 1482, 1482)  # the varlen shape of LONG, another problem: LONG's id wins
 
 #: (lengths, [(config, median ms)]): the fastest of each problem wins.
-PLAN: list[tuple[tuple[int, ...], list[tuple[KernelConfig, float]]]] = [
+PLAN: list[tuple[tuple[int, ...], list[tuple[Fa2Config, float]]]] = [
     (LONG, [(SLOW, 3.0), (FAST, 2.0)]),
     (SHORT, [(SMALL, 0.05), (FAST, 0.07)]),
     (SAME, [(TWIN, 1.0)]),
 ]
 
 
-def _record(store: Store, problem: Problem, config: KernelConfig, ms: float) -> None:
+def _record(store: Store, problem: Problem, config: Fa2Config, ms: float) -> None:
     gpu_id = store.upsert_gpu(H200)
     bid = store.record_build(make_report(config))
     store.record_measurement(store.problem_id(problem, gpu_id), bid, ok_result(ms, problem), H200)
@@ -161,7 +161,7 @@ def test_tuned_varlen_configs_fill_the_varlen_table(header: str, store: Store) -
 
 def test_varlen_provenance_and_api_documented(header: str) -> None:
     top = header.split("#ifndef FA2TUNE_EXPORTED_HEADER_")[0]
-    assert "fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v, int num_seqs," in top
+    assert "fa2tune_forward_varlen(const FaParams& p, const FaVarlen& v, int num_seqs," in top
     assert "fa2tune_config_name_varlen(" in top and "fa2tune_nearest_tuned_varlen(" in top
     provenance = top.split("// Packed variable-length (varlen) results")[1]
     assert (
@@ -231,13 +231,13 @@ def test_header_launches_both_families_packed() -> None:
     assert header_varlen_families() == ["fa2", "fa3"]
     alias = "fa2tune_configs::x_vl"
     assert FA3.header.instantiations(alias, varlen=True) == [
-        "template __global__ void fa3::fwd_varlen_kernel<fa2tune_configs::x_vl>(const Fa2Params, "
+        "template __global__ void fa3::fwd_varlen_kernel<fa2tune_configs::x_vl>(const FaParams, "
         "const fa3::VarlenArgs, const __grid_constant__ CUtensorMap, "
         "const __grid_constant__ CUtensorMap, const __grid_constant__ CUtensorMap);",
         "template cudaError_t fa3::launch_varlen<fa2tune_configs::x_vl>"
-        "(const Fa2Params&, const FaVarlen&, cudaStream_t);",
+        "(const FaParams&, const FaVarlen&, cudaStream_t);",
         "template bool fa3::can_launch_varlen<fa2tune_configs::x_vl>"
-        "(const Fa2Params&, const FaVarlen&);",
+        "(const FaParams&, const FaVarlen&);",
     ]
     assert (
         FA2.header.varlen_guard is None and len(FA2.header.instantiations(alias, varlen=True)) == 2
@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
     std::printf("nearest %d %d %lld %d %d %s\n", n, total, mean, c.nq, c.batch, c.name);
   }
   int32_t* cu = reinterpret_cast<int32_t*>(std::uintptr_t{1} << 20);  // never read
-  Fa2Params p{};
+  FaParams p{};
   p.q = p.k = p.v = p.o = reinterpret_cast<void*>(std::uintptr_t{1} << 21);
   p.q_heads = 32; p.kv_heads = 8; p.softmax_scale = 0.1f;
   p.q_row_stride = p.o_row_stride = 128LL * 32; p.k_row_stride = p.v_row_stride = 128LL * 8;
@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
           cudaErrorInvalidValue,
       fa2tune_forward_varlen(p, short_total, 4, 4000, 4000, 128, FA2TUNE_FP16, true) ==
           cudaErrorInvalidValue,
-      fa2tune_forward_varlen(Fa2Params{}, v, 4, 4000, 4000, 128, FA2TUNE_FP16, true) ==
+      fa2tune_forward_varlen(FaParams{}, v, 4, 4000, 4000, 128, FA2TUNE_FP16, true) ==
           cudaErrorInvalidValue,
       fa2tune_config_name_varlen(p, v, 0, 4000, 4000, 128, FA2TUNE_FP16, true) == nullptr,
       !fa2tune_nearest_tuned_varlen(128, FA2TUNE_FP16, false, 4, 5929, 32, 8, 132, nullptr),
@@ -442,8 +442,8 @@ FA3_PROBE = r"""
 #include <cstring>
 // Host-only: nothing here launches a kernel on real data (the pointers are never read).
 // argv[1] == "stub": the build has no sm_90a code, so an fa3 launch must be refused.
-static Fa2Params packed(int d, int h, int h_kv) {
-  Fa2Params p{};
+static FaParams packed(int d, int h, int h_kv) {
+  FaParams p{};
   p.q = p.k = p.v = p.o = reinterpret_cast<void*>(std::uintptr_t{1} << 21);
   p.q_heads = h; p.kv_heads = h_kv; p.softmax_scale = 0.1f;
   p.q_row_stride = p.o_row_stride = 1LL * d * h; p.k_row_stride = p.v_row_stride = 1LL * d * h_kv;
@@ -456,7 +456,7 @@ int main(int argc, char** argv) {
   //    d total h row head (element strides), Q's and K's alike.
   long long d, total, h, row, head;
   while (std::scanf("%lld %lld %lld %lld %lld", &d, &total, &h, &row, &head) == 5) {
-    Fa2Params p = packed(int(d), int(h), int(h));
+    FaParams p = packed(int(d), int(h), int(h));
     p.batch = 1; p.nq = p.nk = 1;
     p.q_row_stride = p.k_row_stride = p.v_row_stride = row;
     p.q_head_stride = p.k_head_stride = p.v_head_stride = head;
@@ -475,7 +475,7 @@ int main(int argc, char** argv) {
   }
   // 2. The shipped batch (16 sequences, 37586 rows, H=32/8kv) as varlen_params makes it.
   int32_t* cu = reinterpret_cast<int32_t*>(std::uintptr_t{1} << 20);  // never read
-  Fa2Params s = packed(128, 32, 8);
+  FaParams s = packed(128, 32, 8);
   s.batch = 16; s.nq = s.nk = 4000;
   const FaVarlen v{cu, cu + 64, 37586, 37586};
   for (int i = 0; i < fa2tune_detail::kVarlenTunedCount; ++i)
@@ -502,8 +502,8 @@ int main(int argc, char** argv) {
       fa3::launch_varlen<Vl>(s, negative, 0) == cudaErrorInvalidValue,
       fa3::launch_varlen<Vl>(s, short_q, 0) == cudaErrorInvalidValue,
       fa3::launch_varlen<Vl>(s, null_k, 0) == cudaErrorInvalidValue,
-      fa3::launch_varlen<Vl>(Fa2Params{}, v, 0) == cudaErrorInvalidValue,
-      !fa3::can_launch_varlen<Vl>(Fa2Params{}, v),
+      fa3::launch_varlen<Vl>(FaParams{}, v, 0) == cudaErrorInvalidValue,
+      !fa3::can_launch_varlen<Vl>(FaParams{}, v),
       // Without sm_90a code (or a GPU) even a valid call cannot launch: the stub is refused.
       !stub || fa3::launch_varlen<Vl>(s, v, 0) != cudaSuccess,
       !stub || !fa3::can_launch_varlen<Vl>(s, v),

@@ -26,7 +26,7 @@ from codegen.ninja import LOG_SUFFIX
 from codegen.render import template_dir
 from core.build_report import BuildStatus
 from core.fa3_config import Fa3Config
-from fa2tune.settings import get_settings
+from core.settings import get_settings
 
 NVCC = get_settings().nvcc
 pytestmark = [

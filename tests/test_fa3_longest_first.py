@@ -18,7 +18,7 @@ from codegen.build import build_configs
 from codegen.families import family
 from core.build_report import BuildStatus
 from core.fa3_config import Fa3Config
-from fa2tune.settings import get_settings
+from core.settings import get_settings
 from tuner import search
 
 CAUSAL = Fa3Config(128, "fp16", True)

@@ -17,7 +17,7 @@ import pytest
 from codegen import fa3_space
 from codegen.families import FA3, family
 from codegen.render import template_dir
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.family import config_from_name, config_from_params
 from core.problem import Problem
@@ -90,7 +90,7 @@ def test_varlen_render_uses_the_varlen_kernel() -> None:
     source = (template_dir() / "fa3_fwd.cuh").read_text()
     assert "#define FA3_DEFINE_VARLEN_KERNEL(" in source
     # FaVarlen's bytes come second, before the descriptors (measure/varlen.py binds so).
-    assert "NAME(const Fa2Params p, const fa3::VarlenArgs vl," in source
+    assert "NAME(const FaParams p, const fa3::VarlenArgs vl," in source
 
 
 def test_space_and_seeds_have_varlen_twins() -> None:
@@ -122,7 +122,7 @@ def test_campaign_varlen_problem_searches_fa2_and_fa3_twins_on_sm90() -> None:
     p = _varlen_problem(causal=True)
     configs = list(space_fn(p))
     assert all(getattr(c, "varlen", False) for c in configs)
-    fa2 = [c for c in configs if isinstance(c, KernelConfig)]
+    fa2 = [c for c in configs if isinstance(c, Fa2Config)]
     fa3 = [c for c in configs if isinstance(c, Fa3Config)]
     assert len(fa2) + len(fa3) == len(configs)
     dense_fa2 = enumerate_space(128, "fp16", True, 227 * 1024, "sm_90")
@@ -147,10 +147,10 @@ def test_campaign_varlen_problem_is_fa2_only_where_fa3_does_not_run() -> None:
 
     ada = _defaults("sm_89", H200, None, None, None)
     configs = list(ada[0](_varlen_problem()))
-    assert configs and all(isinstance(c, KernelConfig) and c.varlen for c in configs)
+    assert configs and all(isinstance(c, Fa2Config) and c.varlen for c in configs)
     # A head dim fa3 has no instantiation for: fa2's twins only, on sm_90 as well.
     d40 = list(_defaults("sm_90", H200, None, None, None)[0](_varlen_problem(d=40)))
-    assert d40 and all(isinstance(c, KernelConfig) and c.varlen for c in d40)
+    assert d40 and all(isinstance(c, Fa2Config) and c.varlen for c in d40)
 
 
 def test_split_kv_stays_off_varlen_problems() -> None:

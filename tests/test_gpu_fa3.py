@@ -40,7 +40,7 @@ from core.config import Dtype
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from core.records import MeasureStatus
-from fa2tune.settings import get_settings
+from core.settings import get_settings
 from measure.jobs import BenchJob, MeasureOptions
 from measure.params import Layout
 from measure.timing import TimingOptions

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from gpu_support import gpu_marks
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from measure.jobs import BenchJob, MeasureOptions
@@ -57,7 +57,7 @@ pytestmark = gpu_marks()
 
 def _nvcc() -> str | None:
     try:
-        from fa2tune.settings import get_settings
+        from core.settings import get_settings
 
         name = get_settings().nvcc
     except ImportError:  # the repository on PYTHONPATH without its dependencies
@@ -133,9 +133,9 @@ def cubins(tmp_path_factory: pytest.TempPathFactory, arch: str) -> dict[str, Pat
 # --------------------------------------------------------------------------- jobs
 
 
-def good_config(dtype: str = "fp16", causal: bool = False) -> KernelConfig:
+def good_config(dtype: str = "fp16", causal: bool = False) -> Fa2Config:
     mask = "causal" if causal else "full"
-    return KernelConfig.from_name(f"fa2_d64_{dtype}_{mask}_br64_bc64_w2_s1_pad0")
+    return Fa2Config.from_name(f"fa2_d64_{dtype}_{mask}_br64_bc64_w2_s1_pad0")
 
 
 def problem(**kw: Any) -> Problem:

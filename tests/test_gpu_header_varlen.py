@@ -57,7 +57,7 @@ CUDA_ERROR_INVALID_VALUE = 1
 
 WRAPPER = r"""
 #include "fa2_tuned.cuh"
-extern "C" int fa2tune_test_varlen(const Fa2Params* p, const FaVarlen* v, int num_seqs,
+extern "C" int fa2tune_test_varlen(const FaParams* p, const FaVarlen* v, int num_seqs,
                                    int max_q, int max_k, int dtype, int causal, void* stream,
                                    const char** name) {
   const fa2tune_dtype dt = static_cast<fa2tune_dtype>(dtype);

@@ -21,7 +21,7 @@ import pytest
 from gpu_support import gpu_marks, shape_problems
 
 from codegen.space import enumerate_space, seed_configs
-from core.config import Dtype, KernelConfig
+from core.config import Dtype, Fa2Config
 from core.problem import Problem
 
 pytestmark = gpu_marks()
@@ -32,7 +32,7 @@ RAGGED_SHAPES = [(2, 2, 2, 300, 1000), (1, 2, 2, 1000, 300)]
 SAMPLE_SHAPES = [(2, 4, 2, 257, 257), (1, 4, 1, 100, 700), (1, 2, 2, 700, 100), (1, 2, 2, 1, 33)]
 
 
-def _run_configs(configs: list[KernelConfig], problems: list[Problem], layouts: list[str]) -> None:
+def _run_configs(configs: list[Fa2Config], problems: list[Problem], layouts: list[str]) -> None:
     """Build ``configs`` and check each on every (problem, layout); fail listing every miss."""
     import torch
 

@@ -35,8 +35,8 @@ from core.build_report import BuildReport
 from core.config import Dtype
 from core.problem import Problem
 from core.records import MeasureStatus
+from core.settings import get_settings
 from core.splitkv_config import SplitKvConfig
-from fa2tune.settings import get_settings
 from measure.jobs import BenchJob, MeasureOptions
 from measure.params import Layout
 from measure.timing import TimingOptions

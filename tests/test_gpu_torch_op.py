@@ -1,6 +1,6 @@
 """fa2tune.torch on a real GPU (marker ``gpu``): the op against a float32 reference.
 
-A temporary database (``FA2TUNE_DB_URL`` overridden through fa2tune.settings) is seeded with
+A temporary database (``FA2TUNE_DB_URL`` overridden through core.settings) is seeded with
 one exact-shape result per family for this GPU, so each call below is served by a known
 family: fa2 (prefill, N=1000, D=64, causal), split-KV (decode: Nq=1, Nk=8192, B=2, H=32,
 Hkv=8, D=128) and, on compute capability 9.0, fa3 (N=1000, D=128). The shipped results are
@@ -30,9 +30,9 @@ from codegen.fa3_space import default_config as fa3_default
 from codegen.space import fa2_default_config
 from codegen.splitkv_space import default_config as splitkv_default
 from core.problem import Problem
+from core.settings import get_settings, override_settings
 from db.store import Store
 from fa2tune import settings as settings_module
-from fa2tune.settings import get_settings, override_settings
 from tests.factories import H200, ok_result, seed_measurement
 
 

@@ -3,7 +3,7 @@
 A stub driver stands in for cuda-bindings (and a stub torch where the descriptor encoder
 imports it), so these run on CPU machines: what ``cuTensorMapEncodeTiled`` is asked for, the
 family registry's geometry and ``host_prep`` resolution, and the ``void*`` array
-``cuLaunchKernel`` receives (the ``Fa2Params`` struct, then the three 128-byte tensor maps).
+``cuLaunchKernel`` receives (the ``FaParams`` struct, then the three 128-byte tensor maps).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 import measure.tma as tma
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from measure.loader import BoundLaunch, extra_args, grid_for, host_prep, launch_geometry
-from measure.params import Fa2Params
+from measure.params import FaParams
 from measure.tma import TENSOR_MAP_BYTES, TensorMap, dims_and_strides, fa3_tensor_maps
 
-FA2 = KernelConfig.from_name("fa2_d128_fp16_full_br128_bc64_w4_s1_pad8")
+FA2 = Fa2Config.from_name("fa2_d128_fp16_full_br128_bc64_w4_s1_pad8")
 FA3 = Fa3Config(128, "fp16", False)  # 128 x 128, two consumer warpgroups
 FA3_M192 = Fa3Config(64, "bf16", True, block_m=192, block_n=160, pv_regs=False,
                      pingpong=False, consumer_regs=160)  # fmt: skip
@@ -285,8 +285,8 @@ class FakeLaunchDriver:
         return (0,)
 
 
-def _params() -> Fa2Params:
-    return Fa2Params(0x1000, 0x2000, 0x3000, 0x4000, None, *range(1, 13), 2, 8, 2, 300, 1000,
+def _params() -> FaParams:
+    return FaParams(0x1000, 0x2000, 0x3000, 0x4000, None, *range(1, 13), 2, 8, 2, 300, 1000,
                      0.088)  # fmt: skip
 
 
@@ -318,7 +318,7 @@ def test_fa3_launch_packs_params_then_three_tensor_maps() -> None:
     _, geometry, _, ptrs, _ = cu.launches[0]
     assert geometry == (3, 8, 2, 384, 1, 1, FA3.smem_bytes)
     assert ptrs[0] == ctypes.addressof(launch.params)
-    assert ctypes.string_at(ptrs[0], ctypes.sizeof(Fa2Params)) == bytes(params)
+    assert ctypes.string_at(ptrs[0], ctypes.sizeof(FaParams)) == bytes(params)
     for ptr, tag in zip(ptrs[1:], (0xA1, 0xB2, 0xC3), strict=True):
         assert ctypes.string_at(ptr, TENSOR_MAP_BYTES) == bytes([tag]) * TENSOR_MAP_BYTES
     assert len(set(ptrs)) == 4

@@ -17,7 +17,7 @@ import pytest
 
 from codegen.space import enumerate_space
 from core.build_report import BuildStatus
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
@@ -46,7 +46,7 @@ GPU = GpuInfo(
 LAYOUT_FACTOR = {"swz": 0.97, "pad8": 1.0, "pad16": 1.03, "pad0": 1.25}
 
 
-def small_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
+def small_space(d: int = 64, causal: bool = False) -> list[Fa2Config]:
     """A slice of the real space: ~two dozen configs."""
     return [
         c
@@ -56,17 +56,17 @@ def small_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
     ]  # fmt: skip
 
 
-def tiny_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
+def tiny_space(d: int = 64, causal: bool = False) -> list[Fa2Config]:
     """Two stages only: ~two dozen configs with every kind of failure, for quick campaigns."""
     return [c for c in small_space(d, causal) if c.stages == 2]
 
 
-def medium_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
+def medium_space(d: int = 64, causal: bool = False) -> list[Fa2Config]:
     """A larger slice, ~100 configs, for sampler comparisons."""
     return [c for c in enumerate_space(d, "fp16", causal) if c.stages <= 2 and c.br <= 128]
 
 
-def synthetic_time(config: KernelConfig, n: int) -> float:
+def synthetic_time(config: Fa2Config, n: int) -> float:
     """Milliseconds: a smooth function of the parameters, best at 128x64/16rpw/2st/swz."""
     t = (n / 1024) ** 2 * 0.05
     t *= 1 + 0.18 * abs(math.log2(config.br / 128))
@@ -77,7 +77,7 @@ def synthetic_time(config: KernelConfig, n: int) -> float:
     return t
 
 
-def synthetic_entry(config: KernelConfig, n: int) -> ReplayEntry:
+def synthetic_entry(config: Fa2Config, n: int) -> ReplayEntry:
     """Failures on structured corners, never on the best config."""
     if config.bc >= 128 and config.rows_per_warp == 32:
         # A heavy spill, over the default limit: recorded untimed.
@@ -95,7 +95,7 @@ def problems_for(ns: Iterable[int], d: int = 64, causal: bool = False) -> list[P
 
 def synthetic_table(
     problems: Iterable[Problem],
-    space: list[KernelConfig] | Callable[[int, bool], list[KernelConfig]] = small_space,
+    space: list[Fa2Config] | Callable[[int, bool], list[Fa2Config]] = small_space,
 ) -> ReplayTable:
     """The synthetic table of ``problems`` over ``space`` (a list, or a function of D and
     causal)."""
@@ -184,7 +184,7 @@ def test_replay_measure_answers_from_the_table() -> None:
             assert result.median_ms == entry.median_ms
             assert result.tflops is not None and result.tflops > 0
     assert reports[configs[0].name].status in set(BuildStatus)
-    missing = KernelConfig(64, "fp16", False, 256, 256, 8, 4, pad=16)
+    missing = Fa2Config(64, "fp16", False, 256, 256, 8, 4, pad=16)
     assert replay.measure(missing, p).status == MeasureStatus.SKIPPED
     with pytest.raises(KeyError, match="no problem"):
         replay.space(Problem(gpu=GPU.name, d=128, n=1))
@@ -223,5 +223,5 @@ def test_replay_measure_tflops_match_problem_flops() -> None:
     (p,) = problems_for([4096])
     table = synthetic_table([p])
     name, ms = table.best(p.study_name)  # type: ignore[misc]
-    result: MeasureResult = ReplayMeasure(table).measure(KernelConfig.from_name(name), p)
+    result: MeasureResult = ReplayMeasure(table).measure(Fa2Config.from_name(name), p)
     assert result.tflops == pytest.approx(p.tflops(ms))

@@ -12,7 +12,7 @@ from optuna.samplers import GridSampler, RandomSampler, TPESampler
 from optuna.trial import TrialState
 
 from codegen.space import enumerate_space, seed_configs
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from db.store import Store
 from tuner import search
@@ -43,7 +43,7 @@ def test_lookup_round_trips_and_rejects_invalid(space: search.SearchSpace) -> No
     bad = {"br": 256, "bc": 64, "rows_per_warp": 16, "stages": 1, "layout": "pad8"}
     assert space.lookup(bad) is None
     assert space.lookup({"br": 1}) is None
-    other = KernelConfig(64, "fp16", False, 128, 64, 4, 1, pad=8)
+    other = Fa2Config(64, "fp16", False, 128, 64, 4, 1, pad=8)
     assert other not in space
 
 
@@ -51,8 +51,8 @@ def test_space_rejects_empty_and_mixed_groups() -> None:
     with pytest.raises(ValueError, match="empty"):
         search.SearchSpace.from_configs([])
     mixed = [
-        KernelConfig(64, "fp16", False, 128, 64, 4, 1, pad=8),
-        KernelConfig(128, "fp16", False, 128, 64, 4, 1, pad=8),
+        Fa2Config(64, "fp16", False, 128, 64, 4, 1, pad=8),
+        Fa2Config(128, "fp16", False, 128, 64, 4, 1, pad=8),
     ]
     with pytest.raises(ValueError, match="one"):
         search.SearchSpace.from_configs(mixed)
@@ -98,7 +98,7 @@ def test_grid_is_exhaustive_over_valid_configs() -> None:
     configs = [c for c in enumerate_space(64, "fp16", False) if c.br == 64 and c.stages <= 2]
     space = search.SearchSpace.from_configs(configs)
     study = optuna.create_study(sampler=search.make_sampler("grid", space, 0))
-    found: list[KernelConfig] = []
+    found: list[Fa2Config] = []
 
     def objective(trial: optuna.Trial) -> float:
         config = space.suggest(trial)

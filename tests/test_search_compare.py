@@ -20,7 +20,7 @@ from test_replay_synthetic import (
 )
 
 from codegen.space import enumerate_space
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from tuner.campaign import CampaignOptions, _defaults
 from tuner.replay import (
@@ -50,7 +50,7 @@ def _load() -> object:
     return module
 
 
-def full_space(d: int = 64, causal: bool = False) -> list[KernelConfig]:
+def full_space(d: int = 64, causal: bool = False) -> list[Fa2Config]:
     """Every valid config on SMALL_GPU: what ``fa2tune tune`` would search there."""
     return enumerate_space(d, "fp16", causal, SMEM)
 

@@ -23,7 +23,7 @@ from test_replay_synthetic import (
 
 from codegen.space import seed_configs
 from core.build_report import BuildReport
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from tuner import search
@@ -299,8 +299,8 @@ def test_unknown_sampler_is_refused(tmp_path: Path) -> None:
         _run(tmp_path, synthetic_table(problems), problems, "bayes", trials=1)
 
 
-def _configs(names: Sequence[str]) -> list[KernelConfig]:
-    return [KernelConfig.from_name(n) for n in names]
+def _configs(names: Sequence[str]) -> list[Fa2Config]:
+    return [Fa2Config.from_name(n) for n in names]
 
 
 def test_small_space_fixture_is_small() -> None:

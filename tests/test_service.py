@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from test_service_data import A100, H200_NS, Seeded, make_store, seed
 
 from core.problem import Problem
+from core.settings import get_settings
 from db import transfer
 from db.store import Store
-from fa2tune.settings import get_settings
 from service import main as service_main
 from service.deps import get_app_settings
 from service.main import create_app
@@ -380,7 +380,7 @@ def test_export_header_endpoint(client: TestClient, seeded: Seeded) -> None:
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
     text = r.text
-    assert "fa2tune_forward(const Fa2Params& p, int head_dim" in text
+    assert "fa2tune_forward(const FaParams& p, int head_dim" in text
     assert "tuned for: NVIDIA H200" in text
     for (gpu, *_), cfg in seeded.winners.items():
         if gpu == "NVIDIA H200":

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.build_report import BuildStatus
-from core.config import Dtype, KernelConfig
+from core.config import Dtype, Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo, MeasureStatus
 from db.store import Store
@@ -36,7 +36,7 @@ class Seeded:
 
     measurements: int
     ok: int
-    winners: dict[WinnerKey, KernelConfig]
+    winners: dict[WinnerKey, Fa2Config]
 
 
 def plan() -> list[tuple[GpuInfo, int, Dtype, bool, int]]:
@@ -54,7 +54,7 @@ def seed(store: Store) -> Seeded:
     """Record :func:`plan`. Each problem gets a winner (its tile grows with N, so the header's
     buckets differ), a slower OK config, a faster WRONG_RESULT (must never win) and a
     COMPILE_FAILED build."""
-    winners: dict[WinnerKey, KernelConfig] = {}
+    winners: dict[WinnerKey, Fa2Config] = {}
     count = ok = 0
     for gpu, d, dtype, causal, n in plan():
         gpu_id = store.upsert_gpu(gpu)

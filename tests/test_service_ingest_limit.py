@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from starlette.types import Message, Scope
 from test_service import app, seeded, seeded_file, store  # noqa: F401 (fixtures)
 
+from core.settings import Settings, get_settings
 from db.dump_format import TransferError
-from fa2tune.settings import Settings, get_settings
 from service.deps import get_app_settings
 from service.routers import results as results_router
 

@@ -25,9 +25,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from core.config import HEAD_DIMS
+from core.settings import get_settings
 from db.dump_format import GPU_NAME_PATTERN
 from db.store import Store
-from fa2tune.settings import get_settings
 from service.deps import get_app_settings
 from service.main import create_app
 from service.params import N_OR_NQ, NOT_BLANK_PATTERN

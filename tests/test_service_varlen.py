@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from test_service_data import make_store
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from db.store import Store
 from service.main import create_app
@@ -17,8 +17,8 @@ from service.schemas import VarlenBestOut
 from tests.factories import H200, make_config, make_report, ok_result
 
 LENS = (100, 4000, 1822, 7)
-FAST = KernelConfig(**{**make_config(swizzle=True).to_dict(), "varlen": True})
-SLOW = KernelConfig(**{**make_config(br=64).to_dict(), "varlen": True})
+FAST = Fa2Config(**{**make_config(swizzle=True).to_dict(), "varlen": True})
+SLOW = Fa2Config(**{**make_config(br=64).to_dict(), "varlen": True})
 
 
 @pytest.fixture

@@ -27,10 +27,10 @@ from codegen.families import SPLITKV
 from codegen.render import template_dir
 from codegen.splitkv_space import invalid_reasons
 from core.build_report import BuildStatus
+from core.settings import get_settings
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
 from fa2tune.ops.choice import splitkv_workspace_sizes
-from fa2tune.settings import get_settings
 
 NVCC = get_settings().nvcc
 pytestmark = [
@@ -110,8 +110,8 @@ PROBE_HEAD = r"""
 #include "splitkv_launch.cuh"
 #include <cstdio>
 // Host only: sizes for each (config, shape); nothing is launched and no GPU is touched.
-static Fa2Params params(int d, int nq, int nk, int b, int h, int kv) {
-  Fa2Params p{};
+static FaParams params(int d, int nq, int nk, int b, int h, int kv) {
+  FaParams p{};
   p.batch = b; p.q_heads = h; p.kv_heads = kv; p.nq = nq; p.nk = nk; p.softmax_scale = 0.1f;
   p.q_row_stride = p.o_row_stride = int64_t{d} * h;
   p.k_row_stride = p.v_row_stride = int64_t{d} * kv;
@@ -119,7 +119,7 @@ static Fa2Params params(int d, int nq, int nk, int b, int h, int kv) {
 }
 template <class T>
 static void sizes(const char* name, int d, int nq, int nk, int b, int h, int kv) {
-  const Fa2Params p = params(d, nq, nk, b, h, kv);
+  const FaParams p = params(d, nq, nk, b, h, kv);
   const int splits = splitkv::splits_for<T>(p);
   std::printf("%s %d %d %d %d %d %d %zu %zu\n", name, nq, nk, b, h, kv, splits,
               splitkv::workspace_bytes<T>(p, splits), splitkv::workspace_size<T>(p));

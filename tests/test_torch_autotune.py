@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from codegen.space import fa2_default_config
 from core.problem import Problem
+from core.settings import Settings, override_settings
 from core.shape import Shape
 from db.store import Store
 from fa2tune import settings as settings_module
@@ -28,7 +29,6 @@ from fa2tune.cli import app
 from fa2tune.ops import autotune, choice, selection
 from fa2tune.ops.autotune import AutoTuner, TuneJob, campaign_command, check_budget, check_mode
 from fa2tune.ops.selection import Call, job_tag, select
-from fa2tune.settings import Settings, override_settings
 from tests.factories import H200, make_config, ok_result, seed_measurement
 from tuner import tune_cli
 

@@ -1,6 +1,6 @@
 """The op's per-call launch path (:class:`fa2tune.ops.kernels.Launcher`) without a GPU.
 
-A fake kernel records what each ``cuLaunchKernel`` would get (the ``Fa2Params`` bytes as
+A fake kernel records what each ``cuLaunchKernel`` would get (the ``FaParams`` bytes as
 patched at launch time, the extra pointer arguments, the stream); CPU tensors stand in for
 CUDA ones (the CUDA-device check of ``make_params`` is the one check left out). Checked:
 pointers and scale patched per call on one bound launch per stride pattern and stream, a new
@@ -60,7 +60,7 @@ def _make_params(q: Any, k: Any, v: Any, o: Any, lse: Any, scale: float, layout:
     b, nq, hq, _ = mp._dims(q, layout)
     _, nk, hkv, _ = mp._dims(k, layout)
     strides = [s for t in (q, k, v, o) for s in mp._strides(t, layout)]
-    return mp.Fa2Params(
+    return mp.FaParams(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
         lse.data_ptr() if lse is not None else None, *strides, b, hq, hkv, nq, nk, float(scale),
     )  # fmt: skip

@@ -20,6 +20,7 @@ from codegen.splitkv_space import default_config as splitkv_default
 from core.config import HEAD_DIMS, HEAD_DIMS_RULE
 from core.fa3_config import Fa3Config
 from core.problem import Problem
+from core.settings import Settings
 from core.shape import Shape
 from db.store import Store
 from fa2tune.ops.choice import (
@@ -32,7 +33,6 @@ from fa2tune.ops.choice import (
     splitkv_workspace_sizes,
     unsupported_head_dim,
 )
-from fa2tune.settings import Settings
 from tests.factories import H200, make_config, ok_result, seed_measurement
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def test_fa2tune_torch_does_not_shadow_torch(tmp_path: Path) -> None:
         import importlib.util, sys
         spec = importlib.util.find_spec("torch")
         assert spec is not None and "STAND_IN" in open(spec.origin).read(), spec
-        import fa2tune.ops.choice, fa2tune.settings
+        import fa2tune.ops.choice, core.settings
         import torch
         assert getattr(torch, "STAND_IN", False), torch
         """,

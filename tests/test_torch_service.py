@@ -20,13 +20,13 @@ import pytest
 import uvicorn
 
 from core.problem import Problem
+from core.settings import override_settings
 from core.shape import Shape
 from db.store import Store
 from fa2tune import settings as settings_module
 from fa2tune.ops import autotune, choice, selection
 from fa2tune.ops.remote import ServiceUnavailable, ask_service, best_url, parse_best
 from fa2tune.ops.selection import Call, select
-from fa2tune.settings import override_settings
 from service.main import create_app
 from tests.factories import H200, make_config, ok_result, seed_measurement
 

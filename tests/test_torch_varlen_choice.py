@@ -16,7 +16,7 @@ import pytest
 
 from codegen.fa3_space import default_config as fa3_default
 from codegen.space import fa2_default_config
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.shape import Shape
 from db.store import Store
@@ -243,4 +243,4 @@ def test_store_best_varlen_shape(store: Store) -> None:
     assert store.best_varlen(GPU, 128, "fp16", False, (1, 2, 3), 16, 16) is not None
     with pytest.raises(ValueError, match="0 sequences"):
         store.best_varlen_shape(GPU, 128, "fp16", False, 0, 100, 16, 16)
-    assert isinstance(cfg, KernelConfig)
+    assert isinstance(cfg, Fa2Config)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.shape import varlen_shape
 from db.store import Store
@@ -27,7 +27,7 @@ def _varlen(lens: tuple[int, ...] = LENS, **kw: object) -> Problem:
     return Problem.varlen(H200.name, 128, lens, heads=32, kv_heads=8, **kw)  # type: ignore[arg-type]
 
 
-def _record(store: Store, problem: Problem, config: KernelConfig, ms: float) -> int:
+def _record(store: Store, problem: Problem, config: Fa2Config, ms: float) -> int:
     gpu = store.upsert_gpu(H200)
     pid = store.problem_id(problem, gpu)
     build = store.record_build(make_report(config))
@@ -48,7 +48,7 @@ def test_problem_rules() -> None:
 
 def test_varlen_rows_never_answer_dense_queries(store: Store) -> None:
     vl = make_config(causal=False, swizzle=True)
-    _record(store, _varlen(), KernelConfig(**{**vl.to_dict(), "varlen": True}), 2.0)
+    _record(store, _varlen(), Fa2Config(**{**vl.to_dict(), "varlen": True}), 2.0)
     # The row keeps max/count/total in n/batch/nk: dense lookups at those numbers find nothing.
     assert store.best(H200.name, 128, 4000, "fp16", False, nk=sum(LENS), batch=4) is None
     assert store.best_or_nearest(H200.name, 128, 4000, "fp16", False) is None
@@ -56,8 +56,8 @@ def test_varlen_rows_never_answer_dense_queries(store: Store) -> None:
 
 
 def test_best_varlen_exact_then_nearest(store: Store) -> None:
-    fast = KernelConfig(**{**make_config(swizzle=True).to_dict(), "varlen": True})
-    slow = KernelConfig(**{**make_config(br=64).to_dict(), "varlen": True})
+    fast = Fa2Config(**{**make_config(swizzle=True).to_dict(), "varlen": True})
+    slow = Fa2Config(**{**make_config(br=64).to_dict(), "varlen": True})
     _record(store, _varlen(), slow, 3.0)
     _record(store, _varlen(), fast, 2.0)
     other = (50, 60, 70)
@@ -85,7 +85,7 @@ def test_a_colliding_length_list_is_refused_with_a_message(store: Store) -> None
 
 
 def test_results_files_carry_the_lengths(store: Store, tmp_path: Path, db_url: str) -> None:
-    cfg = KernelConfig(**{**make_config(swizzle=True).to_dict(), "varlen": True})
+    cfg = Fa2Config(**{**make_config(swizzle=True).to_dict(), "varlen": True})
     _record(store, _varlen(), cfg, 2.0)
     _record(store, Problem(gpu=H200.name, d=128, n=4000, batch=4, heads=32, kv_heads=8),
             make_config(swizzle=True), 1.5)  # fmt: skip
@@ -114,7 +114,7 @@ def test_campaign_space_for_a_varlen_problem_is_varlen_only() -> None:
     # fa2's varlen kernels, and on sm_90 the Hopper family's (tests/test_fa3_varlen.py).
     assert configs and all(getattr(c, "varlen", False) for c in configs)
     assert {c.family for c in configs} == {"fa2", "fa3"}
-    assert any(isinstance(c, KernelConfig) for c in configs)
+    assert any(isinstance(c, Fa2Config) for c in configs)
     seeds = seeds_fn(_varlen())
     assert seeds and all(c.varlen and c in configs for c in seeds)  # type: ignore[union-attr]
     dense = Problem(gpu=H200.name, d=128, n=4000, batch=4, heads=32, kv_heads=8)

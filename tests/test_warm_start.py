@@ -10,7 +10,7 @@ import pytest
 from test_replay_synthetic import open_store, optuna_url, problems_for, synthetic_table, tiny_space
 from typer.testing import CliRunner
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from db.dump_format import TransferError
 from db.models import Build, Measurement
 from db.models import Problem as ProblemRow
@@ -106,4 +106,4 @@ def test_shipped_results_warm_start(tmp_path: Path) -> None:
     warm = load_warm_start(root / "db" / "data" / "h200_results.json", top=5)
     assert len(warm.configs) == 48
     assert all(1 <= len(v) <= 5 for v in warm.configs.values())
-    assert all(isinstance(c, KernelConfig) for v in warm.configs.values() for c in v)
+    assert all(isinstance(c, Fa2Config) for v in warm.configs.values() for c in v)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from measure.child import WorkerContext, make_handler, resolve
@@ -20,7 +20,7 @@ from measure.timing import TimingOptions
 from measure.worker import BenchWorker, WorkerStartError
 from tests.fake_handlers import FAKE, FakeOptions
 
-CONFIG = KernelConfig.from_name("fa2_d64_fp16_full_br64_bc64_w2_s1_pad0")
+CONFIG = Fa2Config.from_name("fa2_d64_fp16_full_br64_bc64_w2_s1_pad0")
 PROBLEM = Problem(gpu="fake", d=64, n=256, batch=2, heads=4)
 
 
@@ -216,7 +216,7 @@ def test_job_and_options_round_trip() -> None:
     assert MeasureOptions.from_dict(opts.to_dict()) == opts
     j = BenchJob.make(CONFIG, "/x.cubin", PROBLEM, opts)
     assert BenchJob.from_dict(j.to_dict()) == j
-    assert KernelConfig.from_dict(j.to_dict()["config"]) == CONFIG
+    assert Fa2Config.from_dict(j.to_dict()["config"]) == CONFIG
     assert Problem.from_dict(j.to_dict()["problem"]) == PROBLEM
     with pytest.raises(ValueError, match="layout"):
         MeasureOptions(layout="nhbd")  # type: ignore[arg-type]

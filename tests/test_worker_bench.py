@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from fa2tune.cli import app
@@ -23,7 +23,7 @@ runner = CliRunner()
 
 def _report(status: BuildStatus, cubin: Path | None, error: str | None = None) -> BuildReport:
     return BuildReport(
-        config=KernelConfig.from_name(NAME),
+        config=Fa2Config.from_name(NAME),
         arch="sm_90",
         status=status,
         registers=96 if cubin else None,
@@ -91,7 +91,7 @@ def test_run_bench_builds_first_and_reports_the_build(tmp_path: Path) -> None:
         return [_report(BuildStatus.OK, cubin)]
 
     report = run_bench(
-        KernelConfig.from_name(NAME), n=64, batch=1, heads=2, arch="sm_90a", handler=FAKE,
+        Fa2Config.from_name(NAME), n=64, batch=1, heads=2, arch="sm_90a", handler=FAKE,
         build_fn=build,
     )  # fmt: skip
     assert calls == [([NAME], "sm_90a")]
@@ -103,14 +103,14 @@ def test_run_bench_does_not_measure_a_failed_build() -> None:
     def build(configs: object, arch: str) -> list[BuildReport]:
         return [_report(BuildStatus.COMPILE_FAILED, None, error="ptxas: boom")]
 
-    report = run_bench(KernelConfig.from_name(NAME), n=64, handler=FAKE, build_fn=build)
+    report = run_bench(Fa2Config.from_name(NAME), n=64, handler=FAKE, build_fn=build)
     assert report.result.status == MeasureStatus.COMPILE_FAILED
     assert report.result.error == "ptxas: boom"
     assert not report.ok
 
 
 def test_speedup_and_to_dict() -> None:
-    cfg = KernelConfig.from_name(NAME)
+    cfg = Fa2Config.from_name(NAME)
     report = BenchReport(
         config=cfg,
         problem=Problem(gpu="g", d=64, n=128),

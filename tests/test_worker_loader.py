@@ -6,18 +6,18 @@ import ctypes
 
 import pytest
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo
 from measure.gpuinfo import arch_for, format_driver_api_version, parse_smi_csv
 from measure.loader import CudaError, grid_for
-from measure.params import Fa2Params
+from measure.params import FaParams
 
 
 def test_fa2params_layout_matches_the_abi() -> None:
-    assert ctypes.sizeof(Fa2Params) == 160
-    assert ctypes.alignment(Fa2Params) == 8
-    offsets = {name: getattr(Fa2Params, name).offset for name, _ in Fa2Params._fields_}
+    assert ctypes.sizeof(FaParams) == 160
+    assert ctypes.alignment(FaParams) == 8
+    offsets = {name: getattr(FaParams, name).offset for name, _ in FaParams._fields_}
     assert offsets["q"] == 0 and offsets["lse"] == 32
     assert offsets["q_batch_stride"] == 40
     assert offsets["o_row_stride"] == 128
@@ -26,13 +26,13 @@ def test_fa2params_layout_matches_the_abi() -> None:
 
 
 def test_fa2params_null_lse_and_values() -> None:
-    p = Fa2Params(16, 32, 48, 64, None, *range(12), 2, 16, 4, 100, 200, 0.125)
+    p = FaParams(16, 32, 48, 64, None, *range(12), 2, 16, 4, 100, 200, 0.125)
     assert p.lse is None and p.q == 16
     assert p.o_row_stride == 11 and p.kv_heads == 4 and p.softmax_scale == 0.125
 
 
 def test_grid_for_covers_every_row() -> None:
-    cfg = KernelConfig.from_name("fa2_d128_fp16_full_br128_bc64_w4_s1_pad8")
+    cfg = Fa2Config.from_name("fa2_d128_fp16_full_br128_bc64_w4_s1_pad8")
     grid, block = grid_for(cfg, Problem(gpu="g", d=128, n=1000, batch=3, heads=5))
     assert grid == (8, 5, 3)
     assert block == (128, 1, 1)
@@ -72,7 +72,7 @@ def test_batches_past_the_grid_limit_are_cut_into_slices_that_fit() -> None:
     from core.splitkv_config import SplitKvConfig
     from measure.loader import GRID_YZ_LIMIT, _batch_slice
 
-    fa2 = KernelConfig.from_name("fa2_d64_fp16_full_br64_bc64_w4_s1_pad8")
+    fa2 = Fa2Config.from_name("fa2_d64_fp16_full_br64_bc64_w4_s1_pad8")
     splitkv = SplitKvConfig(64, "fp16", False)
 
     def tensors(batch: int, heads: int) -> tuple[SimpleNamespace, SimpleNamespace]:

@@ -59,7 +59,7 @@ import optuna
 
 from codegen.families import Family, families_for
 from core.build_report import BuildReport
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig
 from core.problem import Problem
@@ -435,7 +435,7 @@ def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:
     return [
         replace(c, varlen=True)
         for c in configs
-        if isinstance(c, KernelConfig) or (isinstance(c, Fa3Config) and not c.longest_first)
+        if isinstance(c, Fa2Config) or (isinstance(c, Fa3Config) and not c.longest_first)
     ]
 
 

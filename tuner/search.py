@@ -88,7 +88,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from sqlalchemy import bindparam, event, inspect, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from core.config import KernelConfig
+from core.config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig
 from core.problem import Problem
@@ -169,7 +169,7 @@ DEFAULT_GRACE_S: Final = 60
 _CREATE_ATTEMPTS: Final = 5
 
 
-def layout_of(config: KernelConfig) -> str:
+def layout_of(config: Fa2Config) -> str:
     """The ``layout`` parameter value of ``config`` (``swz`` or ``pad<N>``)."""
     return "swz" if config.swizzle else f"pad{config.pad}"
 
@@ -298,7 +298,7 @@ class SearchSpace:
 
     def __contains__(self, config: object) -> bool:
         return (
-            isinstance(config, KernelConfig | Fa3Config | SplitKvConfig)
+            isinstance(config, Fa2Config | Fa3Config | SplitKvConfig)
             and self.lookup(self.params_for(config)) == config
         )
 

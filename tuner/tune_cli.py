@@ -596,8 +596,8 @@ def _tune_gpu(
 ) -> CampaignSummary:
     # GPU, compiler and database modules load only here: the argument checks above (and the
     # replay mode) work on machines without torch or nvcc.
+    from core.settings import get_settings
     from db.store import Store
-    from fa2tune.settings import get_settings
     from measure.jobs import MeasureOptions
     from measure.timing import TimingOptions
     from measure.worker import BenchWorker, WorkerStartError

@@ -122,8 +122,8 @@ void release(Tensors& t) {
   cudaFree(t.dlse);
 }
 
-Fa2Params params(const Tensors& t) {
-  Fa2Params p{};
+FaParams params(const Tensors& t) {
+  FaParams p{};
   p.q = t.dq;
   p.k = t.dk;
   p.v = t.dv;
@@ -207,7 +207,7 @@ bool big_batch_case(cudaStream_t stream) {
   CHECK_CUDA(cudaMemcpy(dk, k.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dv, v.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemsetAsync(dout, 0xFF, n * 2, stream));
-  Fa2Params p{};
+  FaParams p{};
   p.q = dq; p.k = dk; p.v = dv; p.o = dout; p.lse = nullptr;
   p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t(H) * kD;
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = kD;
@@ -281,7 +281,7 @@ int main() {
     }
     std::printf("group nq=%d: caller workspace %zu bytes\n", group[0].nq, bytes);
     for (Tensors& t : ts) {
-      const Fa2Params p = params(t);
+      const FaParams p = params(t);
       for (int call = 1; call <= 2; ++call) {
         poison(t, stream);
         check(t, "cached", call, fa2tune_forward(p, kD, FA2TUNE_FP16, false, stream), stream);
@@ -317,7 +317,7 @@ int main() {
   {
     std::mt19937 rng2(7);
     Tensors t = make({1, 8192}, rng2);
-    const Fa2Params p = params(t);
+    const FaParams p = params(t);
     const size_t need = fa2tune_workspace_size(p, kD, FA2TUNE_FP16, false);
     void* small = nullptr;
     CHECK_CUDA(cudaMalloc(&small, 256));

@@ -30,7 +30,7 @@ from codegen.ninja import LOG_SUFFIX  # noqa: E402
 from codegen.render import template_dir  # noqa: E402
 from core.build_report import BuildReport  # noqa: E402
 from core.fa3_config import Fa3Config  # noqa: E402
-from fa2tune.settings import get_settings  # noqa: E402
+from core.settings import get_settings  # noqa: E402
 from measure.loader import BoundLaunch, LoadedKernel  # noqa: E402
 from measure.params import Layout  # noqa: E402
 

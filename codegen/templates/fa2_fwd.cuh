@@ -4,7 +4,7 @@
 // (split-Q), so the online softmax of a row never leaves its warp. K and V tiles of Bc rows
 // stream through shared memory with cp.async; `Stages` buffers each let loads run ahead of
 // the tensor cores. Everything that shapes the code is a template parameter; everything that
-// shapes the problem (batch, heads, lengths, strides, scale) is a run-time field of Fa2Params.
+// shapes the problem (batch, heads, lengths, strides, scale) is a run-time field of FaParams.
 //
 // Masking: key tiles past the end (N % Bc != 0) and, when causal, keys past the diagonal are
 // set to -inf before the softmax; tiles wholly above the diagonal are never loaded. Causal is
@@ -16,7 +16,7 @@
 // they add nothing to Q K^T, and P V's extra output columns are never stored.
 //
 // Variable lengths (Varlen): Q, K, V and O are packed, one row per token of every sequence
-// ([total, heads, D]); FaVarlen's cumulative offsets say where each sequence starts. Fa2Params
+// ([total, heads, D]); FaVarlen's cumulative offsets say where each sequence starts. FaParams
 // then holds the longest lengths (nq, nk: they size the grid), batch is the number of
 // sequences and the batch strides are unused; LSE is [q_heads, total_q].
 #pragma once
@@ -27,9 +27,9 @@
 
 #include <cstdint>
 
-#include "fa_params.cuh"  // Fa2Params
+#include "fa_params.cuh"  // FaParams
 
-// The varlen kernels' second argument, passed by value after Fa2Params.
+// The varlen kernels' second argument, passed by value after FaParams.
 struct FaVarlen {
   const int32_t* cu_seqlens_q;  // [batch + 1]: sequence b's query rows are [cu[b], cu[b+1])
   const int32_t* cu_seqlens_k;  // [batch + 1]: ... and its key rows
@@ -234,7 +234,7 @@ __device__ __forceinline__ void load_tile(typename T::Elem* smem, const typename
 
 // ---------------------------------------------------------------------------------------------
 template <class T>
-__device__ __forceinline__ void fwd_body(const Fa2Params& p, const FaVarlen& vl) {
+__device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
   constexpr int Br = T::Br, Bc = T::Bc, D = T::D, S = T::Stages;
@@ -527,22 +527,22 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const FaVarlen& vl)
   }
 }
 
-// Dense kernels take Fa2Params only; varlen kernels take FaVarlen after it.
+// Dense kernels take FaParams only; varlen kernels take FaVarlen after it.
 template <class T>
-__global__ void __launch_bounds__(T::kThreads) fwd_kernel(const Fa2Params p) {
+__global__ void __launch_bounds__(T::kThreads) fwd_kernel(const FaParams p) {
   static_assert(!T::Varlen, "varlen kernels take FaVarlen: fwd_varlen_kernel");
   fwd_body<T>(p, FaVarlen{});
 }
 template <class T>
-__global__ void __launch_bounds__(T::kThreads) fwd_varlen_kernel(const Fa2Params p,
+__global__ void __launch_bounds__(T::kThreads) fwd_varlen_kernel(const FaParams p,
                                                                   const FaVarlen vl) {
-  static_assert(T::Varlen, "dense kernels take Fa2Params only: fwd_kernel");
+  static_assert(T::Varlen, "dense kernels take FaParams only: fwd_kernel");
   fwd_body<T>(p, vl);
 }
 
 // Host-side launchers for programs that compile the template themselves (the exported header).
 template <class T>
-inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
+inline cudaError_t launch(const FaParams& p, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(fwd_kernel<T>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          T::kSmemBytes);
@@ -553,7 +553,7 @@ inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
 }
 // p.nq is the longest query sequence, p.batch the number of sequences.
 template <class T>
-inline cudaError_t launch_varlen(const Fa2Params& p, const FaVarlen& vl, cudaStream_t stream) {
+inline cudaError_t launch_varlen(const FaParams& p, const FaVarlen& vl, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(fwd_varlen_kernel<T>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          T::kSmemBytes);
@@ -569,13 +569,13 @@ inline cudaError_t launch_varlen(const Fa2Params& p, const FaVarlen& vl, cudaStr
 #define FA2_DEFINE_KERNEL(NAME, D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE)         \
   using NAME##_traits = fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE>;    \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
-      NAME(const Fa2Params p) {                                                               \
+      NAME(const FaParams p) {                                                               \
     fa2::fwd_body<NAME##_traits>(p, FaVarlen{});                                              \
   }
 #define FA2_DEFINE_VARLEN_KERNEL(NAME, D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE)  \
   using NAME##_traits =                                                                       \
       fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE, true>;                \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
-      NAME(const Fa2Params p, const FaVarlen vl) {                                            \
+      NAME(const FaParams p, const FaVarlen vl) {                                            \
     fa2::fwd_body<NAME##_traits>(p, vl);                                                      \
   }

@@ -1,5 +1,5 @@
 // fa2tune: FlashAttention forward, Hopper-native family "fa3" (sm_90a: wgmma + TMA + mbarriers,
-// warp specialisation). Computes exactly the function of fa2_fwd.cuh (same Fa2Params).
+// warp specialisation). Computes exactly the function of fa2_fwd.cuh (same FaParams).
 //
 // One thread block computes BlockM query rows of one (batch, head). Warpgroup 0 is the
 // producer: one thread issues TMA loads of the Q tile and of a ring of `Stages` K and V tiles,
@@ -27,7 +27,7 @@
 // first row on, so its rows past the sequence's end are the next sequence's (or TMA's zero
 // fill past the tensor's end): keys there are masked to -inf as the dense kernel masks keys
 // past nk (with the sequence's nk), and O and LSE rows past the sequence's nq are never
-// stored. Fa2Params then holds the longest lengths (they size the grid), batch is the number
+// stored. FaParams then holds the longest lengths (they size the grid), batch is the number
 // of sequences, the batch strides are unused and LSE is [q_heads, total_q].
 //
 // Launch order of causal blocks (the blocks of a causal call do unequal work: the bottom
@@ -185,7 +185,7 @@ struct Bars {
 };
 
 // Tile coordinates of one thread block. The second line is set and read by varlen
-// instantiations only (dense ones read Fa2Params where they always did, so their code is
+// instantiations only (dense ones read FaParams where they always did, so their code is
 // unchanged): the sequence's lengths, and the TMA rows of its Q tile and of its key 0 in the
 // packed tensors.
 struct BlockCoord {
@@ -231,7 +231,7 @@ __device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, B
 
 // ---------------------------------------------------------------------------------------------
 template <class T>
-__device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& bc, uint32_t sbase,
+__device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc, uint32_t sbase,
                                          unsigned char* gbase, Bars<T> bars, int wc,
                                          const VarlenArgs& vl) {
   using Elem = typename T::Elem;
@@ -242,7 +242,7 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  // This sequence's lengths: Fa2Params' when dense, cu_seqlens' when packed; read where they
+  // This sequence's lengths: FaParams' when dense, cu_seqlens' when packed; read where they
   // are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
   auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
@@ -482,7 +482,7 @@ __device__ __forceinline__ void consumer(const Fa2Params& p, const BlockCoord& b
   // Epilogue: normalise; stage O (fp16/bf16) in this warpgroup's rows of the Q buffer, which
   // only this warpgroup's GEMMs read and all of them are complete; then 16-byte row stores.
   // Packed: the sequence's first row and length are read again here rather than kept in
-  // registers through the main loop (the dense kernel reads Fa2Params).
+  // registers through the main loop (the dense kernel reads FaParams).
   int seq_q0 = 0, seq_nq = 0;
   if constexpr (T::Varlen) {
     seq_q0 = vl.cu_seqlens_q[bc.batch];
@@ -549,7 +549,7 @@ constexpr long long kLongestFirstL2Bytes = 16ll << 20;
 // The (m-block, head, batch) of this block in longest-first order (see the top). The grid is
 // the usual (m-blocks, q_heads, batch); only the mapping of its linear index changes.
 template <class T>
-__device__ __forceinline__ void block_coord_longest_first(const Fa2Params& p, BlockCoord* bc) {
+__device__ __forceinline__ void block_coord_longest_first(const FaParams& p, BlockCoord* bc) {
   const int m_blocks = gridDim.x, heads = gridDim.y;
   const int pairs = gridDim.y * gridDim.z;  // (head, batch)
   // K and V bytes per query head: a KV head's are shared by its q_heads / kv_heads heads,
@@ -572,7 +572,7 @@ __device__ __forceinline__ void block_coord_longest_first(const Fa2Params& p, Bl
 // ---------------------------------------------------------------------------------------------
 // vl is read only by varlen instantiations (T::Varlen).
 template <class T>
-__device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* tq,
+__device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* tq,
                                          const CUtensorMap* tk, const CUtensorMap* tv,
                                          const VarlenArgs& vl = VarlenArgs{}) {
   using Elem = typename T::Elem;
@@ -681,12 +681,12 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* 
 #define FA3_DEFINE_DENSE_KERNEL_(NAME, ...)                                                   \
   using NAME##_traits = __VA_ARGS__;                                                          \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                   \
-      NAME(const Fa2Params p, const __grid_constant__ CUtensorMap tma_q,                      \
+      NAME(const FaParams p, const __grid_constant__ CUtensorMap tma_q,                      \
            const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) { \
     fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v);                                  \
   }
 
-// The packed variable-length kernel of a `_vl` config: FaVarlen's bytes after Fa2Params, then
+// The packed variable-length kernel of a `_vl` config: FaVarlen's bytes after FaParams, then
 // the three descriptors (over the packed [total, heads, D] tensors). Launch: grid
 // (ceil(longest nq / BlockM), q_heads, sequences); more sequences than 65,535 are launched in
 // slices, each with the offsets' pointers advanced to its first sequence.
@@ -695,7 +695,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, const CUtensorMap* 
   using NAME##_traits = fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS,    \
                                     INTRA_OVERLAP, PING_PONG, CONSUMER_REGS, true>;             \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                     \
-      NAME(const Fa2Params p, const fa3::VarlenArgs vl,                                         \
+      NAME(const FaParams p, const fa3::VarlenArgs vl,                                         \
            const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_k, \
            const __grid_constant__ CUtensorMap tma_v) {                                         \
     fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v, vl);                                \

@@ -1,21 +1,21 @@
 // fa2tune: the exported header's host side of the Hopper family "fa3" (fa3_fwd.cuh): a kernel
 // template that can be explicitly instantiated per config, and its launcher, which builds the
-// three TMA descriptors (docs/fa3_kernel.md, "ABI") from the Fa2Params of a launch.
+// three TMA descriptors (docs/fa3_kernel.md, "ABI") from the FaParams of a launch.
 //
-//   template <class T> __global__ void fa3::fwd_kernel(Fa2Params, CUtensorMap q, k, v);
-//   template <class T> cudaError_t fa3::launch(const Fa2Params&, cudaStream_t);
+//   template <class T> __global__ void fa3::fwd_kernel(FaParams, CUtensorMap q, k, v);
+//   template <class T> cudaError_t fa3::launch(const FaParams&, cudaStream_t);
 //       cudaErrorInvalidValue      parameters the kernel or TMA cannot take (see valid_params);
 //       cudaErrorNotSupported      the current device is not of compute capability 9.0;
 //       cudaErrorNoKernelImageForDevice  the program was not compiled for sm_90a (below);
 //       otherwise the launch's status.
-//   template <class T> bool fa3::can_launch(const Fa2Params&);
+//   template <class T> bool fa3::can_launch(const FaParams&);
 //       whether launch<T> would launch: the dispatch asks before it picks an fa3 config and
 //       takes FlashAttention-2's default otherwise.
 //
 // Packed variable-length configs (`_vl`, T::Varlen; docs/fa3_kernel.md "Varlen"):
-//   template <class T> __global__ void fa3::fwd_varlen_kernel(Fa2Params, fa3::VarlenArgs,
+//   template <class T> __global__ void fa3::fwd_varlen_kernel(FaParams, fa3::VarlenArgs,
 //                                                             CUtensorMap q, k, v);
-//   template <class T> cudaError_t fa3::launch_varlen(const Fa2Params&, const FaVarlen&,
+//   template <class T> cudaError_t fa3::launch_varlen(const FaParams&, const FaVarlen&,
 //                                                      cudaStream_t);
 //       p as the dispatch's varlen_params makes it (batch = sequences, nq/nk the longest,
 //       batch strides unused), at most 65,535 sequences (the dispatch slices larger batches
@@ -25,7 +25,7 @@
 //       field instead of changing the ABI struct (fa2_fwd.cuh, hashed into shipped builds).
 //       cudaErrorInvalidValue also when total_k < p.nk (the 0 of a caller that left
 //       reserved unset, unless no sequence has keys) or total_k < 0; otherwise as launch.
-//   template <class T> bool fa3::can_launch_varlen(const Fa2Params&, const FaVarlen&);
+//   template <class T> bool fa3::can_launch_varlen(const FaParams&, const FaVarlen&);
 //       as can_launch, for the varlen kernel and the packed tensors' views. It does not
 //       judge total_k (it assumes a valid one): a call that gives none is refused by
 //       launch_varlen rather than silently passed over to a slower config.
@@ -43,7 +43,7 @@
 // No -lcuda: cuTensorMapEncodeTiled is a driver function, obtained once through the runtime's
 // cudaGetDriverEntryPointByVersion (CUDA 12.5+; cudaGetDriverEntryPoint before that).
 //
-// Not a header to include on its own: fa2_dispatch.cuh includes it (and codegen/export.py
+// Not a header to include on its own: dispatch.cuh includes it (and codegen/export.py
 // inlines it) only when the exported header holds fa3 configs.
 #pragma once
 
@@ -83,7 +83,7 @@ constexpr int kStubMarkerBytes = 32 * 1024;
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
-    fwd_kernel(const Fa2Params p, const __grid_constant__ CUtensorMap tma_q,
+    fwd_kernel(const FaParams p, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k,
                const __grid_constant__ CUtensorMap tma_v) {
   static_assert(!T::Varlen, "varlen configs take VarlenArgs: fwd_varlen_kernel");
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 // bytes) before the descriptors, which are over the packed [1, total, heads, D] tensors.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
-    fwd_varlen_kernel(const Fa2Params p, const VarlenArgs vl,
+    fwd_varlen_kernel(const FaParams p, const VarlenArgs vl,
                       const __grid_constant__ CUtensorMap tma_q,
                       const __grid_constant__ CUtensorMap tma_k,
                       const __grid_constant__ CUtensorMap tma_v) {
@@ -240,7 +240,7 @@ inline bool tensor_view(const void* ptr, int d, int n, int h, int b, int64_t row
 // parameters it cannot take: those fa2's ABI refuses (null or misaligned pointers, strides
 // not multiples of 8 elements, partial GQA groups, grid limits) and strides TMA cannot
 // express.
-inline bool tma_views(const Fa2Params& p, int d, TensorView* q, TensorView* k, TensorView* v) {
+inline bool tma_views(const FaParams& p, int d, TensorView* q, TensorView* k, TensorView* v) {
   if (!fa2tune_abi::valid(p)) return false;
   return tensor_view(p.q, d, p.nq, p.q_heads, p.batch, p.q_row_stride, p.q_head_stride,
                      p.q_batch_stride, q) &&
@@ -255,7 +255,7 @@ inline bool tma_views(const Fa2Params& p, int d, TensorView* q, TensorView* k, T
 // the row and head strides of p and a synthetic batch stride (extent 1). total_k bounds K
 // and V (rows past it read as zeros; with no keys at all it is encoded as one row, never
 // loaded). False as tma_views, or for a total_k below p.nk (or negative).
-inline bool varlen_views(const Fa2Params& p, int d, int total_q, int total_k, TensorView* q,
+inline bool varlen_views(const FaParams& p, int d, int total_q, int total_k, TensorView* q,
                          TensorView* k, TensorView* v) {
   if (!fa2tune_abi::valid(p)) return false;
   if (total_q < p.nq || total_k < p.nk || total_k < 0) return false;
@@ -309,14 +309,14 @@ cudaError_t encode(const TensorView& t, int rows, CUtensorMap* map) {
 }  // namespace launch_detail
 
 template <class T>
-bool can_launch(const Fa2Params& p) {
+bool can_launch(const FaParams& p) {
   launch_detail::TensorView q, k, v;
   if (!launch_detail::tma_views(p, T::D, &q, &k, &v)) return false;
   return launch_detail::prepare<T>(launch_detail::current_device()) == cudaSuccess;
 }
 
 template <class T>
-cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
+cudaError_t launch(const FaParams& p, cudaStream_t stream) {
   launch_detail::TensorView q, k, v;
   if (!launch_detail::tma_views(p, T::D, &q, &k, &v)) return cudaErrorInvalidValue;
   cudaError_t err = launch_detail::prepare<T>(launch_detail::current_device());
@@ -332,7 +332,7 @@ cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
 }
 
 template <class T>
-bool can_launch_varlen(const Fa2Params& p, const FaVarlen& vl) {
+bool can_launch_varlen(const FaParams& p, const FaVarlen& vl) {
   static_assert(T::Varlen, "a dense config: can_launch");
   // The views as launch_varlen builds them, given a valid total_k: this guard says whether
   // the config can run here, not whether the call's total_k is right (launch_varlen's).
@@ -347,7 +347,7 @@ bool can_launch_varlen(const Fa2Params& p, const FaVarlen& vl) {
 // cached is what does not (the driver entry point, each kernel's preparation per device).
 // Every slice of a large batch (launch_varlen_slices) encodes the same three again.
 template <class T>
-cudaError_t launch_varlen(const Fa2Params& p, const FaVarlen& vl, cudaStream_t stream) {
+cudaError_t launch_varlen(const FaParams& p, const FaVarlen& vl, cudaStream_t stream) {
   static_assert(T::Varlen, "a dense config: launch");
   launch_detail::TensorView q, k, v;
   if (!launch_detail::varlen_views(p, T::D, vl.total_q, vl.reserved, &q, &k, &v))

@@ -1,8 +1,8 @@
 // fa2tune: what every family's host launcher in the exported header checks before a launch:
-// the kernel ABI's rules for Fa2Params (codegen/templates/fa_params.cuh, docs/architecture.md).
+// the kernel ABI's rules for FaParams (codegen/templates/fa_params.cuh, docs/architecture.md).
 // Pointers are 16-byte aligned and strides multiples of 8 elements (the kernels move 16-byte
 // vectors), the GQA groups are whole, and the heads fit grid y (the dispatch slices the batch). Include it after a
-// family template has defined Fa2Params. Header-side only: no kernel build reads it.
+// family template has defined FaParams. Header-side only: no kernel build reads it.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@ inline bool aligned16(const void* ptr) {
   return (reinterpret_cast<std::uintptr_t>(ptr) & 15u) == 0;
 }
 
-inline bool valid(const Fa2Params& p) {
+inline bool valid(const FaParams& p) {
   if (p.q == nullptr || p.k == nullptr || p.v == nullptr || p.o == nullptr) return false;
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o)) return false;
   const int64_t strides[] = {p.q_batch_stride, p.q_head_stride, p.q_row_stride,

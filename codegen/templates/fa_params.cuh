@@ -1,6 +1,6 @@
 // fa2tune: the kernel ABI shared by every kernel family (fa2 mma.sync, fa3 wgmma).
 //
-// Fa2Params is passed by value as the first kernel argument. Strides are in elements; the head
+// FaParams is passed by value as the first kernel argument. Strides are in elements; the head
 // dimension is contiguous. Layout and semantics: docs/architecture.md (fa2) and
 // docs/fa3_kernel.md (fa3, which adds three CUtensorMap arguments after it).
 //
@@ -11,9 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifndef FA2TUNE_FA2PARAMS_DEFINED
-#define FA2TUNE_FA2PARAMS_DEFINED
-struct Fa2Params {
+#ifndef FA2TUNE_FAPARAMS_DEFINED
+#define FA2TUNE_FAPARAMS_DEFINED
+struct FaParams {
   const void* q;
   const void* k;
   const void* v;
@@ -28,19 +28,19 @@ struct Fa2Params {
 };
 #endif
 
-static_assert(sizeof(Fa2Params) == 160, "Fa2Params layout is part of the ABI");
-static_assert(alignof(Fa2Params) == 8, "Fa2Params alignment is part of the ABI");
-static_assert(offsetof(Fa2Params, q) == 0 && offsetof(Fa2Params, k) == 8 &&
-                  offsetof(Fa2Params, v) == 16 && offsetof(Fa2Params, o) == 24 &&
-                  offsetof(Fa2Params, lse) == 32,
+static_assert(sizeof(FaParams) == 160, "FaParams layout is part of the ABI");
+static_assert(alignof(FaParams) == 8, "FaParams alignment is part of the ABI");
+static_assert(offsetof(FaParams, q) == 0 && offsetof(FaParams, k) == 8 &&
+                  offsetof(FaParams, v) == 16 && offsetof(FaParams, o) == 24 &&
+                  offsetof(FaParams, lse) == 32,
               "pointer offsets");
-static_assert(offsetof(Fa2Params, q_batch_stride) == 40 &&
-                  offsetof(Fa2Params, k_batch_stride) == 64 &&
-                  offsetof(Fa2Params, v_batch_stride) == 88 &&
-                  offsetof(Fa2Params, o_batch_stride) == 112 &&
-                  offsetof(Fa2Params, o_row_stride) == 128,
+static_assert(offsetof(FaParams, q_batch_stride) == 40 &&
+                  offsetof(FaParams, k_batch_stride) == 64 &&
+                  offsetof(FaParams, v_batch_stride) == 88 &&
+                  offsetof(FaParams, o_batch_stride) == 112 &&
+                  offsetof(FaParams, o_row_stride) == 128,
               "stride offsets");
-static_assert(offsetof(Fa2Params, batch) == 136 && offsetof(Fa2Params, q_heads) == 140 &&
-                  offsetof(Fa2Params, kv_heads) == 144 && offsetof(Fa2Params, nq) == 148 &&
-                  offsetof(Fa2Params, nk) == 152 && offsetof(Fa2Params, softmax_scale) == 156,
+static_assert(offsetof(FaParams, batch) == 136 && offsetof(FaParams, q_heads) == 140 &&
+                  offsetof(FaParams, kv_heads) == 144 && offsetof(FaParams, nq) == 148 &&
+                  offsetof(FaParams, nk) == 152 && offsetof(FaParams, softmax_scale) == 156,
               "scalar offsets");

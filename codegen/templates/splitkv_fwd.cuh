@@ -26,14 +26,14 @@
 // k-step; the mma loops stop at that k-step (D=40: 3 of the 64-wide tile's 4); O, the
 // workspace partials and the merge cover the head dim's chunks only.
 //
-// Kernel arguments: Fa2Params, then float* ws_o ([partial rows][DHead]: the head dim, not the
+// Kernel arguments: FaParams, then float* ws_o ([partial rows][DHead]: the head dim, not the
 // tile's), float* ws_lse, int* ws_count (sizes: see workspace_bytes below and
 // docs/splitkv_kernel.md). Grid: (row tiles * kv_heads * batch, splits); row tiles =
 // ceil(group * nq / Rows). Batch * heads lives in grid.x, so any batch up to the int32 limits
 // launches.
 #pragma once
 
-#include "fa2_fwd.cuh"  // Fa2Params and the mma/ldmatrix/cp.async wrappers
+#include "fa2_fwd.cuh"  // FaParams and the mma/ldmatrix/cp.async wrappers
 
 namespace splitkv {
 
@@ -122,7 +122,7 @@ struct FragOffsets {
 // tile's) and LSE per (row tile, split) and one counter per row tile. Zero with one split (the
 // block writes O itself). core/splitkv_config.py's workspace_bytes is the same formula.
 template <class T>
-inline size_t workspace_bytes(const Fa2Params& p, int splits) {
+inline size_t workspace_bytes(const FaParams& p, int splits) {
   if (splits <= 1) return 0;
   const int64_t tiles = static_cast<int64_t>((p.q_heads / p.kv_heads) * p.nq + T::Rows - 1) /
                         T::Rows * p.kv_heads * p.batch;
@@ -132,13 +132,13 @@ inline size_t workspace_bytes(const Fa2Params& p, int splits) {
 
 // Splits a launch uses: the config's, but never more than there are key tiles.
 template <class T>
-inline int splits_for(const Fa2Params& p) {
+inline int splits_for(const FaParams& p) {
   const int tiles = (p.nk + T::Bc - 1) / T::Bc;
   return tiles < T::Splits ? (tiles > 0 ? tiles : 1) : T::Splits;
 }
 
 template <class T>
-__device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__ ws_o,
+__device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
@@ -563,7 +563,7 @@ __device__ __forceinline__ void fwd_body(const Fa2Params& p, float* __restrict__
 
 template <class T>
 __global__ void __launch_bounds__(T::kThreads)
-    fwd_kernel(const Fa2Params p, float* ws_o, float* ws_lse, int* ws_count) {
+    fwd_kernel(const FaParams p, float* ws_o, float* ws_lse, int* ws_count) {
   fwd_body<T>(p, ws_o, ws_lse, ws_count);
 }
 
@@ -573,6 +573,6 @@ __global__ void __launch_bounds__(T::kThreads)
 #define SPLITKV_DEFINE_KERNEL(NAME, D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS)        \
   using NAME##_traits = splitkv::Traits<D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS>;  \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                    \
-      NAME(const Fa2Params p, float* ws_o, float* ws_lse, int* ws_count) {                  \
+      NAME(const FaParams p, float* ws_o, float* ws_lse, int* ws_count) {                  \
     splitkv::fwd_body<NAME##_traits>(p, ws_o, ws_lse, ws_count);                            \
   }

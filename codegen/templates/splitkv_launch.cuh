@@ -33,7 +33,7 @@ namespace launch_detail {
 
 // Row tiles of T's launch: ceil(group * nq / Rows) per (KV head, batch).
 template <class T>
-inline int64_t row_tiles(const Fa2Params& p) {
+inline int64_t row_tiles(const FaParams& p) {
   const int64_t rows = static_cast<int64_t>(p.q_heads / p.kv_heads) * p.nq;
   return (rows + T::Rows - 1) / T::Rows * p.kv_heads * p.batch;
 }
@@ -41,7 +41,7 @@ inline int64_t row_tiles(const Fa2Params& p) {
 // Bytes of the counter region of a caller's workspace: one int per row tile of the smallest
 // tile any config has (16 rows), rounded up to 16 bytes so the float4 partials after it stay
 // aligned. Independent of the config and of nk (see the top).
-inline size_t counter_bytes(const Fa2Params& p) {
+inline size_t counter_bytes(const FaParams& p) {
   const int64_t rows = static_cast<int64_t>(p.q_heads / p.kv_heads) * p.nq;
   const int64_t tiles = (rows + 15) / 16 * p.kv_heads * p.batch;
   return static_cast<size_t>((tiles * 4 + 15) / 16 * 16);
@@ -50,13 +50,13 @@ inline size_t counter_bytes(const Fa2Params& p) {
 // Bytes of partial O (DHead floats a row: the head dim, not the tile's) and LSE of T's launch
 // with `splits` splits (0 with one split: the blocks write O themselves).
 template <class T>
-inline size_t partial_bytes(const Fa2Params& p, int splits) {
+inline size_t partial_bytes(const FaParams& p, int splits) {
   if (splits <= 1) return 0;
   return static_cast<size_t>(row_tiles<T>(p) * splits * T::Rows * (T::DHead + 1) * 4);
 }
 
 template <class T>
-inline cudaError_t run(const Fa2Params& p, int splits, float* ws_o, int* ws_count,
+inline cudaError_t run(const FaParams& p, int splits, float* ws_o, int* ws_count,
                        cudaStream_t stream) {
   const int64_t tiles = row_tiles<T>(p);
   if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -102,13 +102,13 @@ inline WorkspaceCache& workspace_cache() {
 
 // Bytes of caller workspace launch_with_workspace<T> needs for p (0: none, one split).
 template <class T>
-inline size_t workspace_size(const Fa2Params& p) {
+inline size_t workspace_size(const FaParams& p) {
   const size_t partial = launch_detail::partial_bytes<T>(p, splits_for<T>(p));
   return partial == 0 ? 0 : launch_detail::counter_bytes(p) + partial;
 }
 
 template <class T>
-inline cudaError_t launch_with_workspace(const Fa2Params& p, void* workspace, size_t bytes,
+inline cudaError_t launch_with_workspace(const FaParams& p, void* workspace, size_t bytes,
                                          cudaStream_t stream) {
   const size_t need = workspace_size<T>(p);
   if (need == 0) return launch_detail::run<T>(p, 1, nullptr, nullptr, stream);
@@ -121,7 +121,7 @@ inline cudaError_t launch_with_workspace(const Fa2Params& p, void* workspace, si
 }
 
 template <class T>
-inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
+inline cudaError_t launch(const FaParams& p, cudaStream_t stream) {
   const int splits = splits_for<T>(p);
   const size_t partial = launch_detail::partial_bytes<T>(p, splits);
   if (partial == 0) return launch_detail::run<T>(p, 1, nullptr, nullptr, stream);
@@ -139,15 +139,15 @@ inline cudaError_t launch(const Fa2Params& p, cudaStream_t stream) {
 }
 
 // Hooks the exported header's dispatch finds by argument-dependent lookup on a config's
-// Traits (fa2_dispatch.cuh, fa2tune_detail::Workspace): a family whose launches can take a
+// Traits (dispatch.cuh, fa2tune_detail::Workspace): a family whose launches can take a
 // caller's workspace defines both; the others define neither.
 template <int D, class E, bool C, int R, int B, int W, int S, int P>
-inline size_t workspace_hook_size(Traits<D, E, C, R, B, W, S, P>*, const Fa2Params& p) {
+inline size_t workspace_hook_size(Traits<D, E, C, R, B, W, S, P>*, const FaParams& p) {
   return workspace_size<Traits<D, E, C, R, B, W, S, P>>(p);
 }
 
 template <int D, class E, bool C, int R, int B, int W, int S, int P>
-inline cudaError_t workspace_hook_launch(Traits<D, E, C, R, B, W, S, P>*, const Fa2Params& p,
+inline cudaError_t workspace_hook_launch(Traits<D, E, C, R, B, W, S, P>*, const FaParams& p,
                                          void* workspace, size_t bytes, cudaStream_t stream) {
   return launch_with_workspace<Traits<D, E, C, R, B, W, S, P>>(p, workspace, bytes, stream);
 }

@@ -27,7 +27,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from fa2tune.settings import get_settings
+    from core.settings import get_settings
 
     return get_settings().db_url
 

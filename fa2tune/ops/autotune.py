@@ -247,7 +247,7 @@ def current() -> AutoTuner:
     (``FA2TUNE_AUTOTUNE``, ``FA2TUNE_AUTOTUNE_BUDGET_S``)."""
     with _state_lock:
         if not _state:
-            from fa2tune.settings import get_settings
+            from core.settings import get_settings
 
             settings = get_settings()
             _state.append(AutoTuner(settings.autotune, settings.autotune_budget_s))
@@ -272,7 +272,7 @@ def autotune(
     """
     checked = check_mode(mode)
     if budget_s is None:
-        from fa2tune.settings import get_settings
+        from core.settings import get_settings
 
         budget_s = get_settings().autotune_budget_s
     new = AutoTuner(checked, budget_s, tuner)

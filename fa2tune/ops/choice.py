@@ -266,9 +266,9 @@ def open_store() -> Store | None:
     with _store_lock:
         if _store:
             return _store[0]
+        from core.settings import get_settings
         from db.dump_format import TransferError
         from db.shipped import load_shipped_results
-        from fa2tune.settings import get_settings
 
         store: Store | None
         try:

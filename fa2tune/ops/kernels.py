@@ -6,7 +6,7 @@ in torch's primary context) and launched with the worker's ABI: :func:`measure.p
 make_params`, then the family's extra arguments, on torch's current stream.
 
 Per-call work is kept small (:class:`Launcher`): everything that does not change between
-calls of one decision (kernel, grid, block, shared memory, the packed ``Fa2Params`` with its
+calls of one decision (kernel, grid, block, shared memory, the packed ``FaParams`` with its
 strides and sizes, the ``void*`` argument array, one bound launch per stream) is made once,
 and a call patches the five pointers and the scale and calls ``cuLaunchKernel``. The Hopper
 family's TMA descriptors (which hold the Q, K and V addresses) are encoded once per pointer
@@ -53,7 +53,7 @@ from measure.loader import (
     host_prep,
     launch_geometry,
 )
-from measure.params import ALIGN_BYTES, Fa2Params, Layout, make_params
+from measure.params import ALIGN_BYTES, FaParams, Layout, make_params
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class _Variant:
 
     __slots__ = ("bound", "params", "tma")
 
-    def __init__(self, params: Fa2Params) -> None:
+    def __init__(self, params: FaParams) -> None:
         self.params = params
         #: by stream, or (split-KV) by (stream, counters pointer, partials pointer)
         self.bound: dict[object, BoundLaunch] = {}
@@ -261,7 +261,7 @@ class Launcher:
 
     Calling it launches on the current stream of the tensors' device. Made once per decision:
     grid, block, shared memory, and per stride pattern of (q, k, v) the checked
-    :class:`Fa2Params` (strides and sizes filled in) with a bound launch per stream. A call
+    :class:`FaParams` (strides and sizes filled in) with a bound launch per stream. A call
     patches the pointers and the scale in place and launches; the driver copies the argument
     at launch, and a lock keeps two threads from patching one argument at once.
 

@@ -118,7 +118,7 @@ def select(call: Call) -> Selected:
     Raises:
         Unsupported: no family serves the dtype, head dim or GPU.
     """
-    from fa2tune.settings import get_settings
+    from core.settings import get_settings
 
     settings = get_settings()
     check_supported(call.dtype, call.d, call.compute_capability)

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import torch
 
+from core.settings import get_settings
 from core.shape import Shape, effective_causal
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import (
@@ -37,7 +38,6 @@ from fa2tune.ops.choice import (
 )
 from fa2tune.ops.kernels import Launcher, device_info, load_kernel
 from fa2tune.ops.selection import Call, job_tag, reset_service_state, select
-from fa2tune.settings import get_settings
 from measure.loader import CudaError
 from measure.params import LAYOUTS, Layout
 

@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from codegen import space as fa2_space
-from core.config import HEAD_DIMS_RULE, Dtype, KernelConfig
+from core.config import HEAD_DIMS_RULE, Dtype, Fa2Config
 from core.shape import Shape, effective_causal, varlen_shape
 from db.store import Store
 from fa2tune.ops import autotune
@@ -133,7 +133,7 @@ class VarlenCall:
                 f"mean ~{self.mean}: {choice.describe(self.shape)}")  # fmt: skip
 
 
-def default_varlen_config(d: int, dtype: Dtype, causal: bool) -> KernelConfig:
+def default_varlen_config(d: int, dtype: Dtype, causal: bool) -> Fa2Config:
     """FlashAttention-2's default config for ``d`` as a packed-sequence (``_vl``) kernel.
 
     Raises:

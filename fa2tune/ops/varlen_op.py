@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from core.family import AnyConfig
+from core.settings import get_settings
 from fa2tune.ops.choice import DTYPE_NAMES, FallbackWarning, Unsupported
 from fa2tune.ops.kernels import current_stream, device_info, load_kernel
 from fa2tune.ops.torch_op import _current_device, _show_choice, no_lse, sdpa_fallback
@@ -48,9 +49,8 @@ from fa2tune.ops.varlen_choice import (
     select_varlen,
     varlen_reason,
 )
-from fa2tune.settings import get_settings
 from measure.loader import GRID_YZ_LIMIT, BoundLaunch, LoadedKernel, launch_geometry
-from measure.params import ALIGN_BYTES, Fa2Params, make_params
+from measure.params import ALIGN_BYTES, FaParams, make_params
 from measure.varlen import FaVarlen
 
 log = logging.getLogger("fa2tune.torch")
@@ -117,7 +117,7 @@ class _Variant:
 
     __slots__ = ("bound", "params", "varlen")
 
-    def __init__(self, params: Fa2Params) -> None:
+    def __init__(self, params: FaParams) -> None:
         self.params = params
         self.varlen = FaVarlen(None, None, 0, 0)
         self.bound: dict[tuple[int, ...], BoundLaunch] = {}
@@ -127,7 +127,7 @@ class VarlenLauncher:
     """One varlen decision: a loaded ``_vl`` kernel, its config, and its launches.
 
     Per stride pattern of (q, k, v) (and whether each has 0, 1 or more rows),
-    :func:`measure.params.make_params`'s checks run once and the packed :class:`Fa2Params`
+    :func:`measure.params.make_params`'s checks run once and the packed :class:`FaParams`
     with batch strides 0 is kept, as :func:`measure.varlen.varlen_params` makes it. A call
     patches pointers, longest lengths, the number of sequences and the scale into it and
     into one :class:`FaVarlen`, and calls a bound launch (fa2: per stream and grid; fa3: per
@@ -213,7 +213,7 @@ class VarlenLauncher:
                     maps = self._maps(q, k, v)
                 for b0 in range(0, count, GRID_YZ_LIMIT):
                     n = min(GRID_YZ_LIMIT, count - b0)
-                    part = Fa2Params.from_buffer_copy(p)
+                    part = FaParams.from_buffer_copy(p)
                     part.batch = n
                     part_vl = FaVarlen(cqp + 4 * b0, ckp + 4 * b0, total_q, 0)
                     grid = self._grid(max_seqlen_q, max_seqlen_k, n)

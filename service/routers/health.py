@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from fa2tune import __version__
+from core.version import __version__
 from service.deps import IndexDep
 from service.schemas import HealthOut, IndexStatsOut
 

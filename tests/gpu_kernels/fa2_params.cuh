@@ -2,7 +2,7 @@
 // No includes at all, so the kernels compile with nvcc and with NVRTC alike.
 #pragma once
 
-struct Fa2Params {
+struct FaParams {
   const void* q;  //   0
   const void* k;  //   8
   const void* v;  //  16
@@ -15,7 +15,7 @@ struct Fa2Params {
   int batch, q_heads, kv_heads, nq, nk;  // 136
   float softmax_scale;                   // 156
 };
-static_assert(sizeof(Fa2Params) == 160, "Fa2Params must be 160 bytes");
+static_assert(sizeof(FaParams) == 160, "FaParams must be 160 bytes");
 
 // fp16/bf16 <-> fp32 without cuda_fp16.h / cuda_bf16.h (not available to NVRTC by default).
 __device__ __forceinline__ float fp16_to_f32(unsigned short h) {

@@ -3,19 +3,19 @@
 #include "fa2_params.cuh"
 
 // Device-side trap: the launch fails (CUDA_ERROR_LAUNCH_FAILED), the context is lost.
-extern "C" __global__ void fa2_test_trap(Fa2Params p) {
+extern "C" __global__ void fa2_test_trap(FaParams p) {
   if (blockIdx.x == 0 && threadIdx.x == 0 && p.nq > 0) __trap();
 }
 
 // Never returns. The volatile asm keeps the compiler from removing the side-effect-free loop.
-extern "C" __global__ void fa2_test_hang(Fa2Params p) {
+extern "C" __global__ void fa2_test_hang(FaParams p) {
   for (;;) {
     asm volatile("nanosleep.u32 1000;");
   }
 }
 
 // Writes 1 TiB past the output: an illegal address (CUDA_ERROR_ILLEGAL_ADDRESS).
-extern "C" __global__ void fa2_test_oob(Fa2Params p) {
+extern "C" __global__ void fa2_test_oob(FaParams p) {
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     volatile float* far = reinterpret_cast<volatile float*>(
         static_cast<char*>(p.o) + (1ull << 40));
@@ -25,7 +25,7 @@ extern "C" __global__ void fa2_test_oob(Fa2Params p) {
 
 // Runs cleanly but computes the wrong thing: O = Q (head dim 64) and LSE = 0.
 // Same launch geometry as the naive kernel: one thread per query row.
-extern "C" __global__ void fa2_test_wrong(Fa2Params p) {
+extern "C" __global__ void fa2_test_wrong(FaParams p) {
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
   const int h = blockIdx.y;
   const int b = blockIdx.z;

@@ -19,7 +19,7 @@ __device__ __forceinline__ unsigned short store(float f) {
 }
 
 template <int D, bool BF16, bool CAUSAL>
-__device__ void naive_attention(const Fa2Params& p) {
+__device__ void naive_attention(const FaParams& p) {
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
   const int h = blockIdx.y;
   const int b = blockIdx.z;
@@ -69,16 +69,16 @@ __device__ void naive_attention(const Fa2Params& p) {
   }
 }
 
-// Named as KernelConfig names so the loader finds them by config.name (br64 = 2 warps * 32).
-extern "C" __global__ void fa2_d64_fp16_full_br64_bc64_w2_s1_pad0(Fa2Params p) {
+// Named as Fa2Config names so the loader finds them by config.name (br64 = 2 warps * 32).
+extern "C" __global__ void fa2_d64_fp16_full_br64_bc64_w2_s1_pad0(FaParams p) {
   naive_attention<64, false, false>(p);
 }
-extern "C" __global__ void fa2_d64_fp16_causal_br64_bc64_w2_s1_pad0(Fa2Params p) {
+extern "C" __global__ void fa2_d64_fp16_causal_br64_bc64_w2_s1_pad0(FaParams p) {
   naive_attention<64, false, true>(p);
 }
-extern "C" __global__ void fa2_d64_bf16_full_br64_bc64_w2_s1_pad0(Fa2Params p) {
+extern "C" __global__ void fa2_d64_bf16_full_br64_bc64_w2_s1_pad0(FaParams p) {
   naive_attention<64, true, false>(p);
 }
-extern "C" __global__ void fa2_d64_bf16_causal_br64_bc64_w2_s1_pad0(Fa2Params p) {
+extern "C" __global__ void fa2_d64_bf16_causal_br64_bc64_w2_s1_pad0(FaParams p) {
   naive_attention<64, true, true>(p);
 }

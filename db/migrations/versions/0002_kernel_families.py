@@ -42,7 +42,7 @@ down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# The fa2 family's parameters, in its config's field order (core.config.KernelConfig).
+# The fa2 family's parameters, in its config's field order (core.config.Fa2Config).
 FA2_COLUMNS: tuple[tuple[str, type[sa.types.TypeEngine[Any]]], ...] = (
     ("br", sa.Integer),
     ("bc", sa.Integer),

@@ -1,4 +1,4 @@
-// fa2_gpu_name.cuh -- the exported header's GPU-name key (fa2tune). Host-only, no CUDA.
+// gpu_name.cuh -- the exported header's GPU-name key (fa2tune). Host-only, no CUDA.
 //
 // The same rule as core/gpu_name.py (normalize_gpu_name), which the store and the service
 // use; tests/test_gpu_name.py compiles this file alone and compares the two on a list of

@@ -2,9 +2,9 @@
 //
 //   enum fa2tune_dtype { FA2TUNE_FP16, FA2TUNE_BF16 };
 //
-//   cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+//   cudaError_t fa2tune_forward(const FaParams& p, int head_dim, fa2tune_dtype dtype,
 //                               bool causal, cudaStream_t stream = 0);
-//     Launches softmax(Q K^T * p.softmax_scale) V on `stream` (asynchronously). Fa2Params is
+//     Launches softmax(Q K^T * p.softmax_scale) V on `stream` (asynchronously). FaParams is
 //     the kernel ABI struct defined below: Q, K, V, O pointers (16-byte aligned), element
 //     strides (multiples of 8; the head dim is contiguous), batch, q_heads, kv_heads
 //     (q_heads % kv_heads == 0), nq, nk, softmax_scale, and an optional float32 LSE output
@@ -14,9 +14,9 @@
 //     was not generated for or for misaligned/invalid parameters; otherwise the launch's
 //     status.
 //
-//   size_t fa2tune_workspace_size(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+//   size_t fa2tune_workspace_size(const FaParams& p, int head_dim, fa2tune_dtype dtype,
 //                                 bool causal);
-//   cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_dim,
+//   cudaError_t fa2tune_forward_with_workspace(const FaParams& p, int head_dim,
 //                                              fa2tune_dtype dtype, bool causal,
 //                                              void* workspace, size_t workspace_bytes,
 //                                              cudaStream_t stream = 0);
@@ -37,7 +37,7 @@
 //     launch every shape once before capturing a CUDA graph (cudaMalloc cannot be captured);
 //     or use fa2tune_forward_with_workspace, which allocates nothing.
 //
-//   const char* fa2tune_config_name(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+//   const char* fa2tune_config_name(const FaParams& p, int head_dim, fa2tune_dtype dtype,
 //                                   bool causal);
 //     The config fa2tune_forward would launch (nullptr when it would refuse).
 //
@@ -52,7 +52,7 @@
 //     the order the comment above lists them), config name, distance and tuned shape. False
 //     when the header has no tuned entry for (D, dtype, causal) or the shape is invalid.
 //
-//   cudaError_t fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v, int num_seqs,
+//   cudaError_t fa2tune_forward_varlen(const FaParams& p, const FaVarlen& v, int num_seqs,
 //                                      int max_seqlen_q, int max_seqlen_k, int head_dim,
 //                                      fa2tune_dtype dtype, bool causal,
 //                                      cudaStream_t stream = 0);
@@ -77,7 +77,7 @@
 //     max_seqlen_k; otherwise the launch's status. Only the host-side values are checked: the
 //     offsets must describe the packed tensors, and total_k must be K's and V's row count.
 //
-//   const char* fa2tune_config_name_varlen(const Fa2Params& p, const FaVarlen& v,
+//   const char* fa2tune_config_name_varlen(const FaParams& p, const FaVarlen& v,
 //                                          int num_seqs, int max_seqlen_q, int max_seqlen_k,
 //                                          int head_dim, fa2tune_dtype dtype, bool causal);
 //     The config fa2tune_forward_varlen would launch (nullptr when it would refuse the call
@@ -131,16 +131,16 @@
 //                                                        fa3 varlen ones -> fa2 varlen ones)
 //
 // ------------------------------------------------------------------------------------------
-// codegen/templates/fa2_dispatch.cuh: the exported header's dispatch and launch code. Not a
+// codegen/templates/dispatch.cuh: the exported header's dispatch and launch code. Not a
 // header to include on its own: codegen/export.py inlines it (and, in place of its
 // #include lines, the kernel templates, the GPU-name rule and the rendered table) after the
 // generated comment with the GPU name and the provenance of every tuned config. Each kernel
 // family's part (its HeaderPart.template in codegen/families.py: fa2_fwd.cuh,
 // fa3_launch.cuh, splitkv_launch.cuh, ...) is inlined only when the header holds a config of
-// it, once, in the registry's order: the exporter renders "fa2_dispatch_families.inc" as
+// it, once, in the registry's order: the exporter renders "dispatch_families.inc" as
 // their #include lines (a comment for each family left out), and inlines those in turn.
 //
-// The contract with the rendered table ("fa2_dispatch_table.inc", written by the exporter
+// The contract with the rendered table ("dispatch_table.inc", written by the exporter
 // from the tuned results; the only generated C++ in the header; fa_shape.cuh, the shape
 // distance, is inlined before it):
 //   - namespace fa2tune_configs: one `using <config name> = <family>::Traits<...>;` per config
@@ -182,8 +182,8 @@
 #include "fa2_fwd.cuh"
 #include "fa_abi.cuh"
 // Every family with a config in the header, in registry order (generated by the exporter).
-#include "fa2_dispatch_families.inc"
-#include "fa2_gpu_name.cuh"
+#include "dispatch_families.inc"
+#include "gpu_name.cuh"
 #include "fa_shape.cuh"
 
 #include <atomic>
@@ -193,19 +193,23 @@
 #include <type_traits>
 #include <utility>
 
+// The parameter struct's name in headers exported before 2026-12-01, kept so that programs
+// written against them still compile.
+using Fa2Params = FaParams;
+
 // The values are part of the API (stable across exports): never renumber.
 enum fa2tune_dtype : int { FA2TUNE_FP16 = 0, FA2TUNE_BF16 = 1 };
 
 namespace fa2tune_detail {
 
-using LaunchFn = cudaError_t (*)(const Fa2Params&, cudaStream_t);
-using AcceptsFn = bool (*)(const Fa2Params&);
-using WorkspaceSizeFn = size_t (*)(const Fa2Params&);
-using LaunchWorkspaceFn = cudaError_t (*)(const Fa2Params&, void*, size_t, cudaStream_t);
+using LaunchFn = cudaError_t (*)(const FaParams&, cudaStream_t);
+using AcceptsFn = bool (*)(const FaParams&);
+using WorkspaceSizeFn = size_t (*)(const FaParams&);
+using LaunchWorkspaceFn = cudaError_t (*)(const FaParams&, void*, size_t, cudaStream_t);
 
 // A config's caller-workspace entry points. A family whose launches can take a caller's
-// workspace defines, in its namespace, workspace_hook_size(Traits*, const Fa2Params&) and
-// workspace_hook_launch(Traits*, const Fa2Params&, void*, size_t, cudaStream_t)
+// workspace defines, in its namespace, workspace_hook_size(Traits*, const FaParams&) and
+// workspace_hook_launch(Traits*, const FaParams&, void*, size_t, cudaStream_t)
 // (splitkv_launch.cuh); argument-dependent lookup on the config's Traits finds them, so the
 // table names Workspace<alias>::size / ::launch for every config, whatever its family, and
 // they are nullptr where the family defines no hooks (it needs no workspace).
@@ -217,11 +221,11 @@ struct Workspace {
 
 template <class T>
 struct Workspace<T, std::void_t<decltype(workspace_hook_size(static_cast<T*>(nullptr),
-                                                              std::declval<const Fa2Params&>()))>> {
-  static size_t size_of(const Fa2Params& p) {
+                                                              std::declval<const FaParams&>()))>> {
+  static size_t size_of(const FaParams& p) {
     return workspace_hook_size(static_cast<T*>(nullptr), p);
   }
-  static cudaError_t launch_with(const Fa2Params& p, void* workspace, size_t bytes,
+  static cudaError_t launch_with(const FaParams& p, void* workspace, size_t bytes,
                                  cudaStream_t stream) {
     return workspace_hook_launch(static_cast<T*>(nullptr), p, workspace, bytes, stream);
   }
@@ -247,9 +251,9 @@ struct Table {
 };
 
 // A packed variable-length config (fa2 or fa3; no family's takes a workspace). The guard sees
-// the call as the launcher will (varlen_params' Fa2Params, the caller's FaVarlen).
-using VarlenLaunchFn = cudaError_t (*)(const Fa2Params&, const FaVarlen&, cudaStream_t);
-using VarlenAcceptsFn = bool (*)(const Fa2Params&, const FaVarlen&);
+// the call as the launcher will (varlen_params' FaParams, the caller's FaVarlen).
+using VarlenLaunchFn = cudaError_t (*)(const FaParams&, const FaVarlen&, cudaStream_t);
+using VarlenAcceptsFn = bool (*)(const FaParams&, const FaVarlen&);
 
 struct VarlenChoice {
   fa2tune_shape::Shape shape;  // the tuned batch's varlen_shape (all 0 for a default)
@@ -268,7 +272,7 @@ struct VarlenTable {
 
 }  // namespace fa2tune_detail
 
-#include "fa2_dispatch_table.inc"
+#include "dispatch_table.inc"
 
 namespace fa2tune_detail {
 
@@ -331,14 +335,14 @@ inline fa2tune_shape::Shape call_shape(long long nq, long long nk, long long bat
 
 // Whether a choice can run p here: its family's guard (fa3::can_launch: compute capability
 // 9.0 and an sm_90a image, cached per device; strides TMA can address), if it has one.
-inline bool accepts(const Choice& c, const Fa2Params& p) {
+inline bool accepts(const Choice& c, const FaParams& p) {
   return c.accepts == nullptr || c.accepts(p);
 }
 
 // The index of t's choice nearest to `asked` (fa2tune_shape::nearest), among those that can
 // run p when p is given; -1 when none can.
 inline int nearest(const Table& t, const fa2tune_shape::Shape& asked, int sms,
-                   const Fa2Params* p, double* distance = nullptr) {
+                   const FaParams* p, double* distance = nullptr) {
   return fa2tune_shape::nearest(
       asked, t.count, sms,
       [&t, p](int i) -> const fa2tune_shape::Shape* {
@@ -361,7 +365,7 @@ inline const Table* tuned_table(int head_dim, int dtype, bool causal) {
 // dtype or mask this header has no config for. Tuned choices that cannot run here (an fa3
 // config on a GPU that is not cc 9.0, or in a program built without sm_90a) are passed over
 // for the nearest that can; when none can, the default runs. p is valid() here.
-inline const Choice* select(const Fa2Params& p, int head_dim, int dtype, bool causal) {
+inline const Choice* select(const FaParams& p, int head_dim, int dtype, bool causal) {
   // One causal query row sees every key (bottom-right alignment): served as unmasked, where
   // decode is tuned; fa2tune's store, service and PyTorch op apply the same rule.
   if (p.nq == 1) causal = false;
@@ -383,7 +387,7 @@ inline const Choice* select(const Fa2Params& p, int head_dim, int dtype, bool ca
 
 // The ABI's requirements: 16-byte aligned pointers, strides in multiples of 8 elements
 // (the kernel moves 16-byte vectors), whole GQA groups, and grid dimensions CUDA allows.
-inline bool valid(const Fa2Params& p) { return fa2tune_abi::valid(p); }
+inline bool valid(const FaParams& p) { return fa2tune_abi::valid(p); }
 
 // The (D, dtype, causal) table among `count` varlen tables, or nullptr.
 inline const VarlenTable* find_varlen(const VarlenTable* tables, int count, int head_dim,
@@ -395,19 +399,19 @@ inline const VarlenTable* find_varlen(const VarlenTable* tables, int count, int 
 }
 
 // A varlen call's shape (fa2tune_shape::varlen_shape of its query rows); p is varlen_params'.
-inline fa2tune_shape::Shape varlen_call_shape(const Fa2Params& p, const FaVarlen& v) {
+inline fa2tune_shape::Shape varlen_call_shape(const FaParams& p, const FaVarlen& v) {
   return fa2tune_shape::varlen_shape(v.total_q, p.batch, p.q_heads, p.kv_heads);
 }
 
 // Whether a varlen choice can run the call here: its family's guard, if it has one.
-inline bool accepts_varlen(const VarlenChoice& c, const Fa2Params& p, const FaVarlen& v) {
+inline bool accepts_varlen(const VarlenChoice& c, const FaParams& p, const FaVarlen& v) {
   return c.accepts == nullptr || c.accepts(p, v);
 }
 
 // The index of t's entry nearest to `asked` (the dense rule), among those that can run the
 // call when p and v are given (as nearest); -1 when none can.
 inline int nearest_varlen(const VarlenTable& t, const fa2tune_shape::Shape& asked, int sms,
-                          const Fa2Params* p, const FaVarlen* v, double* distance = nullptr) {
+                          const FaParams* p, const FaVarlen* v, double* distance = nullptr) {
   return fa2tune_shape::nearest(
       asked, t.count, sms,
       [&t, p, v](int i) -> const fa2tune_shape::Shape* {
@@ -420,7 +424,7 @@ inline int nearest_varlen(const VarlenTable& t, const fa2tune_shape::Shape& aske
 // The tuned varlen table's nearest entry that can run the call (on the tuned GPU only), else
 // the default's varlen twin (fa2: it always can); nullptr for a head dim, dtype or mask this
 // header has no config for. p is varlen_params'.
-inline const VarlenChoice* select_varlen(const Fa2Params& p, const FaVarlen& v, int head_dim,
+inline const VarlenChoice* select_varlen(const FaParams& p, const FaVarlen& v, int head_dim,
                                          int dtype, bool causal) {
   if (kVarlenTunedCount > 0 && on_tuned_gpu()) {
     const VarlenTable* t = find_varlen(kVarlenTuned, kVarlenTunedCount, head_dim, dtype, causal);
@@ -438,15 +442,15 @@ inline const VarlenChoice* select_varlen(const Fa2Params& p, const FaVarlen& v, 
 // place of batch, nq and nk, and zero batch strides (the offsets locate every sequence, as
 // measure/varlen.py's varlen_params sets them); false when the ABI (valid) or the host-side
 // varlen values refuse the call. The offsets are int32 arrays: 4-byte aligned.
-inline bool varlen_params(const Fa2Params& p, const FaVarlen& v, int num_seqs,
-                          int max_seqlen_q, int max_seqlen_k, Fa2Params* out) {
+inline bool varlen_params(const FaParams& p, const FaVarlen& v, int num_seqs,
+                          int max_seqlen_q, int max_seqlen_k, FaParams* out) {
   if (num_seqs < 1 || max_seqlen_q < 1 || max_seqlen_k < 0) return false;
   if (v.cu_seqlens_q == nullptr || v.cu_seqlens_k == nullptr) return false;
   if ((reinterpret_cast<std::uintptr_t>(v.cu_seqlens_q) & 3u) != 0 ||
       (reinterpret_cast<std::uintptr_t>(v.cu_seqlens_k) & 3u) != 0)
     return false;
   if (v.total_q < max_seqlen_q) return false;  // the longest sequence is part of the total
-  Fa2Params s = p;
+  FaParams s = p;
   s.batch = num_seqs;
   s.nq = max_seqlen_q;
   s.nk = max_seqlen_k;
@@ -459,11 +463,11 @@ inline bool varlen_params(const Fa2Params& p, const FaVarlen& v, int num_seqs,
 // Launches c over p.batch sequences in slices of at most grid z's 65,535, each a later entry
 // of the same offset arrays (they hold absolute row numbers, so O and LSE need no offset),
 // in order on the stream, as measure/varlen.py's bind_varlen does.
-inline cudaError_t launch_varlen_slices(const VarlenChoice& c, const Fa2Params& p,
+inline cudaError_t launch_varlen_slices(const VarlenChoice& c, const FaParams& p,
                                         const FaVarlen& v, cudaStream_t stream) {
   constexpr int kMaxGridZ = 65535;
   for (int b0 = 0; b0 < p.batch; b0 += kMaxGridZ) {
-    Fa2Params s = p;
+    FaParams s = p;
     s.batch = p.batch - b0 < kMaxGridZ ? p.batch - b0 : kMaxGridZ;
     FaVarlen sv = v;
     sv.cu_seqlens_q = v.cu_seqlens_q + b0;
@@ -479,7 +483,7 @@ inline cudaError_t launch_varlen_slices(const VarlenChoice& c, const Fa2Params& 
 // ------------------------------------------------------------------------------------------
 // Public entry points (see the top of this part).
 
-inline const char* fa2tune_config_name(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+inline const char* fa2tune_config_name(const FaParams& p, int head_dim, fa2tune_dtype dtype,
                                        bool causal) {
   if (!fa2tune_detail::valid(p)) return nullptr;
   const fa2tune_detail::Choice* c =
@@ -535,11 +539,11 @@ namespace fa2tune_detail {
 // larger batch is launched as slices of at most that many sequences, in order on the stream
 // (the split-KV family puts batch x heads in grid x and launches whole). Every element type
 // the table holds is 2 bytes wide.
-inline cudaError_t launch_batch_slices(const Choice& c, const Fa2Params& p, cudaStream_t stream) {
+inline cudaError_t launch_batch_slices(const Choice& c, const FaParams& p, cudaStream_t stream) {
   constexpr int kMaxGridZ = 65535;
   if (c.workspace_size != nullptr || p.batch <= kMaxGridZ) return c.launch(p, stream);
   for (int b0 = 0; b0 < p.batch; b0 += kMaxGridZ) {
-    Fa2Params s = p;
+    FaParams s = p;
     s.batch = p.batch - b0 < kMaxGridZ ? p.batch - b0 : kMaxGridZ;
     s.q = static_cast<const char*>(p.q) + 2 * b0 * p.q_batch_stride;
     s.k = static_cast<const char*>(p.k) + 2 * b0 * p.k_batch_stride;
@@ -553,7 +557,7 @@ inline cudaError_t launch_batch_slices(const Choice& c, const Fa2Params& p, cuda
 }
 }  // namespace fa2tune_detail
 
-inline cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+inline cudaError_t fa2tune_forward(const FaParams& p, int head_dim, fa2tune_dtype dtype,
                                    bool causal, cudaStream_t stream = 0) {
   if (!fa2tune_detail::valid(p)) return cudaErrorInvalidValue;
   const fa2tune_detail::Choice* c =
@@ -563,7 +567,7 @@ inline cudaError_t fa2tune_forward(const Fa2Params& p, int head_dim, fa2tune_dty
 }
 
 // Scratch bytes the config fa2tune_forward would launch here needs (see the top).
-inline size_t fa2tune_workspace_size(const Fa2Params& p, int head_dim, fa2tune_dtype dtype,
+inline size_t fa2tune_workspace_size(const FaParams& p, int head_dim, fa2tune_dtype dtype,
                                      bool causal) {
   if (!fa2tune_detail::valid(p)) return 0;
   const fa2tune_detail::Choice* c =
@@ -572,7 +576,7 @@ inline size_t fa2tune_workspace_size(const Fa2Params& p, int head_dim, fa2tune_d
 }
 
 // fa2tune_forward with the caller's workspace (contract: see the top).
-inline cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_dim,
+inline cudaError_t fa2tune_forward_with_workspace(const FaParams& p, int head_dim,
                                                   fa2tune_dtype dtype, bool causal,
                                                   void* workspace, size_t workspace_bytes,
                                                   cudaStream_t stream = 0) {
@@ -587,10 +591,10 @@ inline cudaError_t fa2tune_forward_with_workspace(const Fa2Params& p, int head_d
 // ------------------------------------------------------------------------------------------
 // Packed variable-length entry points (see the top).
 
-inline const char* fa2tune_config_name_varlen(const Fa2Params& p, const FaVarlen& v,
+inline const char* fa2tune_config_name_varlen(const FaParams& p, const FaVarlen& v,
                                               int num_seqs, int max_seqlen_q, int max_seqlen_k,
                                               int head_dim, fa2tune_dtype dtype, bool causal) {
-  Fa2Params s{};
+  FaParams s{};
   if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
     return nullptr;
   const fa2tune_detail::VarlenChoice* c =
@@ -598,11 +602,11 @@ inline const char* fa2tune_config_name_varlen(const Fa2Params& p, const FaVarlen
   return c == nullptr ? nullptr : c->name;
 }
 
-inline cudaError_t fa2tune_forward_varlen(const Fa2Params& p, const FaVarlen& v, int num_seqs,
+inline cudaError_t fa2tune_forward_varlen(const FaParams& p, const FaVarlen& v, int num_seqs,
                                           int max_seqlen_q, int max_seqlen_k, int head_dim,
                                           fa2tune_dtype dtype, bool causal,
                                           cudaStream_t stream = 0) {
-  Fa2Params s{};
+  FaParams s{};
   if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
     return cudaErrorInvalidValue;
   const fa2tune_detail::VarlenChoice* c =
