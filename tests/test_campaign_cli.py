@@ -595,3 +595,38 @@ def test_a_worker_that_cannot_start_is_one_line_naming_what_to_install() -> None
         "(install the GPU extra: pip install 'fa2tune[gpu]')"
     )
     assert tune_cli.worker_error(WorkerStartError("no CUDA device")) == "no CUDA device"
+
+
+def _two_family_table() -> ReplayTable:
+    """One problem whose recorded configs are fa2's and fa3's (as a table exported from the
+    shipped two-family results is), the fastest an fa3 config."""
+    from codegen.families import FAMILIES
+
+    (problem,) = problems_for([512], d=128)
+    fa2 = tiny_space(128)[:6]
+    fa3 = list(FAMILIES["fa3"].seeds(128, "fp16", False))[:3]
+    entries = {c.name: synthetic_entry(c, problem.n) for c in fa2}
+    entries.update(
+        {c.name: ReplayEntry(status="OK", median_ms=0.001 * (i + 1)) for i, c in enumerate(fa3)}
+    )
+    return ReplayTable(
+        studies={problem.study_name: entries}, problems={problem.study_name: problem}, gpu=GPU
+    )
+
+
+def test_cli_replay_of_a_two_family_table(app: typer.Typer, tmp_path: Path) -> None:
+    # Configs of different families do not compare: ordering the table's configs by them
+    # crashed ("'<' not supported between instances of 'Fa3Config' and 'Fa2Config'").
+    table = _two_family_table()
+    (study,) = table.studies
+    configs = table.configs(study)
+    assert sorted(c.name for c in configs) == sorted(table.studies[study])
+    families = [c.family for c in configs]
+    assert families == sorted(families) and set(families) == {"fa2", "fa3"}
+    path, out = tmp_path / "table.json", tmp_path / "summary.json"
+    save_replay_table(table, path)
+    args = ["tune", "--replay", str(path), "--sampler", "grid", "--summary-json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(out.read_text())["problems"]
+    assert summary["best_config"].startswith("fa3_"), summary

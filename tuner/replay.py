@@ -180,8 +180,15 @@ class ReplayTable:
             raise ValueError(f"not a replay table: {exc}") from exc
 
     def configs(self, study_name: str) -> list[AnyConfig]:
-        """The configs recorded for a study (its whole search space in replay)."""
-        return sorted(config_from_name(n) for n in self.studies.get(study_name, {}))
+        """The configs recorded for a study (its whole search space in replay): grouped by
+        family (by name), each family's in the order its config type defines.
+
+        Configs of different families do not compare (their types differ), so the family
+        name goes first in the key; within a family the order is the one of a one-family
+        table (a table exported from several families' results was refused otherwise).
+        """
+        configs = [config_from_name(n) for n in self.studies.get(study_name, {})]
+        return sorted(configs, key=_family_first)
 
     def missing(self, study_name: str, space: Iterable[AnyConfig]) -> list[AnyConfig]:
         """The configs of ``space`` that have no recorded outcome for the study.
@@ -212,6 +219,10 @@ class ReplayTable:
             return None
         ms, name = min(ok)
         return name, ms
+
+
+def _family_first(config: AnyConfig) -> tuple[str, AnyConfig]:
+    return (config.family, config)
 
 
 _STUDY_RE = re.compile(
