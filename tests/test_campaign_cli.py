@@ -25,7 +25,7 @@ from core.problem import Problem
 from core.shape import Shape
 from tuner import tune_cli
 from tuner.campaign import CampaignOptions
-from tuner.replay import ReplayEntry, ReplayTable
+from tuner.replay_table import ReplayEntry, ReplayTable
 from tuner.summary import CampaignSummary, TimeSplit
 from tuner.tune_cli import (
     DEFAULT_TRIALS,
@@ -216,7 +216,7 @@ def test_cli_without_a_gpu_worker_exits_1(
 ) -> None:
     import importlib.util
 
-    from fa2tune import settings
+    from core import settings
 
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed: a worker may start here")

@@ -731,7 +731,8 @@ def _tune_replay(
     options: CampaignOptions,
     db_url: str | None = None,
 ) -> CampaignSummary:
-    from tuner.replay import in_campaign_order, load_replay_table, run_replay_campaign
+    from tuner.replay import in_campaign_order, run_replay_campaign
+    from tuner.replay_table import load_replay_table
 
     try:
         table = load_replay_table(path)
