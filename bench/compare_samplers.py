@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from core.config import Fa2Config
     from core.problem import Problem
     from core.records import GpuInfo
-    from tuner.replay import ReplayTable
+    from tuner.replay_table import ReplayTable
 
 log = logging.getLogger("compare_samplers")
 
@@ -145,7 +145,8 @@ def run_one(
 
     from tuner import search
     from tuner.campaign import CampaignOptions
-    from tuner.replay import ReplayMeasure, load_replay_table, run_replay_campaign
+    from tuner.replay import ReplayMeasure, run_replay_campaign
+    from tuner.replay_table import load_replay_table
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = load_replay_table(table_path)
@@ -229,7 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tuner.replay import ReplayTable, export_replay_table, load_replay_table, save_replay_table
+    from tuner.replay_table import (
+        ReplayTable,
+        export_replay_table,
+        load_replay_table,
+        save_replay_table,
+    )
 
     if args.from_db:
         from db.store import Store

@@ -33,7 +33,8 @@ from db.store import Store
 from tuner import search
 from tuner.build_ahead import BuildAhead
 from tuner.campaign import CampaignOptions, run_campaign
-from tuner.replay import ReplayMeasure, ReplayTable, run_replay_campaign
+from tuner.replay import ReplayMeasure, run_replay_campaign
+from tuner.replay_table import ReplayTable
 from tuner.summary import CampaignSummary, TrialEvent
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

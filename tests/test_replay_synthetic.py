@@ -22,13 +22,12 @@ from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
 from tuner.campaign import CampaignOptions
-from tuner.replay import (
+from tuner.replay import ReplayMeasure, run_replay_campaign
+from tuner.replay_table import (
     ReplayEntry,
-    ReplayMeasure,
     ReplayTable,
     export_replay_table,
     load_replay_table,
-    run_replay_campaign,
     save_replay_table,
 )
 from tuner.search import layout_of

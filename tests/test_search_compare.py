@@ -23,13 +23,8 @@ from codegen.space import enumerate_space
 from core.config import Fa2Config
 from core.problem import Problem
 from tuner.campaign import CampaignOptions, _defaults
-from tuner.replay import (
-    ReplayEntry,
-    ReplayMeasure,
-    ReplayMissingError,
-    ReplayTable,
-    run_replay_campaign,
-)
+from tuner.replay import ReplayMeasure, ReplayMissingError, run_replay_campaign
+from tuner.replay_table import ReplayEntry, ReplayTable
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 

@@ -28,7 +28,8 @@ from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from tuner import search
 from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignOptions
-from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable, run_replay_campaign
+from tuner.replay import ReplayMeasure, run_replay_campaign
+from tuner.replay_table import ReplayEntry, ReplayTable
 from tuner.summary import CampaignSummary
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
