@@ -270,7 +270,7 @@ def cli(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], Re
     from typer.testing import CliRunner
 
     from codegen import commands
-    from fa2tune import settings
+    from core import settings
 
     monkeypatch.setattr(
         settings, "_overrides", {"nvcc": str(fake.nvcc), "cache_dir": fake.cache, "build_jobs": 2}

@@ -216,7 +216,7 @@ def test_cli_without_a_gpu_worker_exits_1(
 ) -> None:
     import importlib.util
 
-    from fa2tune import settings
+    from core import settings
 
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed: a worker may start here")

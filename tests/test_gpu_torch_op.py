@@ -32,7 +32,7 @@ from codegen.splitkv_space import default_config as splitkv_default
 from core.problem import Problem
 from core.settings import get_settings, override_settings
 from db.store import Store
-from fa2tune import settings as settings_module
+from core import settings as settings_module
 from tests.factories import H200, ok_result, seed_measurement
 
 
