@@ -21,6 +21,7 @@ from service.params import (
     NkQuery,
     NqQuery,
     OptionalSeqLenQuery,
+    PlainBool,
 )
 from service.schemas import BestOut, ErrorOut, ValidationErrorOut
 
@@ -53,6 +54,7 @@ async def best(
             description="only a result measured at N (or the shape) itself: no nearest "
             "fallback (404)"
         ),
+        PlainBool,
     ] = False,
     nq: NqQuery = None,
     nk: NkQuery = None,
