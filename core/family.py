@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Protocol, TypeAlias
 
-from core.config import Dtype, Fa2Config
+from core.config import Dtype
+from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.splitkv_config import SplitKvConfig
 
@@ -63,6 +64,30 @@ CONFIG_TYPES: dict[str, type[AnyConfig]] = {
 }
 
 FAMILIES: tuple[str, ...] = tuple(CONFIG_TYPES)
+
+
+def register_config_type(cls: type[Any]) -> None:
+    """Add a family's config type (its ``family`` is the name and the names' prefix).
+
+    :func:`codegen.families.register` calls it with the rest of the family; the db, the
+    service and dumps then read the family's configs like the built-in ones.
+
+    Raises:
+        ValueError: a family of that name is already registered.
+    """
+    global FAMILIES
+    name = str(cls.family)
+    if name in CONFIG_TYPES:
+        raise ValueError(f"kernel family {name!r} is already registered")
+    CONFIG_TYPES[name] = cls
+    FAMILIES = tuple(CONFIG_TYPES)
+
+
+def unregister_config_type(name: str) -> None:
+    """Remove a family added by :func:`register_config_type` (tests that add a toy one)."""
+    global FAMILIES
+    CONFIG_TYPES.pop(name, None)
+    FAMILIES = tuple(CONFIG_TYPES)
 
 
 class UnknownFamilyError(ValueError):

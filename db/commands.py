@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from codegen import fa3_space
+from codegen.families.fa3 import space as fa3_space
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
 from core.settings import get_settings
 from core.shape import Shape
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 MAX_N = 2**31 - 1  # the kernel's sequence lengths, batch and heads are int32 (FaParams)
 #: Lengths a table row lists before it shortens the list (the JSON output has them all).
 SHOWN_SEQLENS = 24
-# Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.fa3_space.HEAD_DIMS,
+# Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.families.fa3.space.HEAD_DIMS,
 # a subset of fa2's).
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(sorted({*HEAD_DIMS, *fa3_space.HEAD_DIMS}))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.space import (
+from codegen.families.fa2.space import (
     ARCH_SMEM_LIMIT,
     FA2_TILES,
     MAX_EST_REGISTERS,
@@ -21,7 +21,8 @@ from codegen.space import (
     is_valid,
     seed_configs,
 )
-from core.config import HEAD_DIMS, Fa2Config, tile_head_dim
+from core.config import HEAD_DIMS, tile_head_dim
+from core.fa2_config import Fa2Config
 
 
 def cfg(

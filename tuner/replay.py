@@ -582,7 +582,7 @@ def run_replay_campaign(
         ReplayMissingError: from a strict :class:`ReplayMeasure` asked for a config the table
             does not cover.
     """
-    from codegen.space import seed_configs
+    from codegen.families.fa2.space import seed_configs
 
     replay = table if isinstance(table, ReplayMeasure) else ReplayMeasure(table)
     todo = (

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, Fa2Config, tile_head_dim
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, tile_head_dim
+from core.fa2_config import Fa2Config
 
 VALID_HEAD_DIMS: tuple[int, ...] = HEAD_DIMS
 VALID_DTYPES: tuple[Dtype, ...] = DTYPES
@@ -280,3 +281,8 @@ def seed_configs(
 
 def _sorted_unique(configs: Iterable[Fa2Config]) -> list[Fa2Config]:
     return sorted(set(configs))
+
+
+def layout_text(config: Fa2Config) -> str:
+    """The shared-memory layout for people: ``swizzle`` or ``pad <N>``."""
+    return "swizzle" if config.swizzle else f"pad {config.pad}"

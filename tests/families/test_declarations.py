@@ -1,0 +1,99 @@
+"""One declaration per family parameter: what is derived from it is what the hand-written code
+gave before (issue 22).
+
+``data/families_before.json`` was written once by ``make_before_fixture.py`` against the tree
+before the declarations: for every config of the shipped results (read through the product's
+dump reader) and for a sample of every family's space, the name, key, stored parameters, dict
+form, optuna parameters, rendered ``.cu`` text, C++ ``Traits``, launch grids and more. Stored
+studies, db rows and shipped results depend on these staying the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codegen.families import FAMILIES, family_of
+from core.family import config_from_name, config_from_params
+from db.dump_format import load_dump
+from tests.families.make_before_fixture import GROUPS, describe, digest
+from tuner import search
+
+ROOT = Path(__file__).resolve().parents[2]
+BEFORE = json.loads((Path(__file__).parent / "data" / "families_before.json").read_text())
+
+
+def _shipped_names() -> dict[str, list[str]]:
+    names: set[str] = set()
+    for path in sorted((ROOT / "db" / "data").glob("*.json")):
+        names |= {b.config_name for b in load_dump(path).builds}
+    by_family: dict[str, list[str]] = {}
+    for n in sorted(names):
+        by_family.setdefault(n.split("_", 1)[0], []).append(n)
+    return by_family
+
+
+SHIPPED = _shipped_names()
+
+
+def test_every_family_of_the_shipped_results_is_in_the_fixture() -> None:
+    assert set(SHIPPED) == set(BEFORE["configs"]) == {"fa2", "fa3", "splitkv"}
+    assert {f: len(n) for f, n in SHIPPED.items()} == {
+        f: e["count"] for f, e in BEFORE["configs"].items()
+    }
+
+
+@pytest.mark.parametrize("family", ["fa2", "fa3", "splitkv"])
+def test_shipped_configs_derive_what_the_old_code_gave(family: str) -> None:
+    entries = [describe(n) for n in SHIPPED[family]]
+    before = BEFORE["configs"][family]
+    # The first few in full (a readable diff), then all of them by digest.
+    assert json.loads(json.dumps(entries[: len(before["first"])])) == before["first"]
+    assert digest(entries) == before["digest"]
+
+
+@pytest.mark.parametrize("family", ["fa2", "fa3", "splitkv"])
+def test_shipped_names_round_trip_through_name_and_stored_columns(family: str) -> None:
+    for name in SHIPPED[family]:
+        c = config_from_name(name)
+        assert c.name == name
+        assert config_from_params(c.family, c.d, c.dtype, c.causal, c.params()) == c
+        assert type(c).from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize("key", sorted(BEFORE["spaces"]))
+def test_spaces_seeds_defaults_and_choices_are_unchanged(key: str) -> None:
+    name, d, dtype, causal = key.split("/")
+    group = (int(d), dtype, causal == "True")
+    assert group in GROUPS
+    fam = FAMILIES[name]
+    before = BEFORE["spaces"][key]
+    space = fam.space(*group, 227 * 1024, fam.archs[0])  # type: ignore[arg-type]
+    assert len(space) == before["count"]
+    assert digest([{"name": c.name} for c in space]) == before["space"]
+    assert [c.name for c in fam.seeds(*group)] == before["seeds"]  # type: ignore[arg-type]
+    if space:
+        assert fam.default(*group).name == before["default"]  # type: ignore[arg-type]
+        choices = search.SearchSpace.from_configs(space).choices
+        assert {k: list(v) for k, v in choices.items()} == before["choices"]
+        assert digest([describe(c.name) for c in space]) == before["digest"]
+
+
+def test_added_search_parameters_keep_their_old_default() -> None:
+    assert search.added_param_defaults() == BEFORE["added"] == {"fa3_order": "per_head"}
+
+
+def test_every_family_draws_its_declared_parameters_in_the_stored_order() -> None:
+    assert {f.name: f.search_names for f in FAMILIES.values()} == {
+        "fa2": ("br", "bc", "rows_per_warp", "stages", "layout"),
+        "fa3": (
+            "fa3_block_m", "fa3_block_n", "fa3_stages", "fa3_pv", "fa3_overlap",
+            "fa3_pingpong", "fa3_regs", "fa3_order",
+        ),
+        "splitkv": ("skv_rows", "skv_block_n", "skv_warps", "skv_stages", "skv_splits"),
+    }  # fmt: skip
+    for f in FAMILIES.values():
+        c = f.default(128, "fp16", True)
+        assert tuple(family_of(c).search_params(c)) == f.search_names
