@@ -11,6 +11,8 @@ text).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from codegen.cpp_text import cpp_bool
 from core.config_common import FamilyConfigBase
 from core.elements import element
@@ -47,3 +49,23 @@ def instantiation(config: FamilyConfigBase, include: str, macro: str) -> str:
 def traits(config: FamilyConfigBase, template: str) -> str:
     """The C++ type naming ``config`` (``fa2::Traits<...>``)."""
     return f"{template}<{', '.join(cpp_args(config, traits=True))}>"
+
+
+def basic_reasons(config: FamilyConfigBase, head_dims: Sequence[int]) -> list[str]:
+    """The space rules every family states first: an fp16/bf16 dtype and one of its head
+    dims (the reasons' words are those the families' checks have always given)."""
+    why: list[str] = []
+    if config.dtype not in ("fp16", "bf16"):
+        why.append(f"dtype {config.dtype!r} is not fp16 or bf16")
+    if config.d not in head_dims:
+        why.append(f"head dim {config.d} is not one of {list(head_dims)}")
+    return why
+
+
+def outside(config: FamilyConfigBase, **choices: Sequence[int]) -> list[str]:
+    """``<param> <value> is not one of [...]`` for each parameter outside its choices."""
+    return [
+        f"{name} {getattr(config, name)} is not one of {list(values)}"
+        for name, values in choices.items()
+        if getattr(config, name) not in values
+    ]
