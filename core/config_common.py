@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from core.config import Dtype
+
 #: Field names every family's config starts with.
 COMMON_FIELDS: tuple[str, ...] = ("d", "dtype", "causal")
 #: The key of a field's :class:`ParamSpec` in its dataclass metadata.
@@ -256,8 +258,16 @@ def family_config(
     return deco
 
 
+@dataclass(frozen=True, order=True)
 class FamilyConfigBase:
-    """The derived half of every family's config (the dataclass holds the fields)."""
+    """Every family's config: the common fields, and what is derived from the declarations
+    of the family's own (a frozen, ordered dataclass that adds them after these three).
+
+    Attributes:
+        d: head dimension.
+        dtype: element type of Q, K, V and O.
+        causal: bottom-right aligned causal mask.
+    """
 
     family: ClassVar[str]
     spec: ClassVar[ConfigSpec]
@@ -265,7 +275,7 @@ class FamilyConfigBase:
     optional_params: ClassVar[frozenset[str]]
 
     d: int
-    dtype: str
+    dtype: Dtype
     causal: bool
 
     @property
@@ -287,7 +297,7 @@ class FamilyConfigBase:
         return name_key(self.name)
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)  # type: ignore[call-overload, no-any-return]
+        return asdict(self)
 
     def params(self) -> dict[str, Any]:
         """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``
@@ -321,7 +331,7 @@ class FamilyConfigBase:
                 values[p.name] = num(data, p.name)
             else:
                 values[p.name] = bool(data[p.name])
-        return cls(**values)
+        return cls(**values)  # type: ignore[arg-type]  # typed by the declarations
 
     @classmethod
     def from_name(cls: type[C], name: str) -> C:
@@ -341,4 +351,4 @@ class FamilyConfigBase:
         for p in cls.spec.params:
             value = p.parse(m[p.name])
             values[p.name] = cls.spec.defaults[p.name] if value is None else value
-        return cls(**values)
+        return cls(**values)  # type: ignore[arg-type]  # typed by the declarations

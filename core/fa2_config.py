@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.config import ELEMENT_BYTES, Dtype, tile_head_dim
+from core.config import ELEMENT_BYTES, tile_head_dim
 from core.config_common import FamilyConfigBase, family_config, param
 
 
@@ -28,10 +28,9 @@ def _layout(config: Fa2Config) -> str:
 class Fa2Config(FamilyConfigBase):
     """Compile-time parameters of one FA2 forward kernel instantiation.
 
+    After the common ``d``, ``dtype`` and ``causal`` (see ``FamilyConfigBase``):
+
     Attributes:
-        d: head dimension.
-        dtype: element type of Q, K, V and O.
-        causal: bottom-right aligned causal mask.
         br: query rows per thread block (block_m).
         bc: key/value rows per pipeline tile (block_n).
         warps: warps per block; each warp owns ``br // warps`` query rows (split-Q).
@@ -42,9 +41,6 @@ class Fa2Config(FamilyConfigBase):
             argument) instead of a dense batch; name suffix ``_vl``.
     """
 
-    d: int
-    dtype: Dtype
-    causal: bool
     br: int = param("br{}", search="br")
     bc: int = param("bc{}", search="bc")
     #: The search draws rows per warp (16 or 32) rather than warps (see tuner.space).

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.config import ELEMENT_BYTES, Dtype
+from core.config import ELEMENT_BYTES
 from core.config_common import FamilyConfigBase, family_config, param
 
 #: Columns of one 128-byte-swizzled TMA box of 2-byte elements; a tile row of D columns
@@ -27,10 +27,9 @@ WARPGROUP_ROWS = 64
 class Fa3Config(FamilyConfigBase):
     """Compile-time parameters of one Hopper (sm_90a) FA forward kernel.
 
+    After the common ``d``, ``dtype`` and ``causal`` (see ``FamilyConfigBase``):
+
     Attributes:
-        d: head dimension.
-        dtype: element type of Q, K, V and O.
-        causal: bottom-right aligned causal mask.
         block_m: query rows per block; one consumer warpgroup per 64 rows.
         block_n: keys per K/V tile (the N of the Q·Kᵀ wgmma).
         stages: depth of the K/V shared-memory ring the producer fills with TMA.
@@ -48,9 +47,6 @@ class Fa3Config(FamilyConfigBase):
             name suffix ``_lf`` (codegen/templates/fa3_fwd.cuh, "Launch order").
     """
 
-    d: int
-    dtype: Dtype
-    causal: bool
     block_m: int = param("m{}", default=128, search="fa3_block_m")
     block_n: int = param("n{}", default=128, search="fa3_block_n")
     stages: int = param("s{}", default=2, search="fa3_stages")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.config import ELEMENT_BYTES, Dtype, tile_head_dim
+from core.config import ELEMENT_BYTES, tile_head_dim
 from core.config_common import FamilyConfigBase, family_config, param
 
 #: Bytes of float32.
@@ -23,11 +23,11 @@ _F32 = 4
 class SplitKvConfig(FamilyConfigBase):
     """Compile-time parameters of one split-KV forward kernel.
 
+    After the common ``d``, ``dtype`` and ``causal`` (see ``FamilyConfigBase``):
+
     Attributes:
         d: head dimension of the tensors (any multiple of 8 up to 256); the kernel's tiles
             use :attr:`tile_d`, ``d`` rounded up to a multiple of 32.
-        dtype: element type of Q, K, V and O.
-        causal: bottom-right aligned causal mask.
         rows: packed query rows per block: the query heads of one GQA group times their
             query rows (16, 32 or 64).
         block_n: keys per warp tile.
@@ -37,9 +37,6 @@ class SplitKvConfig(FamilyConfigBase):
             are fewer key tiles); their partial results are merged by the last to finish.
     """
 
-    d: int
-    dtype: Dtype
-    causal: bool
     rows: int = param("r{}", default=16, search="skv_rows")
     block_n: int = param("n{}", default=32, search="skv_block_n")
     warps: int = param("w{}", default=4, search="skv_warps")

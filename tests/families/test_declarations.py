@@ -97,3 +97,27 @@ def test_every_family_draws_its_declared_parameters_in_the_stored_order() -> Non
     for f in FAMILIES.values():
         c = f.default(128, "fp16", True)
         assert tuple(family_of(c).search_params(c)) == f.search_names
+
+
+def test_a_field_without_a_declaration_is_refused() -> None:
+    from dataclasses import dataclass
+
+    from core.config_common import FamilyConfigBase, family_config
+
+    with pytest.raises(TypeError, match=r"Bad\.tile is not declared with param\(\)"):
+
+        @family_config("bad", example="bad_d64_fp16_full")
+        @dataclass(frozen=True, order=True)
+        class Bad(FamilyConfigBase):
+            tile: int = 64
+
+
+def test_optional_parameters_stay_out_of_names_and_params_at_their_default() -> None:
+    from core.fa3_config import Fa3Config
+
+    c = Fa3Config(128, "fp16", True)
+    assert c.name == "fa3_d128_fp16_causal_m128_n128_s2_rs_ov_pp_r240"
+    assert "varlen" not in c.params() and "longest_first" not in c.params()
+    assert Fa3Config.from_dict({k: v for k, v in c.to_dict().items() if k != "varlen"}) == c
+    with pytest.raises(KeyError):  # a stored parameter, not optional: no default stands in
+        Fa3Config.from_dict({k: v for k, v in c.to_dict().items() if k != "block_m"})
