@@ -23,12 +23,10 @@ from codegen.families.fa2.space import (
     ARCH_SMEM_LIMIT,
     DEFAULT_SMEM_LIMIT,
     SUPPORTED_ARCHS,
-    VALID_DTYPES,
-    VALID_HEAD_DIMS,
 )
 from codegen.render import TemplateMissingError
 from core.build_report import BuildReport, BuildStatus
-from core.config import HEAD_DIMS, HEAD_DIMS_RULE, Dtype
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig, config_from_name
 
 logger = logging.getLogger(__name__)
@@ -63,7 +61,7 @@ _FAMILY_NAMES = ", ".join(FAMILIES)
 
 
 def _check_d(d: int, family: str = "fa2") -> int:
-    if d not in VALID_HEAD_DIMS:
+    if d not in HEAD_DIMS:
         raise typer.BadParameter(
             f"{d} is not a supported head dim; use {HEAD_DIMS_RULE}", param_hint="--d"
         )
@@ -77,9 +75,9 @@ def _check_d(d: int, family: str = "fa2") -> int:
 
 
 def _check_dtype(dtype: str) -> Dtype:
-    if dtype not in VALID_DTYPES:
+    if dtype not in DTYPES:
         raise typer.BadParameter(
-            f"{dtype!r} is not a supported dtype; use one of {', '.join(VALID_DTYPES)}",
+            f"{dtype!r} is not a supported dtype; use one of {', '.join(DTYPES)}",
             param_hint="--dtype",
         )
     return dtype  # narrowed to Dtype by the membership check above
