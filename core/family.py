@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from core.config import Dtype
 from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.splitkv_config import SplitKvConfig
+
+T = TypeVar("T")
 
 
 class FamilyConfig(Protocol):
@@ -94,17 +96,26 @@ class UnknownFamilyError(ValueError):
     """A family name, or a config name whose prefix names no family."""
 
 
+def lookup(table: Mapping[str, T], family: str) -> T:
+    """``table[family]`` for a table keyed by family name (this map, codegen's registry).
+
+    Raises:
+        UnknownFamilyError: no such family.
+    """
+    try:
+        return table[family]
+    except KeyError:
+        known = ", ".join(table)
+        raise UnknownFamilyError(f"unknown kernel family {family!r} (known: {known})") from None
+
+
 def config_type(family: str) -> type[AnyConfig]:
     """The config type of ``family``.
 
     Raises:
         UnknownFamilyError: no such family.
     """
-    try:
-        return CONFIG_TYPES[family]
-    except KeyError:
-        known = ", ".join(CONFIG_TYPES)
-        raise UnknownFamilyError(f"unknown kernel family {family!r} (known: {known})") from None
+    return lookup(CONFIG_TYPES, family)
 
 
 def family_of_name(name: str) -> str:

@@ -24,8 +24,8 @@ from core.config import HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.config_common import SearchValue
 from core.family import (
     AnyConfig,
-    UnknownFamilyError,
     config_type,
+    lookup,
     register_config_type,
     unregister_config_type,
 )
@@ -254,11 +254,7 @@ def family(name: str) -> Family:
     Raises:
         UnknownFamilyError: no such family.
     """
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        known = ", ".join(FAMILIES)
-        raise UnknownFamilyError(f"unknown kernel family {name!r} (known: {known})") from None
+    return lookup(FAMILIES, name)
 
 
 def family_of(config: AnyConfig) -> Family:
