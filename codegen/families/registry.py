@@ -129,6 +129,9 @@ class Family:
         grid: launch grid of a config on a call's shape.
         host_prep: the GPU stage's preparation of extra launch arguments (:data:`HostPrep`),
             or None when the kernel takes only its ``FaParams``.
+        varlen_host_prep: as ``host_prep`` for a packed (``_vl``) launch, ``(config, q, k,
+            v)`` over the packed ``[total, heads, D]`` tensors: the arguments after
+            ``FaParams`` and ``FaVarlen``; None when those are all.
         header: this family's part of the exported header.
         serves: whether a campaign searches the family on a problem (every family is correct
             on every shape; this only keeps a family off problems it cannot win).
@@ -149,6 +152,7 @@ class Family:
     grid: Callable[[AnyConfig, Shape], Grid]
     header: HeaderPart
     host_prep: HostPrep | None = None
+    varlen_host_prep: HostPrep | None = None
     serves: Callable[[Problem], bool] = lambda problem: True
     head_dims: tuple[int, ...] = HEAD_DIMS
     est_registers: Callable[[AnyConfig], int] = lambda config: 0

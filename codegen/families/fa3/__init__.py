@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from codegen.families import declared
 from codegen.families.fa3 import space
-from codegen.families.fa3.host import fa3_tensor_maps
+from codegen.families.fa3.host import fa3_tensor_maps, fa3_varlen_tensor_maps
 from codegen.families.registry import Family, Grid, HeaderPart
 from core.config import Dtype
 from core.fa3_config import Fa3Config
@@ -75,6 +75,7 @@ FA3 = Family(
         varlen_guard="fa3::can_launch_varlen",
     ),
     host_prep=fa3_tensor_maps,  # imports torch / cuda-bindings when called
+    varlen_host_prep=fa3_varlen_tensor_maps,
     head_dims=space.HEAD_DIMS,
     est_registers=lambda config: space.accumulator_regs(_fa3(config)) + space.REG_HEADROOM,
 )
