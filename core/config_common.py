@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 from core.config import Dtype
@@ -95,9 +95,8 @@ class ParamSpec:
         if self.kind == "int":
             head, _, tail = self.token.partition("{}")
             return f"{re.escape(head)}(?P<{self.name}>\\d+){re.escape(tail)}"
-        if self.kind == "choice":
-            return f"(?P<{self.name}>{self.token})"
-        return f"(?P<{self.name}>{re.escape(self.token)})"
+        words = self.token.split("|") if self.kind == "choice" else [self.token]
+        return f"(?P<{self.name}>{'|'.join(map(re.escape, words))})"
 
     def parse(self, group: str | None) -> object:
         """The value of a matched segment (None: the segment was absent)."""
@@ -220,7 +219,7 @@ def _build_spec(
         spec = f.metadata.get(_META)
         if not isinstance(spec, ParamSpec):
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with param()")
-        specs.append(ParamSpec(**{**spec.__dict__, "name": f.name}))
+        specs.append(replace(spec, name=f.name))
         if f.default is not MISSING:
             defaults[f.name] = f.default
     head = rf"^{re.escape(family)}_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"

@@ -121,3 +121,46 @@ def test_optional_parameters_stay_out_of_names_and_params_at_their_default() -> 
     assert Fa3Config.from_dict({k: v for k, v in c.to_dict().items() if k != "varlen"}) == c
     with pytest.raises(KeyError):  # a stored parameter, not optional: no default stands in
         Fa3Config.from_dict({k: v for k, v in c.to_dict().items() if k != "block_m"})
+
+
+#: The hand-written name patterns before the declarations (commit 1e7373b), as they were.
+OLD_PATTERNS = {
+    "fa2": r"^fa2_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
+    r"_br(?P<br>\d+)_bc(?P<bc>\d+)_w(?P<warps>\d+)_s(?P<stages>\d+)"
+    r"_(?:pad(?P<pad>\d+)|(?P<swz>swz))(?P<vl>_vl)?$",
+    "fa3": r"^fa3_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
+    r"_m(?P<block_m>\d+)_n(?P<block_n>\d+)_s(?P<stages>\d+)"
+    r"_(?P<pv>rs|ss)(?P<ov>_ov)?(?P<pp>_pp)?_r(?P<regs>\d+)(?P<lf>_lf)?(?P<vl>_vl)?$",
+    "splitkv": r"^splitkv_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
+    r"_r(?P<rows>\d+)_n(?P<block_n>\d+)_w(?P<warps>\d+)_s(?P<stages>\d+)_k(?P<splits>\d+)$",
+}
+
+
+def _mutations(name: str) -> list[str]:
+    parts = name.split("_")
+    out = [name + "\n", name + "_x", name + "_vl", name[:-1], "X" + name]
+    for i in range(1, len(parts)):
+        out.append("_".join(parts[:i] + parts[i + 1 :]))  # a segment dropped
+        out.append("_".join(parts[: i + 1] + parts[i:]))  # a segment doubled
+        if i + 1 < len(parts):
+            swapped = [*parts]
+            swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
+            out.append("_".join(swapped))
+        for word in ("swz", "pad8", "lf", "ov", "pp", "ss", "vl", "k4", "r16"):
+            out.append("_".join([*parts[:i], word, *parts[i:]]))
+    return out
+
+
+@pytest.mark.parametrize("family", ["fa2", "fa3", "splitkv"])
+def test_names_are_accepted_and_refused_as_the_old_patterns_did(family: str) -> None:
+    import re
+
+    old = re.compile(OLD_PATTERNS[family])
+    cls = FAMILIES[family].config_type
+    for name in SHIPPED[family][:: max(1, len(SHIPPED[family]) // 150)]:
+        for candidate in _mutations(name):
+            try:
+                parsed = cls.from_name(candidate)
+            except ValueError:
+                parsed = None
+            assert (parsed is not None) == (old.match(candidate) is not None), candidate
