@@ -84,7 +84,8 @@ def valid_space(problem: Problem, gpu: GpuInfo, arch: str) -> list[Fa2Config]:
     predate. The shared-memory bound is the campaign's: the GPU's opt-in maximum, capped at
     the architecture's.
     """
-    from codegen.families.fa2.space import ARCH_SMEM_LIMIT, enumerate_space
+    from codegen.families.fa2.space import enumerate_space
+    from codegen.targets import ARCH_SMEM_LIMIT
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes

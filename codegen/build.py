@@ -26,11 +26,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from codegen.families import family_of
-from codegen.families.fa2.space import ARCH_SMEM_LIMIT
 from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry, compile_entries
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
 from codegen.render import template_dir as default_template_dir
 from codegen.render import template_hash, write_if_changed
+from codegen.targets import ARCH_SMEM_LIMIT
 from core.build_report import BuildReport, BuildStatus
 from core.family import AnyConfig
 from core.settings import get_settings

@@ -19,12 +19,8 @@ from codegen.build import (
     report_to_dict,
 )
 from codegen.families import FAMILIES, family_of
-from codegen.families.fa2.space import (
-    ARCH_SMEM_LIMIT,
-    DEFAULT_SMEM_LIMIT,
-    SUPPORTED_ARCHS,
-)
 from codegen.render import TemplateMissingError
+from codegen.targets import ARCH_SMEM_LIMIT, DEFAULT_SMEM_LIMIT, SUPPORTED_ARCHS
 from core.build_report import BuildReport, BuildStatus
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig, config_from_name

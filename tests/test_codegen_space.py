@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from codegen.families.fa2.space import (
-    ARCH_SMEM_LIMIT,
     FA2_TILES,
     MAX_EST_REGISTERS,
     VALID_BC,
@@ -21,6 +20,7 @@ from codegen.families.fa2.space import (
     is_valid,
     seed_configs,
 )
+from codegen.targets import ARCH_SMEM_LIMIT
 from core.config import HEAD_DIMS, tile_head_dim
 from core.fa2_config import Fa2Config
 

@@ -368,7 +368,7 @@ def _defaults(
     problem. A packed variable-length problem searches the ``_vl`` twins of the families with
     varlen kernels (``Family.varlen``): fa2's everywhere, fa3's on sm_90.
     """
-    from codegen.families.fa2.space import ARCH_SMEM_LIMIT
+    from codegen.targets import ARCH_SMEM_LIMIT
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes

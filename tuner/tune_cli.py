@@ -568,7 +568,7 @@ def tune(
         targets = campaign_targets(shape_options)
         check_family_head_dims((t.d for t in targets), families)
         if arch is not None:
-            from codegen.families.fa2.space import SUPPORTED_ARCHS
+            from codegen.targets import SUPPORTED_ARCHS
 
             if arch not in SUPPORTED_ARCHS:
                 raise _bad("--arch", f"{arch!r} is not one of {', '.join(SUPPORTED_ARCHS)}")
@@ -637,7 +637,7 @@ def _campaign_on_gpu(
         typer.BadParameter: when the GPU's architecture is not supported.
         WorkerStartError: when the worker cannot start (no GPU, no torch).
     """
-    from codegen.families.fa2.space import ARCH_SMEM_LIMIT
+    from codegen.targets import ARCH_SMEM_LIMIT
     from measure.gpuinfo import arch_for, current_gpu_info
 
     storage_url = search.resolve_storage_url(db_url)

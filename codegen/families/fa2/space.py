@@ -16,6 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+# The targets the family builds for (re-exported: the fa2 space is where they were).
+from codegen.targets import ARCH_SMEM_LIMIT as ARCH_SMEM_LIMIT
+from codegen.targets import DEFAULT_SMEM_LIMIT as DEFAULT_SMEM_LIMIT
+from codegen.targets import SUPPORTED_ARCHS as SUPPORTED_ARCHS
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, tile_head_dim
 from core.fa2_config import Fa2Config
 
@@ -34,15 +38,6 @@ MMA_M = 16  # rows of one mma.m16n8k16 tile: the unit a warp's query rows come i
 MMA_K = 16  # keys per k-step of the P·V product
 SWIZZLE_CHUNK_GROUP = 4  # the swizzle permutes 16-byte chunks in groups of 4 (D % 32 == 0)
 
-#: Max dynamic shared memory per block after opt-in, per architecture (CUDA programming guide).
-ARCH_SMEM_LIMIT: dict[str, int] = {
-    "sm_80": 163 * 1024,
-    "sm_86": 99 * 1024,
-    "sm_89": 99 * 1024,
-    "sm_90": 227 * 1024,
-}
-SUPPORTED_ARCHS: tuple[str, ...] = tuple(ARCH_SMEM_LIMIT)
-DEFAULT_SMEM_LIMIT = ARCH_SMEM_LIMIT["sm_90"]
 
 #: Registers the estimate adds for addresses, loop counters, smem offsets and the transient
 #: ldmatrix/packed-P fragments. Calibrated on 113 pad-8, 1-stage tiles of the template (sm_90,
