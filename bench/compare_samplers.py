@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from core.config import Fa2Config
+    from core.fa2_config import Fa2Config
     from core.problem import Problem
     from core.records import GpuInfo
     from tuner.replay_table import ReplayTable
@@ -84,7 +84,8 @@ def valid_space(problem: Problem, gpu: GpuInfo, arch: str) -> list[Fa2Config]:
     predate. The shared-memory bound is the campaign's: the GPU's opt-in maximum, capped at
     the architecture's.
     """
-    from codegen.space import ARCH_SMEM_LIMIT, enumerate_space
+    from codegen.families.fa2.space import enumerate_space
+    from codegen.targets import ARCH_SMEM_LIMIT
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes

@@ -71,8 +71,8 @@ from codegen.export_varlen import (
     varlen_twin,
 )
 from codegen.families import FAMILIES, Family, family_of
+from codegen.families.fa2.space import fa2_default_config
 from codegen.render import template_hash
-from codegen.space import fa2_default_config
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.elements import element
 from core.family import AnyConfig

@@ -5,7 +5,7 @@ health), module loading (:class:`LoadedKernel`) and launching (:class:`BoundLaun
 family's launch geometry and ``host_prep``). Every kernel family's kernels take one by-value
 :class:`~measure.params.FaParams` first (the ABI of ``docs/architecture.md``, built from
 tensors by :func:`measure.params.make_params`), then whatever the family's ``host_prep``
-returns (the Hopper family: three ``CUtensorMap`` descriptors, :mod:`measure.tma`;
+returns (the Hopper family: three ``CUtensorMap`` descriptors, :mod:`codegen.families.fa3.host`;
 docs/fa3_kernel.md). Grid and block come from the family registry (:mod:`codegen.families`:
 ``fa2`` launches ``(ceil(nq / br), q_heads, batch)`` blocks of ``32 * warps`` threads) and the
 dynamic shared memory is the config's ``smem_bytes``, to which the kernel's limit is raised
@@ -22,13 +22,18 @@ its first launch); CPU machines can import this module (for :func:`grid_for`,
 from __future__ import annotations
 
 import ctypes
-import importlib
 import logging
-from collections.abc import Callable, Sequence
-from functools import cache
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from codegen.cuda_driver import STICKY_ERRORS as STICKY_ERRORS
+from codegen.cuda_driver import CudaError as CudaError
+from codegen.cuda_driver import call as call
+from codegen.cuda_driver import check as check
+from codegen.cuda_driver import driver as driver
+from codegen.cuda_driver import error_name as _error_name
+from codegen.families.registry import HostPrep as RegistryHostPrep
 from core.family import AnyConfig
 from core.problem import Problem
 from core.shape import Shape
@@ -41,102 +46,8 @@ log = logging.getLogger(__name__)
 
 Dim3: TypeAlias = tuple[int, int, int]
 
-#: A family's ``host_prep`` (named by ``codegen.families.Family.host_prep``):
-#: ``(config, q, k, v, layout)`` -> the kernel's arguments after its ``FaParams``, in order,
-#: each a ctypes value whose bytes are the argument (e.g. :class:`measure.tma.TensorMap`).
-HostPrep: TypeAlias = Callable[..., Sequence[Any]]
-
-#: Errors after which the CUDA context is unusable: the process must go.
-STICKY_ERRORS = frozenset(
-    {
-        "CUDA_ERROR_ILLEGAL_ADDRESS",
-        "CUDA_ERROR_LAUNCH_FAILED",
-        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-        "CUDA_ERROR_MISALIGNED_ADDRESS",
-        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-        "CUDA_ERROR_INVALID_PC",
-        "CUDA_ERROR_HARDWARE_STACK_ERROR",
-        "CUDA_ERROR_ASSERT",
-        "CUDA_ERROR_LAUNCH_TIMEOUT",
-        "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-        "CUDA_ERROR_TENSOR_MEMORY_LEAK",
-    }
-)
-
-
-class CudaError(RuntimeError):
-    """A CUDA driver call returned an error.
-
-    Attributes:
-        call: the driver function, e.g. ``"cuLaunchKernel"``.
-        code: the numeric ``CUresult``.
-        name: its name, e.g. ``"CUDA_ERROR_ILLEGAL_ADDRESS"``.
-    """
-
-    def __init__(self, call: str, code: int, name: str, detail: str = "") -> None:
-        self.call = call
-        self.code = code
-        self.name = name
-        msg = f"{call} failed: {name} ({code})"
-        super().__init__(f"{msg}: {detail}" if detail else msg)
-
-    @property
-    def sticky(self) -> bool:
-        """True when the error leaves the context unusable (trap, illegal address, ...)."""
-        return self.name in STICKY_ERRORS
-
-
-@cache
-def driver() -> Any:
-    """The ``cuda.bindings.driver`` module (``cuda.cuda`` for older cuda-python).
-
-    Raises:
-        ImportError: when cuda-python is not installed.
-    """
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        try:
-            from cuda import cuda as cu  # cuda-python < 12.6 layout
-        except ImportError as exc:
-            raise ImportError(
-                "cuda-bindings is required for kernel loading (pip install 'fa2tune[gpu]')"
-            ) from exc
-    return cu
-
-
-def _error_name(cu: Any, err: Any) -> str:
-    try:
-        res, name = cu.cuGetErrorName(err)
-        if int(res) == 0 and name:
-            return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # naming the error must never hide it
-        pass
-    return getattr(err, "name", str(err))
-
-
-def check(call: str, result: tuple[Any, ...]) -> Any:
-    """Unwrap a cuda-python result tuple ``(CUresult, *values)``.
-
-    Returns:
-        ``None`` for no values, the value for one, the tuple of values otherwise.
-
-    Raises:
-        CudaError: when the ``CUresult`` is not ``CUDA_SUCCESS``.
-    """
-    err, *values = result
-    if int(err) != 0:
-        cu = driver()
-        raise CudaError(call, int(err), _error_name(cu, err))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def call(name: str, *args: Any) -> Any:
-    """Call driver function ``name`` and check its result (see :func:`check`)."""
-    return check(name, getattr(driver(), name)(*args))
+#: A family's ``host_prep`` (:data:`codegen.families.HostPrep`, its registry entry's).
+HostPrep: TypeAlias = RegistryHostPrep
 
 
 def ensure_context(device: int) -> None:
@@ -515,27 +426,15 @@ def grid_for(config: AnyConfig, problem: Problem) -> tuple[Dim3, Dim3]:
     )  # fmt: skip
 
 
-@cache
 def host_prep(family: str) -> HostPrep | None:
-    """The ``host_prep`` function of ``family``, imported on first use; None when it has none.
-
-    The registry names it as ``"module:function"``; it is resolved once per family and
-    process.
+    """The host preparation of ``family`` (its registry entry's callable); None when it has none.
 
     Raises:
         UnknownFamilyError: no such family.
-        ImportError, AttributeError: the registry names a function that does not exist.
     """
     from codegen.families import family as family_named
 
-    dotted = family_named(family).host_prep
-    if dotted is None:
-        return None
-    module, _, attr = dotted.partition(":")
-    fn = getattr(importlib.import_module(module), attr)
-    if not callable(fn):
-        raise TypeError(f"host_prep {dotted!r} of family {family} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return family_named(family).host_prep
 
 
 def extra_args(
@@ -545,7 +444,7 @@ def extra_args(
 
     Empty for a family without ``host_prep`` (``fa2``); otherwise what the family's
     ``host_prep(config, q, k, v, layout)`` returns (``fa3``: the TMA descriptors of Q, K and
-    V, :func:`measure.tma.fa3_tensor_maps`).
+    V, :func:`codegen.families.fa3.host.fa3_tensor_maps`).
     """
     prep = host_prep(config.family)
     return () if prep is None else tuple(prep(config, q, k, v, layout))

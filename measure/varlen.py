@@ -292,7 +292,7 @@ def bind_varlen(
     params, extra = varlen_params(inputs, o, lse)
     maps: tuple[Any, ...] = ()
     if config.family == "fa3":
-        from measure.tma import fa3_varlen_tensor_maps
+        from codegen.families.fa3.host import fa3_varlen_tensor_maps
 
         maps = fa3_varlen_tensor_maps(config, inputs.q, inputs.k, inputs.v)
     launches = []

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from codegen.export import TunedPoint, _c_string, render_header
-from codegen.space import fa2_default_config
+from codegen.families.fa2.space import fa2_default_config
 from core.gpu_name import normalize_gpu_name
 
 WHEN = datetime(2026, 11, 30, tzinfo=UTC)

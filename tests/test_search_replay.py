@@ -21,9 +21,9 @@ from test_replay_synthetic import (
     tiny_space,
 )
 
-from codegen.space import seed_configs
+from codegen.families.fa2.space import seed_configs
 from core.build_report import BuildReport
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from tuner import search

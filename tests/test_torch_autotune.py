@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from codegen.space import fa2_default_config
+from codegen.families.fa2.space import fa2_default_config
 from core import settings as settings_module
 from core.problem import Problem
 from core.settings import Settings, override_settings

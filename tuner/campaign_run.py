@@ -132,7 +132,7 @@ def _campaign_on_gpu(
         UnsupportedArchError: when the GPU's architecture is not supported.
         WorkerStartError: when the worker cannot start (no GPU, no torch).
     """
-    from codegen.space import ARCH_SMEM_LIMIT
+    from codegen.targets import ARCH_SMEM_LIMIT
     from measure.gpuinfo import arch_for, current_gpu_info
 
     storage_url = search.resolve_storage_url(db_url)

@@ -265,7 +265,7 @@ def run_replay_campaign(
             (:func:`in_campaign_order`).
         space_fn: the configs of a problem; default those the table records for it.
         seeds_fn: the configs each new study starts with; default
-            :func:`codegen.space.seed_configs`.
+            :func:`codegen.families.fa2.space.seed_configs`.
         measure_fn: verifies and times one build; default the replay (pass a wrapper around
             it to add latency or failures).
         progress: receives progress events; None logs only.
@@ -279,7 +279,7 @@ def run_replay_campaign(
         ReplayMissingError: from a strict :class:`ReplayMeasure` asked for a config the table
             does not cover.
     """
-    from codegen.space import seed_configs
+    from codegen.families.fa2.space import seed_configs
 
     replay = table if isinstance(table, ReplayMeasure) else ReplayMeasure(table)
     todo = (

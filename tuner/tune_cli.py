@@ -247,7 +247,7 @@ def tune(
         targets = campaign_targets(shape_options)
         check_family_head_dims((t.d for t in targets), families)
         if arch is not None:
-            from codegen.space import SUPPORTED_ARCHS
+            from codegen.targets import SUPPORTED_ARCHS
 
             if arch not in SUPPORTED_ARCHS:
                 raise bad_option("--arch", f"{arch!r} is not one of {', '.join(SUPPORTED_ARCHS)}")

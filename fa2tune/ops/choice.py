@@ -21,9 +21,10 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-from codegen import fa3_space, splitkv_space
-from codegen import space as fa2_space
 from codegen.families import family_of
+from codegen.families.fa2 import space as fa2_space
+from codegen.families.fa3 import space as fa3_space
+from codegen.families.splitkv import space as splitkv_space
 from core.config import HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.problem import Problem

@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from codegen import space as fa2_space
-from core.config import HEAD_DIMS_RULE, Dtype, Fa2Config
+from codegen.families.fa2 import space as fa2_space
+from core.config import HEAD_DIMS_RULE, Dtype
+from core.fa2_config import Fa2Config
 from core.shape import Shape, effective_causal, varlen_shape
 from db.store import Store
 from fa2tune.ops import autotune

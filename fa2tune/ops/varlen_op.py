@@ -235,7 +235,7 @@ class VarlenLauncher:
             bound()
 
     def _maps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Any, ...]:
-        from measure.tma import fa3_varlen_tensor_maps
+        from codegen.families.fa3.host import fa3_varlen_tensor_maps
 
         return fa3_varlen_tensor_maps(self.config, q, k, v)
 
