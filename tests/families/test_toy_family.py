@@ -39,7 +39,8 @@ from core.shape import Shape
 from db.store import Store
 from tuner import search
 from tuner.campaign import CampaignOptions
-from tuner.replay import ReplayEntry, ReplayTable, run_replay_campaign
+from tuner.replay import run_replay_campaign
+from tuner.replay_table import ReplayEntry, ReplayTable
 
 GPU = GpuInfo(
     name="Toy GPU", compute_capability="9.0", sm_count=132, driver_version="560.0",
