@@ -66,8 +66,8 @@ def test_slow_export_does_not_block_best(
     for t in threads:
         t.start()
     time.sleep(0.2)  # the first export is sleeping in its worker thread
-    for use_fast_path in (True, False):  # the fast path; the FastAPI route ("yes")
-        params = dict(BEST) if use_fast_path else {**BEST, "causal": "yes"}
+    for use_fast_path in (True, False):  # the fast path; the FastAPI route ("False")
+        params = dict(BEST) if use_fast_path else {**BEST, "causal": "False"}
         start = time.perf_counter()
         r = client.get("/v1/best", params=params)
         assert r.status_code == 200, r.text
