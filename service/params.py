@@ -17,11 +17,22 @@ MAX_GPU_NAME = 128  # the gpus.name column
 MAX_N = 2**31 - 1  # FaParams.nq is an int32
 
 
-#: A character that is not blank: not one of the characters ``str.strip`` removes
-#: (``str.isspace``), spelled out because ``\s`` means a different set in each regex engine
-#: (Python's has U+001C..U+001F, ECMA-262's and Rust's do not). Unanchored: JSON Schema's
-#: ``pattern`` matches anywhere, so this says "has a non-blank character".
-NOT_BLANK_PATTERN = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+#: The control characters no query name or value may hold: C0 controls and DEL except the
+#: blanks (tab, line feed ... and U+001C..U+001F count as blanks for ``str.strip`` and are
+#: handled by the blank rules). A NUL would otherwise reach name matching that ignores
+#: punctuation ("H200%00" matched H200).
+_CONTROLS = r"\x00-\x08\x0e-\x1b\x7f"
+CONTROL_CHARS = re.compile(f"[{_CONTROLS}]")
+
+#: A character that is neither blank (one of the characters ``str.strip`` removes,
+#: ``str.isspace``, spelled out because ``\s`` means a different set in each regex engine:
+#: Python's has U+001C..U+001F, ECMA-262's and Rust's do not) nor a control character.
+_NOT_BLANK = r"[^\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+#: A name as the API takes it: no control character anywhere, and a non-blank character.
+#: Anchored, as JSON Schema's ``pattern`` matches anywhere.
+NAME_PATTERN = f"^[^{_CONTROLS}]*{_NOT_BLANK}[^{_CONTROLS}]*$"
+#: Any text without a control character (for filters that take blanks as they are).
+NO_CONTROL_PATTERN = f"^[^{_CONTROLS}]*$"
 
 
 #: The only integer spelling a query takes: ASCII digits (pydantic's lax mode also reads
@@ -31,9 +42,6 @@ _PLAIN_INT = re.compile(r"[0-9]{1,19}")
 #: The boolean spellings a query takes (any letter case for true/false); pydantic's lax mode
 #: also reads "yes", "on", "t", "y".
 _PLAIN_BOOLS = {"true": True, "false": False, "1": True, "0": False}
-#: C0 controls and DEL: no query value or name has a use for them, and a NUL would otherwise
-#: pass through to name matching that ignores punctuation ("H200%00" matched H200).
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _plain_int(value: object) -> object:
@@ -79,7 +87,7 @@ GpuQuery = Annotated[
         examples=["NVIDIA H200"],
         # Published only: the validator below refuses blank names with a plainer message
         # than "String should match pattern".
-        json_schema_extra={"pattern": NOT_BLANK_PATTERN},
+        json_schema_extra={"pattern": NAME_PATTERN},
     ),
     AfterValidator(_gpu_name),
 ]

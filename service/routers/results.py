@@ -22,7 +22,14 @@ from service.deps import (
     SlowEndpoints,
     StoreDep,
 )
-from service.params import MAX_GPU_NAME, MAX_N, HeadDimQuery, PlainBool, PlainInt
+from service.params import (
+    MAX_GPU_NAME,
+    MAX_N,
+    NO_CONTROL_PATTERN,
+    HeadDimQuery,
+    PlainBool,
+    PlainInt,
+)
 from service.schemas import ErrorOut, IngestOut, ResultOut, ResultPageOut, ValidationErrorOut
 
 log = logging.getLogger(__name__)
@@ -56,7 +63,12 @@ async def list_results(
     slow: SlowDep,
     gpu: Annotated[
         str | None,
-        Query(min_length=1, max_length=MAX_GPU_NAME, description="GPU name, any spelling"),
+        Query(
+            min_length=1,
+            max_length=MAX_GPU_NAME,
+            description="GPU name, any spelling",
+            json_schema_extra={"pattern": NO_CONTROL_PATTERN},
+        ),
     ] = None,
     d: HeadDimQuery | None = None,
     n: Annotated[int | None, Query(ge=1, le=MAX_N, description="sequence length"), PlainInt] = None,
