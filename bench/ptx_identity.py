@@ -21,8 +21,8 @@ after it, so the "before" manifest is computed by putting the old tree on PYTHON
     python bench/ptx_identity.py --compare bench/ptx/before.json after.json
 
 ``--compare`` prints every config that differs (or is missing on one side, or failed to
-compile on either) and exits 1 if any does. ``--keep DIR`` writes the stripped PTX per config
-for a diff.
+compile on either) and exits 1 if any does. ``--family NAME`` keeps one family's configs;
+``--keep DIR`` writes the stripped PTX per config for a diff.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ def strip_debug(ptx: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def ptx_flags(arch: str) -> list[str]:
-    """The product's nvcc flags for ``arch`` with ``-cubin`` -> ``-ptx`` and no ``-Xptxas``."""
+def _product_flags(arch: str) -> list[str]:
+    """The product's nvcc flags for ``arch`` without ``-Xptxas <arg>`` (ptxas's report)."""
     from codegen.build import nvcc_flags
 
     flags: list[str] = []
@@ -100,12 +100,22 @@ def ptx_flags(arch: str) -> list[str]:
     for flag in nvcc_flags(arch):
         if skip:
             skip = False
-            continue
-        if flag == "-Xptxas":
+        elif flag == "-Xptxas":
             skip = True
-            continue
-        flags.append("-ptx" if flag == "-cubin" else flag)
+        else:
+            flags.append(flag)
     return flags
+
+
+def ptx_flags(arch: str) -> list[str]:
+    """The product's nvcc flags for ``arch`` with ``-cubin`` -> ``-ptx`` and no ``-Xptxas``."""
+    return ["-ptx" if flag == "-cubin" else flag for flag in _product_flags(arch)]
+
+
+def cubin_flags(arch: str) -> list[str]:
+    """The product's flags for ``arch`` without ``-Xptxas`` and ``-lineinfo``: the cubin's line
+    table names source lines, which move with any edit; the machine code does not."""
+    return [flag for flag in _product_flags(arch) if flag != "-lineinfo"]
 
 
 def _fastest_ok(paths: Iterable[Path]) -> tuple[list[Target], list[Target]]:
@@ -144,57 +154,74 @@ def select_targets(args: argparse.Namespace) -> list[Target]:
     if not files:
         raise SystemExit(f"no results files (*.json) in {args.data}")
     winners, everything = _fastest_ok(files)
-    if args.all or args.sample:
-        if args.sample:
-            rng = random.Random(args.seed)
-            return sorted(
-                rng.sample(everything, min(args.sample, len(everything))),
-                key=lambda t: (t.name, t.arch),
-            )
-        return everything
-    return winners
+    chosen = everything if (args.all or args.sample) else winners
+    if args.family:
+        chosen = [t for t in chosen if t.name.split("_", 1)[0] in args.family]
+    if args.sample:
+        rng = random.Random(args.seed)
+        chosen = sorted(
+            rng.sample(chosen, min(args.sample, len(chosen))), key=lambda t: (t.name, t.arch)
+        )
+    return chosen
 
 
-def compile_one(target: Target, nvcc: str, keep: Path | None) -> dict[str, Any]:
-    """Render, compile and hash one target; a failure is recorded, never raised."""
+def _nvcc(command: list[str], work: Path, output: str) -> tuple[bytes | None, str]:
+    """Run one nvcc command in ``work``; (the output file's bytes or None, error text)."""
+    proc = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
+    path = work / output
+    if proc.returncode != 0 or not path.is_file():
+        return None, "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+    return path.read_bytes(), ""
+
+
+def compile_one(target: Target, nvcc: str, keep: Path | None, cubin: bool) -> dict[str, Any]:
+    """Render, compile and hash one target; a failure is recorded, never raised.
+
+    The entry: ``arch``, ``sha256`` of the stripped PTX (None when nvcc failed, with
+    ``error``), ``lines``, and with ``cubin`` also ``cubin_sha256``: the cubin ptxas makes of
+    it for the target (:func:`cubin_flags`), byte for byte.
+    """
     from codegen.families import family_of
     from codegen.render import template_dir
     from core.family import config_from_name
 
     config = config_from_name(target.name)
     text = family_of(config).render(config)
+    include = ["-I", str(template_dir().resolve())]
+    entry: dict[str, Any] = {"arch": target.arch}
     with tempfile.TemporaryDirectory(prefix="ptx-") as tmp:
         work = Path(tmp)
         (work / SOURCE_NAME).write_text(text, encoding="utf-8")
-        command = [
-            nvcc,
-            *ptx_flags(target.arch),
-            "-I",
-            str(template_dir().resolve()),
-            "-o",
-            "kernel.ptx",
-            SOURCE_NAME,
-        ]
-        proc = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
-        ptx_path = work / "kernel.ptx"
-        if proc.returncode != 0 or not ptx_path.is_file():
-            message = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            return {"arch": target.arch, "sha256": None, "error": "\n".join(message)}
-        stripped = strip_debug(ptx_path.read_text(encoding="utf-8"))
+        flags = ptx_flags(target.arch)
+        ptx, error = _nvcc([nvcc, *flags, *include, "-o", "k.ptx", SOURCE_NAME], work, "k.ptx")
+        if ptx is None:
+            return {**entry, "sha256": None, "error": error}
+        stripped = strip_debug(ptx.decode("utf-8"))
+        entry["sha256"] = hashlib.sha256(stripped.encode()).hexdigest()
+        entry["lines"] = stripped.count("\n")
+        if cubin:
+            flags = cubin_flags(target.arch)
+            data, error = _nvcc(
+                [nvcc, *flags, *include, "-o", "k.cubin", SOURCE_NAME], work, "k.cubin"
+            )
+            entry["cubin_sha256"] = hashlib.sha256(data).hexdigest() if data else None
+            if data is None:
+                entry["error"] = error
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         (keep / f"{target.name}.{target.arch}.ptx").write_text(stripped, encoding="utf-8")
-    digest = hashlib.sha256(stripped.encode()).hexdigest()
-    return {"arch": target.arch, "sha256": digest, "lines": stripped.count("\n")}
+    return entry
 
 
-def build_manifest(targets: Sequence[Target], nvcc: str, jobs: int, keep: Path | None) -> dict:
+def build_manifest(
+    targets: Sequence[Target], nvcc: str, jobs: int, keep: Path | None, cubin: bool = False
+) -> dict[str, Any]:
     """Compile ``targets`` with ``jobs`` parallel nvcc runs; the manifest as a dict."""
     from codegen.build import nvcc_version
 
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = list(pool.map(lambda t: compile_one(t, nvcc, keep), targets))
+        results = list(pool.map(lambda t: compile_one(t, nvcc, keep, cubin), targets))
     seconds = time.perf_counter() - start
     names = [t.name for t in targets]
     keys = [t.name if names.count(t.name) == 1 else f"{t.name}@{t.arch}" for t in targets]
@@ -207,32 +234,53 @@ def build_manifest(targets: Sequence[Target], nvcc: str, jobs: int, keep: Path |
         "format": MANIFEST_FORMAT,
         "nvcc": nvcc_version(nvcc),
         "flags": {arch: ptx_flags(arch) for arch in sorted({t.arch for t in targets})},
+        "cubin_flags": (
+            {arch: cubin_flags(arch) for arch in sorted({t.arch for t in targets})}
+            if cubin
+            else None
+        ),
         "seconds": round(seconds, 1),
         "configs": dict(sorted(configs.items())),
     }
 
 
-def compare(a_path: Path, b_path: Path, out: Any = sys.stdout) -> int:
-    """Print every config whose PTX differs between two manifests; 1 if any, else 0."""
+def compare(a_path: Path, b_path: Path, level: str = "ptx", out: Any = sys.stdout) -> int:
+    """Print every config whose PTX differs between two manifests (and whether its cubin does,
+    where both have cubin hashes); 1 if any differs at ``level`` ("ptx" or "cubin"), else 0.
+
+    A config in one manifest only, or one that failed to compile in either, counts as
+    differing at both levels.
+    """
     a = json.loads(a_path.read_text(encoding="utf-8"))["configs"]
     b = json.loads(b_path.read_text(encoding="utf-8"))["configs"]
-    differing = 0
     common = set(a) & set(b)
+    ptx_same = cubin_same = 0
+    bad = 0
     for key in sorted(set(a) | set(b)):
         left, right = a.get(key), b.get(key)
         if left is None or right is None:
-            side = a_path.name if left is None else b_path.name
-            out.write(f"MISSING {key}: not in {side}\n")
-        elif left["sha256"] is None or right["sha256"] is None:
-            out.write(f"FAILED  {key}: did not compile in one manifest\n")
-        elif left["sha256"] != right["sha256"] or left["arch"] != right["arch"]:
-            out.write(f"DIFFER  {key} ({left['arch']})\n")
-        else:
+            out.write(f"MISSING {key}: not in {a_path.name if left is None else b_path.name}\n")
+            bad += 1
             continue
-        differing += 1
-    identical = sum(a[k]["sha256"] is not None and a[k]["sha256"] == b[k]["sha256"] for k in common)
-    out.write(f"{len(common)} configs compared, {identical} identical, {differing} differing\n")
-    return 1 if differing else 0
+        if left["sha256"] is None or right["sha256"] is None:
+            out.write(f"FAILED  {key}: did not compile in one manifest\n")
+            bad += 1
+            continue
+        same = left["sha256"] == right["sha256"] and left["arch"] == right["arch"]
+        lc, rc = left.get("cubin_sha256"), right.get("cubin_sha256")
+        cubin = None if lc is None or rc is None else lc == rc
+        ptx_same += same
+        cubin_same += bool(cubin)
+        if not same:
+            status = {None: "no cubin hashes", True: "cubin identical", False: "cubin DIFFERS"}
+            out.write(f"DIFFER  {key} ({left['arch']}): PTX differs, {status[cubin]}\n")
+        if (level == "ptx" and not same) or (level == "cubin" and not cubin):
+            bad += 1
+    out.write(
+        f"{len(common)} configs compared: PTX identical {ptx_same}, cubin identical "
+        f"{cubin_same}; {len(set(a) ^ set(b))} in one manifest only\n"
+    )
+    return 1 if bad else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,20 +292,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=0, help="a seeded sample of --all")
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--config", action="append", default=[], help="a config name")
+    parser.add_argument(
+        "--family", action="append", default=[], help="only this family's configs (repeatable)"
+    )
     parser.add_argument("--arch", help="target for --config (default the family's newest)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--nvcc", default=os.environ.get("FA2TUNE_NVCC", "nvcc"))
     parser.add_argument("--keep", type=Path, help="write the stripped PTX here")
+    parser.add_argument(
+        "--cubin", action="store_true", help="also hash each config's cubin (ptxas's output)"
+    )
+    parser.add_argument(
+        "--level",
+        choices=("ptx", "cubin"),
+        default="ptx",
+        help="--compare: what must be identical (default ptx; cubin: the machine code)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     if args.compare:
-        return compare(*args.compare)
+        return compare(*args.compare, level=args.level)
     if args.out is None:
         parser.error("--out is required (or --compare A B)")
-    manifest = build_manifest(select_targets(args), args.nvcc, max(1, args.jobs), args.keep)
+    manifest = build_manifest(
+        select_targets(args), args.nvcc, max(1, args.jobs), args.keep, args.cubin
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    return 1 if any(r["sha256"] is None for r in manifest["configs"].values()) else 0
+    failed = any(r["sha256"] is None or "error" in r for r in manifest["configs"].values())
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

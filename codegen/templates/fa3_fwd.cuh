@@ -49,13 +49,21 @@
 
 #include "fa3_ptx.cuh"
 #include "fa3_wgmma.cuh"
+#include "fa_mask.cuh"
 #include "fa_params.cuh"
+#include "fa_softmax.cuh"
 
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The kernels need sm_90a. FA3_TEMPLATES_ONLY (fa3_launch.cuh defines it around this include)
+// says the includer compiles no fa3 kernel body for a target without the sm_90a features, it
+// only needs the templates declared; then the check is left to it. nvcc defines
+// __CUDA_ARCH_FEAT_SM90_ALL; nothing here defines it.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(FA3_TEMPLATES_ONLY)
 #error "fa3_fwd.cuh needs sm_90a: compile with -gencode=arch=compute_90a,code=sm_90a"
 #endif
 
 namespace fa3 {
+
+using fa::fast_exp2;
 
 // Limits of one SM of compute capability 9.0.
 constexpr int kMaxSmemPerBlock = 227 * 1024;  // 232448 bytes of dynamic shared memory
@@ -235,9 +243,11 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
                                          unsigned char* gbase, Bars<T> bars, int wc,
                                          const VarlenArgs& vl) {
   using Elem = typename T::Elem;
+  using Mask = fa::MaskFor<T::Causal>;
+  using Score = fa::ScoreIdentity;
   constexpr int D = T::D, BN = T::BlockN, S = T::Stages;
-  constexpr float kNegInf = -__builtin_huge_valf();
-  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kNegInf = fa::kNegInf;
+  constexpr float kLog2e = fa::kLog2e;
 
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
@@ -246,7 +256,7 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
   // are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
   auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
-  const int diag = len_k() - len_q();  // query i sees keys j <= i + diag (causal)
+  const Mask mask(len_q(), len_k());
   const float scale_log2 = p.softmax_scale * kLog2e;
   const int wg_row0 = bc.m0 + 64 * wc;
   const int row_g = wg_row0 + 16 * warp + g;  // global row of this thread's h = 0 elements
@@ -301,13 +311,14 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
   // Masks, new row maxima, exponentials in place, running sums; alpha rescales O.
   auto softmax = [&](int j, float (&alpha)[2]) {
     const int n0 = j * BN;
+    Score::apply(s);
     // Keys past the sequence's end (the next sequence's rows when packed) are masked here.
-    const bool need_mask = (n0 + BN > len_k()) || (T::Causal && n0 + BN - 1 > wg_row0 + diag);
+    const bool need_mask = (n0 + BN > len_k()) || (n0 + BN - 1 > mask.edge_key(wg_row0));
     if (need_mask) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        int limit = len_k();  // keys < limit are visible
-        if constexpr (T::Causal) limit = min(limit, row_g + 8 * h + diag + 1);
+        // keys < limit are visible; len_k() read here, where the kernel always read it
+        const int limit = Mask::of_diag(len_k(), mask.diag).key_limit(row_g + 8 * h);
         const int rel = limit - n0 - 2 * t;  // element (i, e) is masked iff 8i + e >= rel
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i)
@@ -609,9 +620,11 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
   // Read where they are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
   auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
+  // The mask policy's n_block_max(m0 + BlockM, BlockN), spelled with this association so
+  // that the shipped kernels' code stays the same (bench/ptx_identity.py).
   int key_end = len_k();
   if constexpr (T::Causal) key_end = min(len_k(), bc.m0 + T::BlockM + len_k() - len_q());
-  bc.n_tiles = key_end > 0 ? (key_end + T::BlockN - 1) / T::BlockN : 0;
+  bc.n_tiles = fa::key_tiles(key_end, T::BlockN);
 
   const int tid = threadIdx.x;
   if (bc.n_tiles == 0) {  // every row of this block sees no key: O = 0, LSE = -inf
