@@ -327,27 +327,14 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
             if (8 * i + e >= rel) s[4 * i + 2 * h + e] = kNegInf;
       }
     }
+    // The shared online-softmax pieces (fa_softmax.cuh) on wgmma's C fragment.
+    auto at = [&](int i, int k) -> float& { return s[4 * i + k]; };
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float mx = row_max[h];
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // -inf guards: a row that has seen no key keeps max -inf; subtract 0 instead so that
-      // exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
-      const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
-      alpha[h] = row_max[h] == kNegInf ? 0.f : fast_exp2(row_max[h] * scale_log2 - m_scaled);
-      row_max[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pr = fast_exp2(fmaf(s[4 * i + 2 * h + e], scale_log2, -m_scaled));
-          s[4 * i + 2 * h + e] = pr;
-          sum += pr;
-        }
+      const float mx = fa::quad_max(fa::row_max_of<BN / 8>(at, h, row_max[h]));
+      const fa::RowStep step = fa::online_step(row_max[h], mx, scale_log2);
+      alpha[h] = step.alpha;
+      const float sum = fa::exp_row<BN / 8>(at, h, scale_log2, step.m_scaled);
       row_sum[h] = row_sum[h] * alpha[h] + sum;
     }
   };
@@ -503,9 +490,7 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
   float inv[2], lsum[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = row_sum[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = fa::quad_sum(row_sum[h]);
     lsum[h] = l;
     inv[h] = l > 0.f ? 1.f / l : 0.f;
   }
