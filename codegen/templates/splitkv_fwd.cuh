@@ -186,8 +186,12 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   const int valid_rows = min(Rows, packed - r0);
   const Mask mask(p.nq, p.nk);
   // Key tiles [0, n_tiles): the keys the tile's last query row sees (packed row r holds query
-  // row r / group), which are the most any of its rows sees.
-  const int n_tiles = fa::key_tiles(mask.key_limit((r0 + valid_rows - 1) / group), Bc);
+  // row r / group), the most any of its rows sees: the mask policy's key_limit of that row,
+  // spelled with this association so that the kernels' code stays the same
+  // (bench/ptx_identity.py).
+  int key_end = p.nk;
+  if constexpr (Mask::kCausal) key_end = min(p.nk, (r0 + valid_rows - 1) / group + mask.diag + 1);
+  const int n_tiles = fa::key_tiles(key_end, Bc);
   const int per_split = (n_tiles + splits - 1) / splits;
   const int t_begin = min(split * per_split, n_tiles);
   const int t_end = min(t_begin + per_split, n_tiles);
@@ -348,14 +352,16 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
     Score::apply(s_acc);
 
     // Mask keys past nk and, when causal, past each row's diagonal.
-    if (key0 + Bc > p.nk || key0 + Bc - 1 > mask.edge_key(q_first)) {
+    const bool tail = key0 + Bc > p.nk;
+    const bool edge = key0 + Bc - 1 > mask.edge_key(q_first);
+    if (edge || tail) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int q_row = (r0 + mt * 16 + g + 8 * h) / group;
           // FaParams' lengths read here, where the kernel always read them (same code).
-          const int limit = Mask(p.nq, p.nk).key_limit(q_row);
+          const int limit = Mask::of_diag(p.nk, mask.diag).key_limit(q_row);
 #pragma unroll
           for (int nt = 0; nt < kST; ++nt)
 #pragma unroll
