@@ -59,9 +59,9 @@
 //     A packed variable-length batch (FlashAttention-2's varlen forward): the num_seqs
 //     sequences' rows are packed one after another, Q and O [total_q, q_heads, D], K and V
 //     [total_k, kv_heads, D] (p's row and head strides; its batch strides, batch, nq and nk
-//     are ignored). FaVarlen (defined below) gives their int32 cumulative offsets on the
-//     device, cu_seqlens_q and cu_seqlens_k ([num_seqs + 1] each, starting at 0), and two
-//     host values:
+//     are ignored). FaVarlen (fa_params.cuh, inlined below) gives their int32 cumulative
+//     offsets on the device, cu_seqlens_q and cu_seqlens_k ([num_seqs + 1] each, starting at
+//     0), and two host values:
 //       v.total_q  = cu_seqlens_q[num_seqs], the packed Q/O row count;
 //       v.reserved = total_k = cu_seqlens_k[num_seqs], the packed K/V row count.
 //     Set both. fa2 configs ignore v.reserved; the Hopper family's (fa3 "_vl" configs) bound

@@ -27,89 +27,22 @@
 
 #include <cstdint>
 
-#include "fa_params.cuh"  // FaParams
-
-// The varlen kernels' second argument, passed by value after FaParams.
-struct FaVarlen {
-  const int32_t* cu_seqlens_q;  // [batch + 1]: sequence b's query rows are [cu[b], cu[b+1])
-  const int32_t* cu_seqlens_k;  // [batch + 1]: ... and its key rows
-  int32_t total_q;              // cu_seqlens_q[batch]: the row length of LSE [q_heads, total_q]
-  int32_t reserved;             // 0
-};
-static_assert(sizeof(FaVarlen) == 24 && alignof(FaVarlen) == 8, "FaVarlen is part of the ABI");
+#include "fa_mask.cuh"     // mask and score policies
+#include "fa_mma.cuh"      // mma.sync, ldmatrix, cp.async
+#include "fa_params.cuh"   // FaParams, FaVarlen
+#include "fa_softmax.cuh"  // the online softmax
 
 namespace fa2 {
 
-// ---------------------------------------------------------------------------------------------
-// Element types: packing two floats and the matching mma instruction.
-template <typename Elem>
-struct ElemOps;
-
-template <>
-struct ElemOps<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-template <>
-struct ElemOps<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                             uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-// ---------------------------------------------------------------------------------------------
-// Thin wrappers over the PTX the kernel needs.
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; src_bytes == 0 zero-fills the destination (tail rows).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// The shared building blocks, by their names in this family (splitkv_fwd.cuh reads fa's).
+using fa::cp_async_16;
+using fa::cp_async_commit;
+using fa::cp_async_wait;
+using fa::ElemOps;
+using fa::fast_exp2;
+using fa::ldmatrix_x4;
+using fa::ldmatrix_x4_trans;
+using fa::smem_u32;
 
 // ---------------------------------------------------------------------------------------------
 // Every constant of one instantiation, derived from its parameters and checked here.
@@ -237,10 +170,12 @@ template <class T>
 __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
+  using Mask = fa::MaskFor<T::Causal>;
+  using Score = fa::ScoreIdentity;
   constexpr int Br = T::Br, Bc = T::Bc, D = T::D, S = T::Stages;
   constexpr int kMT = T::kMTiles, kST = T::kSTiles, kOT = T::kOTiles;
-  constexpr float kNegInf = -__builtin_huge_valf();
-  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kNegInf = fa::kNegInf;
+  constexpr float kLog2e = fa::kLog2e;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
@@ -272,11 +207,8 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
     if (m0 >= nq) return;
   }
   const int q_rows = min(Br, nq - m0);
-  const int diag = nk - nq;  // query i sees keys j <= i + diag (causal)
-
-  int key_end = nk;
-  if constexpr (T::Causal) key_end = min(nk, m0 + Br + diag);
-  const int n_tiles = key_end > 0 ? (key_end + Bc - 1) / Bc : 0;
+  const Mask mask(nq, nk);
+  const int n_tiles = mask.n_block_max(m0 + Br, Bc);  // key tiles [0, n_tiles)
 
   // Row offsets: with packed sequences a sequence's rows start at its cumulative offset.
   const int64_t q_seq = T::Varlen ? sq * p.q_row_stride : batch * p.q_batch_stride;
@@ -412,18 +344,20 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
       }
     }
 
+    Score::apply(s_acc);
+
     // Mask the tail of the key range and, when causal, keys past the diagonal. Only tiles
     // that reach past the last key or the first row's diagonal pay for this.
     const int n0 = j * Bc;
     const bool tail = n0 + Bc > nk;
-    const bool diagonal = T::Causal && (n0 + Bc - 1 > m0 + diag);
-    if (tail || diagonal) {
+    const bool edge = n0 + Bc - 1 > mask.edge_key(m0);  // the first row's diagonal
+    if (tail || edge) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = m0 + warp_row0 + mt * 16 + g + 8 * h;
-          const int limit = T::Causal ? min(nk, row + diag + 1) : nk;  // keys < limit
+          const int limit = mask.key_limit(row);  // keys < limit
 #pragma unroll
           for (int nt = 0; nt < kST; ++nt)
 #pragma unroll
@@ -435,39 +369,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
     }
 
     // Online softmax: new row max, rescale what was accumulated, exponentiate in place.
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
-#pragma unroll
-        for (int nt = 0; nt < kST; ++nt)
-          mx = fmaxf(mx, fmaxf(s_acc[mt][nt][2 * h], s_acc[mt][nt][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // -inf guards: a row with no visible key so far keeps max -inf; subtract 0 instead
-        // so exp2(-inf - 0) = 0 rather than exp2(-inf + inf) = NaN.
-        const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
-        const float alpha =
-            row_max[mt][h] == kNegInf ? 0.f : fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
-        row_max[mt][h] = mx;
-        row_sum[mt][h] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < kOT; ++dt) {
-          o_acc[mt][dt][2 * h] *= alpha;
-          o_acc[mt][dt][2 * h + 1] *= alpha;
-        }
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kST; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pr = fast_exp2(fmaf(s_acc[mt][nt][2 * h + e], scale_log2, -m_scaled));
-            s_acc[mt][nt][2 * h + e] = pr;
-            sum += pr;
-          }
-        row_sum[mt][h] += sum;
-      }
+    fa::online_softmax(s_acc, o_acc, row_max, row_sum, scale_log2);
 
     cp_async_wait<2 * S - 2>();  // V(j) landed
     __syncthreads();             // ... for every thread; and all warps finished QK^T(j)
@@ -506,9 +408,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = row_sum[mt][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = fa::quad_sum(row_sum[mt][h]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int r = warp_row0 + mt * 16 + g + 8 * h;
 #pragma unroll

@@ -22,7 +22,7 @@
 //       and passes each slice's offsets). FaVarlen.reserved carries total_k, the packed
 //       K/V row count (cu_seqlens_k[batch] of the whole batch): the K and V descriptors are
 //       bounded by it and the kernel never reads it, so it travels in the struct's spare
-//       field instead of changing the ABI struct (fa2_fwd.cuh, hashed into shipped builds).
+//       field instead of changing the ABI struct (fa_params.cuh, hashed into shipped builds).
 //       cudaErrorInvalidValue also when total_k < p.nk (the 0 of a caller that left
 //       reserved unset, unless no sequence has keys) or total_k < 0; otherwise as launch.
 //   template <class T> bool fa3::can_launch_varlen(const FaParams&, const FaVarlen&);
@@ -54,27 +54,23 @@
 #include <cstdint>
 #include <type_traits>
 
-// FaVarlen, the argument type of the varlen launcher the dispatch table points at (the
-// exported header has inlined it already; this line keeps the file complete on its own).
-#include "fa2_fwd.cuh"
+// FaVarlen, the argument type of the varlen launcher the dispatch table points at.
+#include "fa_params.cuh"
 
 // fa3_fwd.cuh stops any device compilation for a target without the sm_90a features
-// (#error). Here only the kernel bodies below need sm_90a and they are guarded, so for the
-// other targets the check is passed by defining the feature macro while fa3_fwd.cuh is read
-// and removing it right after. Nothing of fa3_fwd.cuh is compiled for those targets: it only
-// defines templates and __forceinline__ functions, which nothing instantiates or calls there.
+// (#error) unless FA3_TEMPLATES_ONLY is defined. Here only the kernel bodies below need sm_90a
+// and they are guarded (FA3_LAUNCH_SM90A_), so the macro is defined while fa3_fwd.cuh is read.
+// Nothing of fa3_fwd.cuh is compiled for the other targets: it only defines templates and
+// __forceinline__ functions, which nothing instantiates or calls there. (This header used to
+// define nvcc's own feature macro, __CUDA_ARCH_FEAT_SM90_ALL, for those passes: a
+// compiler-reserved name; now only nvcc defines it and this file only reads it.)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA3_LAUNCH_SM90A_ 1  // this pass compiles device code for sm_90a
-#elif defined(__CUDA_ARCH__)
-#define __CUDA_ARCH_FEAT_SM90_ALL 1
-#define FA3_LAUNCH_FEAT_DEFINED_ 1
 #endif
+#define FA3_TEMPLATES_ONLY 1
 #include "fa3_fwd.cuh"
+#undef FA3_TEMPLATES_ONLY
 #include "fa_abi.cuh"
-#if defined(FA3_LAUNCH_FEAT_DEFINED_)
-#undef __CUDA_ARCH_FEAT_SM90_ALL
-#undef FA3_LAUNCH_FEAT_DEFINED_
-#endif
 
 namespace fa3 {
 

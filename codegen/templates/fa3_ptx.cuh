@@ -96,12 +96,6 @@ __device__ __forceinline__ void reg_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // ---- wgmma shared-memory matrix descriptors (128-byte swizzle) -----------------------------
 // bits 0-13 start address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-
 // dimension byte offset >> 4, 62-63 layout (1 = 128B swizzle). Atoms (8 rows x 128 bytes) must

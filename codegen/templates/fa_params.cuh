@@ -2,10 +2,8 @@
 //
 // FaParams is passed by value as the first kernel argument. Strides are in elements; the head
 // dimension is contiguous. Layout and semantics: docs/architecture.md (fa2) and
-// docs/fa3_kernel.md (fa3, which adds three CUtensorMap arguments after it).
-//
-// This is the same struct as the one in fa2_fwd.cuh (byte for byte; the static_asserts below
-// pin it). Until the two are folded, a translation unit includes one family's header only.
+// docs/fa3_kernel.md (fa3, which adds three CUtensorMap arguments after it). The
+// static_asserts below pin the layout.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +25,16 @@ struct FaParams {
   float softmax_scale;
 };
 #endif
+
+// The varlen kernels' second argument, passed by value after FaParams (fa3's kernels take the
+// same bytes as fa3::VarlenArgs).
+struct FaVarlen {
+  const int32_t* cu_seqlens_q;  // [batch + 1]: sequence b's query rows are [cu[b], cu[b+1])
+  const int32_t* cu_seqlens_k;  // [batch + 1]: ... and its key rows
+  int32_t total_q;              // cu_seqlens_q[batch]: the row length of LSE [q_heads, total_q]
+  int32_t reserved;             // 0
+};
+static_assert(sizeof(FaVarlen) == 24 && alignof(FaVarlen) == 8, "FaVarlen is part of the ABI");
 
 static_assert(sizeof(FaParams) == 160, "FaParams layout is part of the ABI");
 static_assert(alignof(FaParams) == 8, "FaParams alignment is part of the ABI");

@@ -33,18 +33,25 @@
 // launches.
 #pragma once
 
-#include "fa2_fwd.cuh"  // FaParams and the mma/ldmatrix/cp.async wrappers
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fa_mask.cuh"     // mask and score policies
+#include "fa_mma.cuh"      // mma.sync, ldmatrix, cp.async
+#include "fa_params.cuh"   // FaParams
+#include "fa_softmax.cuh"  // the online softmax
 
 namespace splitkv {
 
-using fa2::cp_async_16;
-using fa2::cp_async_commit;
-using fa2::cp_async_wait;
-using fa2::ElemOps;
-using fa2::fast_exp2;
-using fa2::ldmatrix_x4;
-using fa2::ldmatrix_x4_trans;
-using fa2::smem_u32;
+using fa::cp_async_16;
+using fa::cp_async_commit;
+using fa::cp_async_wait;
+using fa::ElemOps;
+using fa::fast_exp2;
+using fa::ldmatrix_x4;
+using fa::ldmatrix_x4_trans;
+using fa::smem_u32;
 
 template <int DHead_, typename Elem_, bool Causal_, int Rows_, int Bc_, int Warps_, int Stages_,
           int Splits_>
@@ -142,13 +149,15 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
+  using Mask = fa::MaskFor<T::Causal>;
+  using Score = fa::ScoreIdentity;
   constexpr int Rows = T::Rows, Bc = T::Bc, D = T::D, S = T::Stages, W = T::Warps;
   constexpr int kMT = T::kMTiles, kST = T::kSTiles, kCh = T::kChunks;
   constexpr int kHCh = T::kHeadChunks, kUCh = T::kUsedChunks, kKS = T::kKSteps;
   constexpr int kUOT = T::kUsedOTiles;  // O tiles past these stay zero and are never read
   constexpr int DH = T::DHead;
-  constexpr float kNegInf = -__builtin_huge_valf();
-  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kNegInf = fa::kNegInf;
+  constexpr float kLog2e = fa::kLog2e;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* sQ = reinterpret_cast<Elem*>(smem_raw);
@@ -175,11 +184,14 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   const int splits = gridDim.y;
   const int r0 = m_tile * Rows;
   const int valid_rows = min(Rows, packed - r0);
-  const int diag = p.nk - p.nq;
-
+  const Mask mask(p.nq, p.nk);
+  // Key tiles [0, n_tiles): the keys the tile's last query row sees (packed row r holds query
+  // row r / group), the most any of its rows sees: the mask policy's key_limit of that row,
+  // spelled with this association so that the kernels' code stays the same
+  // (bench/ptx_identity.py).
   int key_end = p.nk;
-  if constexpr (T::Causal) key_end = min(p.nk, (r0 + valid_rows - 1) / group + diag + 1);
-  const int n_tiles = key_end > 0 ? (key_end + Bc - 1) / Bc : 0;
+  if constexpr (Mask::kCausal) key_end = min(p.nk, (r0 + valid_rows - 1) / group + mask.diag + 1);
+  const int n_tiles = fa::key_tiles(key_end, Bc);
   const int per_split = (n_tiles + splits - 1) / splits;
   const int t_begin = min(split * per_split, n_tiles);
   const int t_end = min(t_begin + per_split, n_tiles);
@@ -337,14 +349,19 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
       }
     }
 
+    Score::apply(s_acc);
+
     // Mask keys past nk and, when causal, past each row's diagonal.
-    if (key0 + Bc > p.nk || (T::Causal && key0 + Bc - 1 > q_first + diag)) {
+    const bool tail = key0 + Bc > p.nk;
+    const bool edge = key0 + Bc - 1 > mask.edge_key(q_first);
+    if (edge || tail) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int q_row = (r0 + mt * 16 + g + 8 * h) / group;
-          const int limit = T::Causal ? min(p.nk, q_row + diag + 1) : p.nk;
+          // FaParams' lengths read here, where the kernel always read them (same code).
+          const int limit = Mask::of_diag(p.nk, mask.diag).key_limit(q_row);
 #pragma unroll
           for (int nt = 0; nt < kST; ++nt)
 #pragma unroll
@@ -354,37 +371,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
     }
 
     // Online softmax, per warp (each warp keeps its own running max and sum).
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = row_max[mt][h];
-#pragma unroll
-        for (int nt = 0; nt < kST; ++nt)
-          mx = fmaxf(mx, fmaxf(s_acc[mt][nt][2 * h], s_acc[mt][nt][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_scaled = mx == kNegInf ? 0.f : mx * scale_log2;
-        const float alpha =
-            row_max[mt][h] == kNegInf ? 0.f : fast_exp2(row_max[mt][h] * scale_log2 - m_scaled);
-        row_max[mt][h] = mx;
-        row_sum[mt][h] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < kUOT; ++dt) {
-          o_acc[mt][dt][2 * h] *= alpha;
-          o_acc[mt][dt][2 * h + 1] *= alpha;
-        }
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kST; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pr = fast_exp2(fmaf(s_acc[mt][nt][2 * h + e], scale_log2, -m_scaled));
-            s_acc[mt][nt][2 * h + e] = pr;
-            sum += pr;
-          }
-        row_sum[mt][h] += sum;
-      }
+    fa::online_softmax(s_acc, o_acc, row_max, row_sum, scale_log2);
 
     // O += P V, P straight from the S accumulators (their layout is the A operand's).
 #pragma unroll
@@ -418,9 +405,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = row_sum[mt][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = fa::quad_sum(row_sum[mt][h]);
       row_sum[mt][h] = l;
       if (t == 0) {
         const int r = mt * 16 + g + 8 * h;
