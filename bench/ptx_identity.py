@@ -118,6 +118,38 @@ def cubin_flags(arch: str) -> list[str]:
     return [flag for flag in _product_flags(arch) if flag != "-lineinfo"]
 
 
+#: Cubin sections that only name things (symbols, section names): left out of ``code_sha256``.
+_NAME_SECTIONS = frozenset((b".symtab", b".strtab", b".shstrtab"))
+
+
+def code_hash(cubin: bytes) -> str:
+    """sha256 over a cubin's sections (name and bytes, in file order) other than the symbol
+    and string tables: the machine code, constants and relocations without the names.
+
+    Two cubins with equal code hashes run the same instructions; they may differ in the name
+    of a symbol (a renamed parameter type changes the mangled name of a function-local
+    ``__shared__`` variable, not the code that uses it). A minimal ELF64 little-endian reader:
+    cubins are nothing else.
+    """
+    import struct
+
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [
+        struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)
+    ]
+    names_at = headers[shstrndx][4]
+    digest = hashlib.sha256()
+    for name_off, kind, _flags, _addr, offset, size, *_ in headers:
+        end = cubin.index(b"\0", names_at + name_off)
+        name = cubin[names_at + name_off : end]
+        if name in _NAME_SECTIONS or kind == 8:  # SHT_NOBITS: no bytes in the file
+            continue
+        digest.update(len(name).to_bytes(8, "little") + name)
+        digest.update(size.to_bytes(8, "little") + cubin[offset : offset + size])
+    return digest.hexdigest()
+
+
 def _fastest_ok(paths: Iterable[Path]) -> tuple[list[Target], list[Target]]:
     """(winners, every measured target) over the results files, both sorted and unique."""
     from db.dump_format import load_dump
@@ -205,6 +237,7 @@ def compile_one(target: Target, nvcc: str, keep: Path | None, cubin: bool) -> di
                 [nvcc, *flags, *include, "-o", "k.cubin", SOURCE_NAME], work, "k.cubin"
             )
             entry["cubin_sha256"] = hashlib.sha256(data).hexdigest() if data else None
+            entry["code_sha256"] = code_hash(data) if data else None
             if data is None:
                 entry["error"] = error
     if keep is not None:
@@ -254,7 +287,7 @@ def compare(a_path: Path, b_path: Path, level: str = "ptx", out: Any = sys.stdou
     a = json.loads(a_path.read_text(encoding="utf-8"))["configs"]
     b = json.loads(b_path.read_text(encoding="utf-8"))["configs"]
     common = set(a) & set(b)
-    ptx_same = cubin_same = 0
+    ptx_same = cubin_same = code_same = 0
     bad = 0
     for key in sorted(set(a) | set(b)):
         left, right = a.get(key), b.get(key)
@@ -269,16 +302,25 @@ def compare(a_path: Path, b_path: Path, level: str = "ptx", out: Any = sys.stdou
         same = left["sha256"] == right["sha256"] and left["arch"] == right["arch"]
         lc, rc = left.get("cubin_sha256"), right.get("cubin_sha256")
         cubin = None if lc is None or rc is None else lc == rc
+        lk, rk = left.get("code_sha256"), right.get("code_sha256")
+        code = None if lk is None or rk is None else lk == rk
         ptx_same += same
         cubin_same += bool(cubin)
+        code_same += bool(code)
         if not same:
             status = {None: "no cubin hashes", True: "cubin identical", False: "cubin DIFFERS"}
-            out.write(f"DIFFER  {key} ({left['arch']}): PTX differs, {status[cubin]}\n")
-        if (level == "ptx" and not same) or (level == "cubin" and not cubin):
+            tail = {None: "", True: ", code identical", False: ", code DIFFERS"}[code]
+            out.write(f"DIFFER  {key} ({left['arch']}): PTX differs, {status[cubin]}{tail}\n")
+        if (
+            (level == "ptx" and not same)
+            or (level == "cubin" and not cubin)
+            or (level == "code" and not code)
+        ):
             bad += 1
     out.write(
         f"{len(common)} configs compared: PTX identical {ptx_same}, cubin identical "
-        f"{cubin_same}; {len(set(a) ^ set(b))} in one manifest only\n"
+        f"{cubin_same}, code identical {code_same}; {len(set(a) ^ set(b))} in one manifest "
+        "only\n"
     )
     return 1 if bad else 0
 
@@ -304,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--level",
-        choices=("ptx", "cubin"),
+        choices=("ptx", "cubin", "code"),
         default="ptx",
-        help="--compare: what must be identical (default ptx; cubin: the machine code)",
+        help="--compare: what must be identical (default ptx; cubin: the whole cubin; code: "
+        "the cubin but for its symbol and string tables)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

@@ -9,19 +9,22 @@ the shipped builds' source hashes were computed from.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_service_data import make_store
 
 from codegen.build import source_hash
-from codegen.families.fa2 import render_instantiation
+from codegen.families import family, family_of
 from codegen.render import template_hash
-from core.fa2_config import Fa2Config
 from core.shape import Shape, nearest_shape
 from db.dump_format import ConfigRecord
 from db.shipped import load_shipped_results
@@ -30,6 +33,8 @@ from service.header import export_header
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "db" / "data" / "h200_results.json"
+#: Template digests whose kernels are proven identical to a later one (bench/ptx/README.md).
+LINEAGE = ROOT / "bench" / "ptx" / "lineage.json"
 ENUM = {"FA2TUNE_FP16": "fp16", "FA2TUNE_BF16": "bf16"}
 
 
@@ -119,12 +124,67 @@ def test_square_calls_keep_their_configs(store: Store) -> None:
 def test_header_names_the_build_cache_template_hash(store: Store) -> None:
     digest = template_hash()
     assert f"(template hash {digest})" in export_header(store, "H200", [64], dtypes=["fp16"])
-    # The digest is the one the shipped builds were made with: their source hashes recompute.
-    builds = json.loads(SHIPPED.read_text())["builds"]
+
+
+def _lineage_steps() -> list[dict[str, Any]]:
+    return list(json.loads(LINEAGE.read_text(encoding="utf-8"))["steps"])
+
+
+def _equivalent_digests(name: str) -> set[str]:
+    """The family's current template digest and every earlier one that the lineage file
+    shows compiling to the same kernels (each step's manifests compare equal)."""
+    known = {template_hash(main=family(name).templates[0])}
+    steps = [s for s in _lineage_steps() if s["family"] == name]
+    grew = True
+    while grew:
+        grew = False
+        for step in steps:
+            if step["to"] in known and step["from"] not in known:
+                known.add(step["from"])
+                grew = True
+    return known
+
+
+@pytest.mark.parametrize(
+    ("results", "family_name"),
+    [("h200_results.json", "fa2"), ("h200_results_decode.json", "splitkv")],
+)
+def test_shipped_builds_were_made_from_the_current_kernels(results: str, family_name: str) -> None:
+    """A shipped result was built from the current template, or from one whose kernels the
+    lineage proves identical (PTX per shipped winner, bench/ptx/): its source hash recomputes
+    with one of those digests. Edit a template without a new lineage step and this fails."""
+    digests = _equivalent_digests(family_name)
+    builds = [
+        b
+        for b in json.loads((ROOT / "db" / "data" / results).read_text())["builds"]
+        if b["config"]["family"] == family_name
+    ]
+    assert builds
     for b in builds[:: max(1, len(builds) // 50)]:
         cfg = ConfigRecord.model_validate(b["config"]).to_config()
-        assert isinstance(cfg, Fa2Config)
-        text = render_instantiation(cfg)
-        assert (
-            source_hash(digest, text, b["flags"], b["nvcc_version"], b["arch"]) == b["source_hash"]
-        ), cfg.name
+        text = family_of(cfg).render(cfg)
+        recomputed = {
+            source_hash(d, text, b["flags"], b["nvcc_version"], b["arch"]) for d in digests
+        }
+        assert b["source_hash"] in recomputed, cfg.name
+
+
+def test_lineage_steps_are_backed_by_identical_manifests() -> None:
+    """Each lineage step names two manifests of bench/ptx_identity.py that compare equal at
+    the step's level: the evidence is in the repository, not only in a note."""
+    spec = importlib.util.spec_from_file_location(
+        "ptx_identity", ROOT / "bench" / "ptx_identity.py"
+    )
+    assert spec is not None and spec.loader is not None
+    ptx_identity = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("ptx_identity", ptx_identity)  # its dataclasses look it up there
+    spec.loader.exec_module(ptx_identity)
+    for step in _lineage_steps():
+        before, after = (ROOT / step["before"]), (ROOT / step["after"])
+        out = io.StringIO()
+        assert ptx_identity.compare(before, after, level=step["level"], out=out) == 0, (
+            step,
+            out.getvalue(),
+        )
+        names = json.loads(before.read_text(encoding="utf-8"))["configs"]
+        assert any(n.startswith(f"{step['family']}_") for n in names), step
