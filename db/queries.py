@@ -1,11 +1,17 @@
 """The store's read side: the SQL behind every question asked of the results database.
 
 Holds the module-level queries :class:`db.store.Store` exposes as methods (``best``,
-``best_or_nearest``, ``best_for_shape``, ``shape_winners``, ``results``, ``gpus``,
-``measured_pairs``, ``outcome``, ``spill_bytes``; their contracts are documented on the
-``Store``), the helpers they share, and the row helpers other readers use:
+``best_or_nearest``, ``best_for_shape``, ``best_varlen``, ``best_varlen_shape``,
+``shape_winners``, ``varlen_winners``, ``measured_pairs``, ``outcome``, ``spill_bytes``;
+their contracts are documented on the ``Store``), the helpers they share, and the row
+helpers other readers use:
 :func:`build_config` (a build row's config, also used by :mod:`db.transfer`),
-:func:`problem_flops`, :func:`problem_shape` and :func:`effective_sm_count`.
+:func:`problem_flops`, :func:`problem_shape` and :func:`effective_sm_count`. The listings
+(``gpus``, ``results``) are :mod:`db.listing`'s.
+
+A dense shape and a packed variable-length batch (a :class:`core.shape_request.Packed`) are
+two modes of one lookup, :func:`best_match`: a packed problem is compared as its count of
+sequences at their mean length (:func:`core.shape.varlen_shape`) under the dense distance.
 
 Contract: every query takes the engine of a database whose schema is at head, runs in one
 read-only :func:`db.session.session_scope`, writes nothing, and returns values from
@@ -19,9 +25,9 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Engine, Select, exists, func, select
+from sqlalchemy import Engine, Select, exists, select
 from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
@@ -34,28 +40,32 @@ from core.shape import (
     Shape,
     ShapeError,
     effective_causal,
-    nearest_shape,
+    nearest_key,
     shape_distance,
+    varlen_shape,
 )
+from core.shape_request import Packed
 from db.models import Build, Gpu, Measurement, Problem
-from db.results import MAX_PAGE, BestResult, GpuSummary, ResultPage, ResultRow, StoredOutcome
+from db.results import BestResult, StoredOutcome
 from db.session import session_scope
 
 __all__ = [
     "DEFAULT_SM_COUNT",
+    "Match",
     "best",
     "best_for_shape",
+    "best_match",
     "best_or_nearest",
+    "best_packed",
     "build_config",
     "effective_sm_count",
-    "gpus",
     "measured_pairs",
     "outcome",
     "problem_flops",
     "problem_shape",
-    "results",
     "shape_winners",
     "spill_bytes",
+    "varlen_winners",
 ]
 
 logger = logging.getLogger(__name__)
@@ -227,7 +237,7 @@ def _problems_query(
             Problem.causal == causal,
             # No nk asked for means square problems (the campaign's), never Nq != Nk.
             Problem.nk == (nk if nk is not None else Problem.n),
-            Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
+            Problem.seqlens == "",  # dense problems only (packed: best_match)
         )
     )
     if batch is not None:
@@ -345,11 +355,11 @@ def gpu_sm_count(s: Session, name_key: str) -> int:
     return effective_sm_count(s.scalars(select(Gpu.sm_count).where(Gpu.name_key == name_key)))
 
 
-def _shape_candidates(
-    gpu: str, d: int, dtype: str, causal: bool, family: str | None
+def _candidates(
+    gpu: str, d: int, dtype: str, causal: bool, family: str | None, *, packed: bool
 ) -> Select[Any]:
     """The problems of one GPU/D/dtype/mask with an OK measurement (of ``family``'s builds
-    when given), each with its GPU loaded."""
+    when given), dense or packed (varlen) ones, in id order, each with its GPU loaded."""
     has_ok = (
         select(Measurement.id)
         .join(Build, Build.id == Measurement.build_id)
@@ -370,11 +380,79 @@ def _shape_candidates(
             Problem.d == d,
             Problem.dtype == dtype,
             Problem.causal == causal,
-            Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
+            Problem.seqlens != "" if packed else Problem.seqlens == "",
             has_ok,
         )
         .order_by(Problem.id)
     )
+
+
+class Match(NamedTuple):
+    """A lookup's answer: the result and, for a packed batch, the lengths it was measured on."""
+
+    result: BestResult
+    seqlens: tuple[int, ...] | None = None
+
+
+def _compared(problem: Problem) -> tuple[Shape | None, tuple[int, ...] | None]:
+    """What a problem is compared by: its shape (a packed one's :func:`core.shape.
+    varlen_shape`, count of sequences at their mean length) and its lengths (None: dense)."""
+    lens = parse_seqlens(problem.seqlens)
+    if lens is None:
+        return problem_shape(problem), None
+    return varlen_shape(lens, problem.heads, problem.kv_heads), lens
+
+
+def best_match(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    shape: Shape,
+    *,
+    packed: Packed | None = None,
+    exact: bool = False,
+    family: str | None = None,
+) -> Match | None:
+    """The one lookup of both modes: the problem measured at the asked shape (a packed batch:
+    on its very lengths and heads), else, unless ``exact``, the nearest tuned one of the same
+    mode under :func:`core.shape.nearest_key`; its fastest OK config (:func:`best_of`).
+
+    Dense (``packed`` None): ``shape`` is the call's; a causal call with one query row is
+    answered by unmasked problems (``effective_causal``); the nearest shape's problems are
+    ranked together. Packed: ``shape`` is ``packed.shape(heads, kv_heads)``, the mask is
+    taken as given, and of several problems at the nearest shape the first tuned (lowest
+    id) answers, with the lengths it was measured on.
+    """
+    mask = causal if packed is not None else effective_causal(causal, shape.nq)
+    lens = packed.seqlens if packed is not None else None
+    with session_scope(engine) as s:
+        problems = (
+            s.scalars(_candidates(gpu, d, dtype, mask, family, packed=packed is not None))
+            .unique()
+            .all()
+        )
+        compared = [(p, *_compared(p)) for p in problems]
+        hits = [p for p, sh, ls in compared if sh == shape and ls == lens and sh is not None]
+        if hits and (packed is None or lens is not None):
+            found = best_of(s, hits, exact=True, family=family)
+            return Match(found, lens) if found is not None else None
+        tuned = [(p, sh, ls) for p, sh, ls in compared if sh is not None]
+        if exact or not tuned:
+            return None
+        sm_count = gpu_sm_count(s, normalize_gpu_name(gpu))
+        # Ties of the distance key: the lower shape (dense, as the header's sorted tables
+        # break them), the first tuned problem (packed).
+        first, nearest, measured = min(
+            tuned,
+            key=lambda t: (*nearest_key(shape, t[1], sm_count),
+                           t[0].id if packed is not None else t[1]),
+        )  # fmt: skip
+        chosen = [first] if packed is not None else [p for p, sh, _ in tuned if sh == nearest]
+        found = best_of(s, chosen, exact=False, family=family,
+                        distance=shape_distance(shape, nearest, sm_count))  # fmt: skip
+        return Match(found, measured) if found is not None else None
 
 
 def best_for_shape(
@@ -388,29 +466,28 @@ def best_for_shape(
     exact: bool = False,
     family: str | None = None,
 ) -> BestResult | None:
-    """:meth:`db.store.Store.best_for_shape`: the exact shape, else the nearest tuned one
-    (a causal call with one query row is answered by unmasked problems: ``effective_causal``)."""
-    mask = effective_causal(causal, shape.nq)
-    with session_scope(engine) as s:
-        problems = s.scalars(_shape_candidates(gpu, d, dtype, mask, family)).unique().all()
-        shaped = [(p, problem_shape(p)) for p in problems]
-        hits = [p for p, sh in shaped if sh == shape]
-        if hits:
-            return best_of(s, hits, exact=True, family=family)
-        tuned = sorted({sh for _, sh in shaped if sh is not None})
-        if exact or not tuned:
-            return None
-        sm_count = gpu_sm_count(s, normalize_gpu_name(gpu))
-        nearest = nearest_shape(shape, tuned, sm_count)
-        assert nearest is not None  # tuned is not empty
-        chosen = [p for p, sh in shaped if sh == nearest]
-        return best_of(
-            s,
-            chosen,
-            exact=False,
-            family=family,
-            distance=shape_distance(shape, nearest, sm_count),
-        )
+    """:meth:`db.store.Store.best_for_shape`: :func:`best_match` of a dense shape."""
+    found = best_match(engine, gpu, d, dtype, causal, shape, exact=exact, family=family)
+    return found.result if found is not None else None
+
+
+def best_packed(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    packed: Packed,
+    heads: int,
+    kv_heads: int,
+) -> tuple[BestResult, tuple[int, ...]] | None:
+    """:meth:`db.store.Store.best_varlen` and ``best_varlen_shape``: :func:`best_match` of a
+    packed batch, with the lengths the answer was measured on."""
+    found = best_match(engine, gpu, d, dtype, causal, packed.shape(heads, kv_heads),
+                       packed=packed)  # fmt: skip
+    if found is None or found.seqlens is None:
+        return None
+    return found.result, found.seqlens
 
 
 def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
@@ -440,132 +517,33 @@ def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
         return out
 
 
-def gpus(engine: Engine) -> list[GpuSummary]:
-    """:meth:`db.store.Store.gpus`."""
-    ok = func.count(Measurement.id).filter(Measurement.status == MeasureStatus.OK.value)
-    query = (
-        select(Gpu, func.count(Measurement.id), ok)
-        .outerjoin(Problem, Problem.gpu_id == Gpu.id)
-        .outerjoin(Measurement, Measurement.problem_id == Problem.id)
-        .group_by(Gpu.id)
-        .order_by(Gpu.name, Gpu.compute_capability)
-    )
+def varlen_winners(
+    engine: Engine, gpu: str, families: Sequence[str] | None = None
+) -> list[tuple[BestResult, tuple[int, ...]]]:
+    """:meth:`db.store.Store.varlen_winners`: the fastest verified config of every varlen
+    problem of one GPU (matched by its name key), among ``families`` when given, with the
+    lengths it was measured on, in problem-id order (the order :func:`best_match` breaks
+    ties between equal packed shapes in)."""
     with session_scope(engine) as s:
-        return [
-            GpuSummary(
-                name=g.name,
-                compute_capability=g.compute_capability,
-                sm_count=g.sm_count,
-                driver_version=g.driver_version,
-                cuda_version=g.cuda_version,
-                memory_bytes=g.memory_bytes,
-                smem_optin_bytes=g.smem_optin_bytes,
-                measurements=total,
-                ok_measurements=n_ok,
-            )
-            for g, total, n_ok in s.execute(query)
-        ]
-
-
-def results(
-    engine: Engine,
-    gpu: str | None = None,
-    d: int | None = None,
-    n: int | None = None,
-    *,
-    dtype: str | None = None,
-    causal: bool | None = None,
-    status: str | None = None,
-    offset: int = 0,
-    limit: int = 100,
-) -> ResultPage:
-    """:meth:`db.store.Store.results`: one count query, one page query."""
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
-    if not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"limit must be in 1..{MAX_PAGE}, got {limit}")
-    conditions: list[ColumnElement[bool]] = []
-    if gpu is not None:
-        conditions.append(Gpu.name_key == normalize_gpu_name(gpu))
-    if d is not None:
-        conditions.append(Problem.d == d)
-    if n is not None:
-        conditions.append(Problem.n == n)
-    if dtype is not None:
-        conditions.append(Problem.dtype == dtype)
-    if causal is not None:
-        conditions.append(Problem.causal == causal)
-    if status is not None:
-        conditions.append(Measurement.status == status)
-    joined = (
-        select(Measurement, Problem, Gpu, Build)
-        .join(Problem, Problem.id == Measurement.problem_id)
-        .join(Gpu, Gpu.id == Problem.gpu_id)
-        .join(Build, Build.id == Measurement.build_id)
-        .where(*conditions)
-    )
-    with session_scope(engine) as s:
-        total = s.scalar(
-            select(func.count(Measurement.id))
-            .join(Problem, Problem.id == Measurement.problem_id)
+        rows = s.scalars(
+            select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
-            .where(*conditions)
-        )
-        rows = s.execute(
-            joined.order_by(
-                Gpu.name,
-                Problem.d,
-                Problem.n,
-                Problem.nk,
-                Problem.dtype,
-                Problem.causal,
-                Problem.batch,
-                Problem.heads,
-                Problem.kv_heads,
-                Measurement.median_ms.is_(None),
-                Measurement.median_ms,
-                Measurement.id,
+            .options(contains_eager(Problem.gpu))
+            .where(
+                Gpu.name_key == normalize_gpu_name(gpu),
+                Problem.seqlens != "",
+                has_ok_measurement(),
             )
-            .offset(offset)
-            .limit(limit)
-        )
-        items = [
-            ResultRow(
-                measurement_id=m.id,
-                gpu=g.name,
-                compute_capability=g.compute_capability,
-                d=p.d,
-                n=p.n,
-                nk=p.nk,
-                batch=p.batch,
-                heads=p.heads,
-                kv_heads=p.kv_heads,
-                dtype=p.dtype,
-                causal=p.causal,
-                config_name=b.config_name,
-                family=b.family,
-                config_key=b.config_key,
-                arch=b.arch,
-                source_hash=b.source_hash,
-                registers=b.registers,
-                spill_stores=b.spill_stores,
-                spill_loads=b.spill_loads,
-                status=m.status,
-                median_ms=m.median_ms,
-                p10_ms=m.p10_ms,
-                p90_ms=m.p90_ms,
-                tflops=m.tflops,
-                max_abs_err=m.max_abs_err,
-                rel_err=m.rel_err,
-                error=m.error,
-                trial_number=m.trial_number,
-                driver_version=m.driver_version,
-                cuda_version=m.cuda_version,
-                measured_at=m.created_at,
-            )
-            for m, p, g, b in rows
-        ]
-    return ResultPage(total=total or 0, offset=offset, limit=limit, items=items)
+            .order_by(Problem.id)
+        ).all()
+        out: list[tuple[BestResult, tuple[int, ...]]] = []
+        wanted: Sequence[str | None] = list(families) if families else [None]
+        for p in rows:
+            hits = [b for f in wanted if (b := best_of(s, [p], exact=True, family=f))]
+            lens = parse_seqlens(p.seqlens)
+            if hits and lens:
+                out.append((min(hits, key=lambda b: b.median_ms), lens))
+        return out
 
 
 def has_ok_measurement() -> Any:
