@@ -30,7 +30,7 @@ import pytest
 from gpu_support import gpu_marks
 from test_service_data import make_store
 
-from codegen.export_varlen import varlen_twin
+from codegen.dispatch_table import varlen_twin
 from codegen.space import fa2_default_config
 from core.config import Dtype
 from core.gpu_name import normalize_gpu_name
