@@ -29,8 +29,8 @@ import pytest
 from factories import H200, make_config, make_report, ok_result
 from test_service_data import make_store
 
-from codegen.export import TunedPoint, render_header
 from codegen.dispatch_table import header_varlen_families, varlen_twin
+from codegen.export import TunedPoint, render_header
 from codegen.families import FA2, FA3, HeaderPart
 from codegen.space import fa2_default_config
 from core.config import Fa2Config
