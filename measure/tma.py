@@ -166,7 +166,7 @@ def fa3_tensor_maps(
     if not isinstance(config, Fa3Config):
         raise TypeError(f"fa3_tensor_maps takes an fa3 config, got {config.name}")
     if config.varlen:
-        raise ValueError(f"{config.name} is a varlen kernel: see measure.varlen.bind_varlen")
+        raise ValueError(f"{config.name} is a varlen kernel: bind it with packed= (measure.loader)")
     return _tensor_maps(config, q, k, v, layout)
 
 

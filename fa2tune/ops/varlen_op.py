@@ -50,8 +50,7 @@ from fa2tune.ops.varlen_choice import (
     varlen_reason,
 )
 from measure.loader import GRID_YZ_LIMIT, BoundLaunch, LoadedKernel, launch_geometry
-from measure.params import ALIGN_BYTES, FaParams, make_params
-from measure.varlen import FaVarlen
+from measure.params import ALIGN_BYTES, FaParams, FaVarlen, make_params
 
 log = logging.getLogger("fa2tune.torch")
 
