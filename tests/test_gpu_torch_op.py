@@ -29,10 +29,10 @@ from gpu_support import gpu_skip_reason
 from codegen.fa3_space import default_config as fa3_default
 from codegen.space import fa2_default_config
 from codegen.splitkv_space import default_config as splitkv_default
+from core import settings as settings_module
 from core.problem import Problem
 from core.settings import get_settings, override_settings
 from db.store import Store
-from fa2tune import settings as settings_module
 from tests.factories import H200, ok_result, seed_measurement
 
 

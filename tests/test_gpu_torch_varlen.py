@@ -35,10 +35,10 @@ import pytest
 from gpu_support import gpu_skip_reason
 
 from codegen.fa3_space import default_config as fa3_default
+from core import settings as settings_module
 from core.problem import Problem
 from core.settings import get_settings, override_settings
 from db.store import Store
-from fa2tune import settings as settings_module
 from fa2tune.ops.varlen_choice import default_varlen_config
 from tests.factories import H200, ok_result, seed_measurement
 

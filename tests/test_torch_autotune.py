@@ -20,11 +20,11 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from codegen.space import fa2_default_config
+from core import settings as settings_module
 from core.problem import Problem
 from core.settings import Settings, override_settings
 from core.shape import Shape
 from db.store import Store
-from fa2tune import settings as settings_module
 from fa2tune.cli import app
 from fa2tune.ops import autotune, choice, selection
 from fa2tune.ops.autotune import AutoTuner, TuneJob, campaign_command, check_budget, check_mode

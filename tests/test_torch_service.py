@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from core import settings as settings_module
 from core.problem import Problem
 from core.settings import override_settings
 from core.shape import Shape
 from db.store import Store
-from fa2tune import settings as settings_module
 from fa2tune.ops import autotune, choice, selection
 from fa2tune.ops.remote import ServiceUnavailable, ask_service, best_url, parse_best
 from fa2tune.ops.selection import Call, select
