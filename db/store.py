@@ -253,6 +253,29 @@ class Store:
             self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family
         )
 
+    def best_match(
+        self,
+        gpu: str,
+        d: int,
+        dtype: str,
+        causal: bool,
+        shape: Shape,
+        *,
+        packed: Packed | None = None,
+        exact: bool = False,
+        family: str | None = None,
+    ) -> queries.Match | None:
+        """The one lookup of both modes: :meth:`best_for_shape` for a dense ``shape``
+        (``packed`` None), or, for a packed batch (``shape`` its ``packed.shape(heads,
+        kv_heads)``), the varlen problem measured on exactly ``packed.seqlens`` (when given)
+        and these heads, else the nearest tuned varlen problem (each compared as its count
+        of sequences at their mean length; ties: the first tuned). The answer carries the
+        lengths a packed one was measured on; None when nothing of the mode qualifies.
+        """
+        return queries.best_match(
+            self._engine, gpu, d, dtype, causal, shape, packed=packed, exact=exact, family=family
+        )
+
     def best_varlen(
         self,
         gpu: str,

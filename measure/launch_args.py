@@ -120,5 +120,6 @@ def packed_extra_args(
             raise ValueError(f"{name} must be packed [total, heads, D], got shape {tuple(t.shape)}")
     if host_prep(config.family) is None:
         return ()
-    dense = dataclasses.replace(config, varlen=False)  # type: ignore[call-arg]
+    # Only a varlen config gets here (SplitKvConfig, which has no such field, never does).
+    dense = dataclasses.replace(config, varlen=False)  # type: ignore[arg-type]
     return extra_args(dense, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), "bnhd")

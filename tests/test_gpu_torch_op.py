@@ -335,7 +335,7 @@ def test_workspace_sizes_match_the_worker(seeded_db: dict[str, Any]) -> None:
     import torch
 
     from core.shape import Shape
-    from fa2tune.ops.choice import splitkv_workspace_sizes
+    from fa2tune.ops.workspace import splitkv_workspace_sizes
     from measure.splitkv import splitkv_workspace
 
     shape, config = seeded_db["splitkv"]

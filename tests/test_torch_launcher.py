@@ -69,6 +69,7 @@ def _make_params(q: Any, k: Any, v: Any, o: Any, lse: Any, scale: float, layout:
 @pytest.fixture
 def kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     from fa2tune.ops import kernels as module
+    from fa2tune.ops import workspace
 
     streams = iter(range(100, 10_000))
     state = {"stream": next(streams), "capturing": False}
@@ -76,7 +77,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(module, "current_stream", lambda device: state["stream"])
     monkeypatch.setattr(module, "_capturing", lambda: state["capturing"])
     monkeypatch.setattr(
-        module, "_stream_workspace", lambda device, stream, n, floats: (COUNTERS, PARTIALS)
+        workspace, "_stream_workspace", lambda device, stream, n, floats: (COUNTERS, PARTIALS)
     )
     module.test_state = state  # type: ignore[attr-defined]
     return module
@@ -181,7 +182,7 @@ def test_fa3_descriptors_cached_per_pointer_triple(kernels: Any) -> None:
 def test_stream_workspace_grows_and_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per (device, stream) buffers: allocated once, counters zeroed once, reused while big
     enough; growing synchronises the stream before the old buffer is freed."""
-    from fa2tune.ops import kernels as module
+    from fa2tune.ops import workspace as module
     from measure import loader
 
     calls: list[tuple[Any, ...]] = []

@@ -1,18 +1,21 @@
-"""One call shape's decision, from every source in order (torch-free).
+"""One call's decision, from every source in order (torch-free).
 
-:func:`select` is what the op asks the first time it sees a call shape:
+:func:`select` is what the op asks the first time it sees a call's key, for a dense call and
+a packed batch alike (a :class:`~fa2tune.ops.choice.Call`, ``packed`` set for the latter):
 
 1. a running fa2tune service, when ``FA2TUNE_SERVICE_URL`` is set (:mod:`fa2tune.ops.remote`;
    unreachable: one warning, then the local choice; a 404 is "nothing tuned there"): its
    answer for exactly this shape serves;
-2. the shipped results and the local database (:func:`~fa2tune.ops.choice.choose_config`:
-   the exact shape, else the nearest tuned shape, else a family's default); a shape tuned
-   exactly here beats the service's nearest shape, which beats the local nearest or default;
+2. the shipped results and the local database (:func:`~fa2tune.ops.choice.choose`: the exact
+   shape, else the nearest tuned shape, else a default); a shape tuned exactly here beats the
+   service's nearest shape, which beats the local nearest or default;
 3. then, in ``on_first_call`` mode (:mod:`fa2tune.ops.autotune`), a shape not measured
    exactly starts one background tuning job; the choice above serves meanwhile.
 
-In ``off`` mode none of this runs: every shape gets its family's default config, with no
-database opened and no service asked (a baseline, or a process that must not read results).
+A packed batch asks only the local results (the service and first-use tuning take whole
+length lists, which the op does not read). In ``off`` mode none of this runs: every call gets
+its default config, with no database opened and no service asked (a baseline, or a process
+that must not read results).
 """
 
 from __future__ import annotations
@@ -22,11 +25,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from core.config import Dtype
-from core.problem import Problem
 from core.shape import Shape
 from fa2tune.ops import autotune
-from fa2tune.ops.choice import Choice, builds_here, check_supported, choose_config, open_store
+from fa2tune.ops.choice import Call, Choice, builds_here, check_supported, choose, open_store
 
 log = logging.getLogger("fa2tune.torch")
 
@@ -34,32 +35,7 @@ log = logging.getLogger("fa2tune.torch")
 #: must not cost every new shape a timeout.
 SERVICE_RETRY_S = 60.0
 
-
-@dataclass(frozen=True)
-class Call:
-    """What a decision depends on: the device and the call's shape, dtype and mask."""
-
-    device: int
-    gpu: str
-    sm_count: int
-    compute_capability: str
-    shape: Shape
-    dtype: Dtype
-    causal: bool
-    d: int
-
-    def problem(self) -> Problem:
-        """The tuning problem of this call (what ``fa2tune tune`` would tune)."""
-        s = self.shape
-        return Problem(
-            gpu=self.gpu, d=self.d, n=s.nq, nk=s.nk, batch=s.batch, heads=s.heads,
-            kv_heads=s.kv_heads, dtype=self.dtype, causal=self.causal,
-        )  # fmt: skip
-
-    @property
-    def tag(self) -> tuple[int, str, int, bool, Shape]:
-        """The key the op's decisions are forgotten by when a tuning job ends."""
-        return (self.device, self.dtype, self.d, self.causal, self.shape)
+__all__ = ["SERVICE_RETRY_S", "Call", "Selected", "job_tag", "reset_service_state", "select"]
 
 
 def job_tag(job: autotune.TuneJob) -> tuple[int, str, int, bool, Shape]:
@@ -112,8 +88,8 @@ def _from_service(call: Call, url: str, timeout_s: float) -> Choice | None:
 
 def select(call: Call) -> Selected:
     """The config for ``call`` (service, then local results, then a default; only the
-    default in ``off`` mode) and, in ``on_first_call`` mode, a tuning job for a shape not
-    tuned exactly.
+    default in ``off`` mode) and, in ``on_first_call`` mode, a tuning job for a dense shape
+    not tuned exactly.
 
     Raises:
         Unsupported: no family serves the dtype, head dim or GPU.
@@ -121,28 +97,23 @@ def select(call: Call) -> Selected:
     from core.settings import get_settings
 
     settings = get_settings()
-    check_supported(call.dtype, call.d, call.compute_capability)
+    dense = call.packed is None
+    check_supported(call.dtype, call.d, call.compute_capability, packed=not dense)
     if autotune.current().mode == "off":
-        return Selected(choose_config(
-            None, call.gpu, call.sm_count, call.shape, call.dtype, call.causal, call.d,
-            compute_capability=call.compute_capability,
-        ))  # fmt: skip
+        return Selected(choose(None, call))
     remote = None
-    if settings.service_url:
+    if settings.service_url and dense:
         remote = _from_service(call, settings.service_url, settings.service_timeout_s)
     choice = remote
     if remote is None or remote.source != "exact":
-        local = choose_config(
-            open_store(), call.gpu, call.sm_count, call.shape, call.dtype, call.causal, call.d,
-            compute_capability=call.compute_capability,
-        )  # fmt: skip
+        local = choose(open_store(), call)
         # The service's nearest shape serves unless this shape was tuned here (first-use
         # tuning writes to the local database).
         if remote is None or local.source == "exact":
             choice = local
     assert choice is not None
     tuning = False
-    if choice.source != "exact":
+    if choice.source != "exact" and dense:
         tuning = autotune.current().consider(
             call.problem(), call.device, settings.db_url, settings.cache_dir
         )
