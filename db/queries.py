@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, Select, exists, select
+from sqlalchemy import Engine, Select, exists, func, select
 from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
@@ -39,12 +39,9 @@ from core.shape import (
     MAX_DIM,
     Shape,
     ShapeError,
-    effective_causal,
-    nearest_key,
     shape_distance,
-    varlen_shape,
 )
-from core.shape_request import Packed
+from core.shape_request import Candidate, Packed, pick
 from db.models import Build, Gpu, Measurement, Problem
 from db.results import BestResult, StoredOutcome
 from db.session import session_scope
@@ -114,7 +111,7 @@ def _best_result(
     # the row's recorded figure: whatever a store holds, one answer's figures agree.
     tflops = problem_flops(problem) / (m.median_ms * 1e-3) / 1e12
     return BestResult(
-        config=build_config(build),
+        config=config_from_params(build.family, build.d, build.dtype, build.causal, build.params),
         config_key=build.config_key,
         gpu=gpu.name,
         compute_capability=gpu.compute_capability,
@@ -355,52 +352,50 @@ def gpu_sm_count(s: Session, name_key: str) -> int:
     return effective_sm_count(s.scalars(select(Gpu.sm_count).where(Gpu.name_key == name_key)))
 
 
-def _candidates(
-    gpu: str, d: int, dtype: str, causal: bool, family: str | None, *, packed: bool
-) -> Select[Any]:
-    """The problems of one GPU/D/dtype/mask with an OK measurement (of ``family``'s builds
-    when given), dense or packed (varlen) ones, in id order, each with its GPU loaded."""
-    has_ok = (
-        select(Measurement.id)
+def _fastest(d: int, dtype: str, packed: bool, family: str | None) -> Any:
+    """Every dense (or packed) problem of one D and dtype, any GPU and mask, with its fastest
+    verified measurement (of ``family``'s builds when given) and that build, in problem-id
+    order, each with its GPU loaded: a select of (Problem, Measurement, Build) rows (typed Any:
+    its generic form differs between the SQLAlchemy releases the project allows)."""
+    ranked = (
+        select(
+            Measurement.id.label("mid"),
+            func.row_number()
+            .over(partition_by=Measurement.problem_id, order_by=(Measurement.median_ms,
+                                                                  Measurement.id))
+            .label("place"),
+        )
         .join(Build, Build.id == Measurement.build_id)
+        .join(Problem, Problem.id == Measurement.problem_id)
         .where(
-            Measurement.problem_id == Problem.id,
+            Problem.d == d,
+            Problem.dtype == dtype,
+            Problem.seqlens != "" if packed else Problem.seqlens == "",
             Measurement.status == MeasureStatus.OK.value,
             Measurement.median_ms.is_not(None),
             *([Build.family == family] if family is not None else []),
         )
-        .exists()
-    )
+        .subquery()
+    )  # fmt: skip
     return (
-        select(Problem)
+        select(Problem, Measurement, Build)
         .join(Gpu, Gpu.id == Problem.gpu_id)
+        .join(Measurement, Measurement.problem_id == Problem.id)
+        .join(ranked, ranked.c.mid == Measurement.id)
+        .join(Build, Build.id == Measurement.build_id)
         .options(contains_eager(Problem.gpu))
-        .where(
-            Gpu.name_key == normalize_gpu_name(gpu),
-            Problem.d == d,
-            Problem.dtype == dtype,
-            Problem.causal == causal,
-            Problem.seqlens != "" if packed else Problem.seqlens == "",
-            has_ok,
-        )
+        .where(ranked.c.place == 1)
         .order_by(Problem.id)
     )
 
 
 class Match(NamedTuple):
-    """A lookup's answer: the result and, for a packed batch, the lengths it was measured on."""
+    """A lookup's answer: the result, the shape it was measured at (a packed problem's count
+    of sequences at their mean length) and, for a packed batch, its lengths."""
 
     result: BestResult
+    measured: Shape
     seqlens: tuple[int, ...] | None = None
-
-
-def _compared(problem: Problem) -> tuple[Shape | None, tuple[int, ...] | None]:
-    """What a problem is compared by: its shape (a packed one's :func:`core.shape.
-    varlen_shape`, count of sequences at their mean length) and its lengths (None: dense)."""
-    lens = parse_seqlens(problem.seqlens)
-    if lens is None:
-        return problem_shape(problem), None
-    return varlen_shape(lens, problem.heads, problem.kv_heads), lens
 
 
 def best_match(
@@ -415,44 +410,27 @@ def best_match(
     exact: bool = False,
     family: str | None = None,
 ) -> Match | None:
-    """The one lookup of both modes: the problem measured at the asked shape (a packed batch:
-    on its very lengths and heads), else, unless ``exact``, the nearest tuned one of the same
-    mode under :func:`core.shape.nearest_key`; its fastest OK config (:func:`best_of`).
-
-    Dense (``packed`` None): ``shape`` is the call's; a causal call with one query row is
-    answered by unmasked problems (``effective_causal``); the nearest shape's problems are
-    ranked together. Packed: ``shape`` is ``packed.shape(heads, kv_heads)``, the mask is
-    taken as given, and of several problems at the nearest shape the first tuned (lowest
-    id) answers, with the lengths it was measured on.
-    """
-    mask = causal if packed is not None else effective_causal(causal, shape.nq)
-    lens = packed.seqlens if packed is not None else None
+    """The one lookup of both modes (:meth:`db.store.Store.best_match`): the candidates of
+    this D, dtype and mode with their fastest verified measurements, read in one query, and
+    :func:`core.shape_request.pick`'s rule among them (GPU, mask, exact shape or nearest)."""
     with session_scope(engine) as s:
-        problems = (
-            s.scalars(_candidates(gpu, d, dtype, mask, family, packed=packed is not None))
-            .unique()
-            .all()
-        )
-        compared = [(p, *_compared(p)) for p in problems]
-        hits = [p for p, sh, ls in compared if sh == shape and ls == lens and sh is not None]
-        if hits and (packed is None or lens is not None):
-            found = best_of(s, hits, exact=True, family=family)
-            return Match(found, lens) if found is not None else None
-        tuned = [(p, sh, ls) for p, sh, ls in compared if sh is not None]
-        if exact or not tuned:
-            return None
-        sm_count = gpu_sm_count(s, normalize_gpu_name(gpu))
-        # Ties of the distance key: the lower shape (dense, as the header's sorted tables
-        # break them), the first tuned problem (packed).
-        first, nearest, measured = min(
-            tuned,
-            key=lambda t: (*nearest_key(shape, t[1], sm_count),
-                           t[0].id if packed is not None else t[1]),
-        )  # fmt: skip
-        chosen = [first] if packed is not None else [p for p, sh, _ in tuned if sh == nearest]
-        found = best_of(s, chosen, exact=False, family=family,
-                        distance=shape_distance(shape, nearest, sm_count))  # fmt: skip
-        return Match(found, measured) if found is not None else None
+        rows = s.execute(_fastest(d, dtype, packed is not None, family)).all()
+        counts: dict[str, list[int]] = {}
+        for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
+            counts.setdefault(name_key, []).append(count)
+        sm_counts = {k: effective_sm_count(v) for k, v in counts.items()}
+        results = [_best_result(p.gpu, p, b, m, exact=False) for p, m, b in rows]
+    # The throughput rank of best_of: a result's TFLOP/s is its problem's FLOPs over its median.
+    candidates = [
+        Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
+                  p.seqlens, (-(r.tflops or 0.0), r.median_ms, r.measurement_id))
+        for (p, _, _), r in zip(rows, results, strict=True)
+    ]  # fmt: skip
+    found = pick(candidates, gpu, causal, shape, sm_counts, packed=packed, exact=exact)
+    if found is None:
+        return None
+    result = dataclasses.replace(results[found.index], exact=found.exact, distance=found.distance)
+    return Match(result, found.measured, found.seqlens)
 
 
 def best_for_shape(

@@ -259,3 +259,37 @@ def test_store_best_varlen_shape(store: Store) -> None:
     with pytest.raises(ValueError, match="0 sequences"):
         store.best_varlen_shape(GPU, 128, "fp16", False, 0, 100, 16, 16)
     assert isinstance(cfg, Fa2Config)
+
+
+def test_a_packed_call_asks_only_the_local_results(
+    store: Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """select serves both modes; a packed batch asks neither the service nor first-use
+    tuning (both take whole length lists), only the local results."""
+    from core import settings as settings_module
+    from core.settings import override_settings
+    from fa2tune.ops import selection
+
+    def no_service(*_: object) -> None:
+        raise AssertionError("a packed call asked the service")
+
+    def no_tuning(*_: object) -> bool:
+        raise AssertionError("a packed call started a tuning job")
+
+    cfg = _vl(make_config(br=64, bc=64))
+    _seed_varlen(store, (100, 130, 90, 80), cfg)
+    monkeypatch.setattr(selection, "service_choice", no_service)
+    monkeypatch.setattr(selection, "open_store", lambda: store)
+    saved = dict(settings_module._overrides)
+    override_settings(service_url="http://127.0.0.1:9", cache_dir=tmp_path / "build")
+    autotune.reset()
+    try:
+        autotune.autotune("on_first_call", 5)
+        monkeypatch.setattr(autotune.current(), "consider", no_tuning)
+        selected = select(_call(4, 128))
+    finally:
+        autotune.reset()
+        settings_module._overrides.clear()
+        settings_module._overrides.update(saved)
+    assert (selected.choice.source, selected.choice.config) == ("nearest", cfg)
+    assert not selected.tuning

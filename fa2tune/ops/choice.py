@@ -29,13 +29,12 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from codegen import fa3_space, splitkv_space
 from codegen import space as fa2_space
-from codegen.families import family_of
-from core.config import HEAD_DIMS_RULE, Dtype
+from codegen.families import FAMILIES, family, family_of
+from core.config import HEAD_DIMS_RULE, Dtype, Fa2Config
 from core.family import AnyConfig
 from core.problem import Problem
-from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal, varlen_shape
+from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal
 from core.shape_request import Packed
 from db.store import Store
 
@@ -48,14 +47,14 @@ Source = Literal["exact", "nearest", "default"]
 #: Who answered: the local database (with the shipped results) or a running fa2tune service.
 Origin = Literal["local", "service"]
 
-#: Head dims some family has kernels for (fa2's, fa3's and split-KV's).
+#: Head dims some family has kernels for (the registry's families').
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(
-    sorted({*fa2_space.VALID_HEAD_DIMS, *fa3_space.HEAD_DIMS, *splitkv_space.HEAD_DIMS})
+    sorted({d for f in FAMILIES.values() for d in f.head_dims})
 )
 
 #: Head dims a packed call can be served at: FlashAttention-2's (its default's varlen twin
 #: serves every one; the Hopper family's head dims are among them).
-VARLEN_HEAD_DIMS: tuple[int, ...] = fa2_space.VALID_HEAD_DIMS
+VARLEN_HEAD_DIMS: tuple[int, ...] = family("fa2").head_dims
 
 #: Most packed rows the kernels' int32 offsets address (as measure.varlen.MAX_TOTAL_ROWS).
 MAX_TOTAL_ROWS = 2**31 - 1
@@ -167,32 +166,29 @@ def arch_of(compute_capability: str) -> str | None:
     return arch if arch in fa2_space.SUPPORTED_ARCHS else None
 
 
-def _decode_like(shape: Shape, d: int, dtype: Dtype, causal: bool, sm_count: int) -> bool:
-    """Whether split-KV's default beats FA2's here: the split-KV family serves the shape (few
-    packed query rows per KV head) and one block per 128 query rows would not fill the GPU."""
-    problem = Problem(
-        gpu="", d=d, n=shape.nq, nk=shape.nk, batch=shape.batch, heads=shape.heads,
-        kv_heads=shape.kv_heads, dtype=dtype, causal=causal,
-    )  # fmt: skip
-    blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
-    return splitkv_space.serves(problem) and blocks < max(sm_count, 1)
-
-
 def default_config(
     d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int
 ) -> AnyConfig | None:
     """The config that serves an untuned dense call, or None when no family has head dim ``d``.
 
-    Split-KV's default for decode-like calls (see :func:`_decode_like`) and for head dims
-    only split-KV has; FlashAttention-2's default otherwise.
+    Split-KV's default for decode-like calls (the split-KV family serves the shape, few packed
+    query rows per KV head, and one block per 128 query rows would not fill the GPU) and for
+    head dims only split-KV has; FlashAttention-2's default otherwise. Both from the family
+    registry.
     """
-    in_splitkv = d in splitkv_space.HEAD_DIMS
-    if in_splitkv and _decode_like(shape, d, dtype, causal, sm_count):
-        return splitkv_space.default_config(d, dtype, causal)
-    if d in fa2_space.VALID_HEAD_DIMS:
-        return fa2_space.fa2_default_config(d, dtype, causal)
+    fa2, splitkv = family("fa2"), family("splitkv")
+    in_splitkv = d in splitkv.head_dims
+    problem = Problem(
+        gpu="", d=d, n=shape.nq, nk=shape.nk, batch=shape.batch, heads=shape.heads,
+        kv_heads=shape.kv_heads, dtype=dtype, causal=causal,
+    )  # fmt: skip
+    blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
+    if in_splitkv and splitkv.serves(problem) and blocks < max(sm_count, 1):
+        return splitkv.default(d, dtype, causal)
+    if d in fa2.head_dims:
+        return fa2.default(d, dtype, causal)
     if in_splitkv:
-        return splitkv_space.default_config(d, dtype, causal)
+        return splitkv.default(d, dtype, causal)
     return None
 
 
@@ -202,12 +198,9 @@ def default_varlen_config(d: int, dtype: Dtype, causal: bool) -> AnyConfig:
     Raises:
         ValueError: ``d`` is not a FlashAttention-2 head dim.
     """
-    return replace(fa2_space.fa2_default_config(d, dtype, causal), varlen=True)
-
-
-def builds_here(config: AnyConfig, compute_capability: str) -> bool:
-    """Whether ``config``'s family builds for a GPU of this compute capability."""
-    return family_of(config).arch_for(compute_capability) is not None
+    config = family("fa2").default(d, dtype, causal)
+    assert isinstance(config, Fa2Config)  # the fa2 family's default is its own config type
+    return replace(config, varlen=True)
 
 
 def check_supported(dtype: str, d: int, compute_capability: str, *, packed: bool = False) -> None:
@@ -239,10 +232,20 @@ def choose(store: Store | None, call: Call) -> Choice:
             for it is passed over; fa3 needs exactly 9.0).
 
     Raises:
-        Unsupported: an unsupported head dim or dtype, or a GPU fa2tune builds nothing for.
+        Unsupported: an unsupported head dim or dtype, a GPU fa2tune builds nothing for, or
+            no default that builds here.
     """
     packed = call.packed
-    check_supported(call.dtype, call.d, call.compute_capability, packed=packed is not None)
+    cc = call.compute_capability
+    check_supported(call.dtype, call.d, cc, packed=packed is not None)
+    # The default first (pure, cheap), so that the store's answer is the last thing asked.
+    default = (
+        default_varlen_config(call.d, call.dtype, call.causal)
+        if packed is not None
+        else default_config(call.d, call.dtype, call.causal, call.shape, call.sm_count)
+    )
+    if default is not None and family_of(default).arch_for(cc) is None:
+        default = None
     found = None
     if store is not None:
         try:
@@ -253,34 +256,24 @@ def choose(store: Store | None, call: Call) -> Choice:
     if found is not None:
         best, config = found.result, found.result.config
         mode_fits = bool(getattr(config, "varlen", False)) == (packed is not None)
-        if mode_fits and builds_here(config, call.compute_capability):
-            measured = (
-                Shape(best.n, best.nk, best.batch, best.heads, best.kv_heads)
-                if found.seqlens is None
-                else varlen_shape(found.seqlens, best.heads, best.kv_heads)
-            )
-            return Choice(config, "exact" if best.exact else "nearest", measured)
-    return default_choice(call)
+        if mode_fits and family_of(config).arch_for(cc) is not None:
+            return Choice(config, "exact" if best.exact else "nearest", found.measured)
+    if default is None:
+        raise Unsupported(
+            f"no varlen kernel builds for compute capability {cc}"
+            if packed is not None
+            else f"no kernel family serves head dim {call.d} on compute capability {cc}"
+        )
+    return Choice(default, "default")
 
 
 def default_choice(call: Call) -> Choice:
-    """The default of :func:`choose` (the serving config when nothing tuned can serve).
+    """The default of :func:`choose` (what serves when nothing tuned can).
 
     Raises:
         Unsupported: no family serves the head dim on this GPU.
     """
-    if call.packed is not None:
-        config: AnyConfig | None = default_varlen_config(call.d, call.dtype, call.causal)
-    else:
-        config = default_config(call.d, call.dtype, call.causal, call.shape, call.sm_count)
-    if config is None or not builds_here(config, call.compute_capability):
-        cc = call.compute_capability
-        raise Unsupported(
-            f"no varlen kernel builds for compute capability {cc}"
-            if call.packed is not None
-            else f"no kernel family serves head dim {call.d} on compute capability {cc}"
-        )
-    return Choice(config, "default")
+    return choose(None, call)
 
 
 def choose_config(
