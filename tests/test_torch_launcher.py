@@ -1,4 +1,4 @@
-"""The op's per-call launch path (:class:`fa2tune.ops.kernels.Launcher`, PackedLauncher) without a GPU.
+"""The op's per-call launch paths (:mod:`fa2tune.ops.kernels` launchers) without a GPU.
 
 A fake kernel records what each ``cuLaunchKernel`` would get (the ``FaParams`` bytes as
 patched at launch time, the extra pointer arguments, the stream); CPU tensors stand in for
