@@ -9,7 +9,7 @@ helpers other readers use:
 :func:`problem_flops`, :func:`problem_shape` and :func:`effective_sm_count`. The listings
 (``gpus``, ``results``) are :mod:`db.listing`'s.
 
-A dense shape and a packed variable-length batch (a :class:`core.shape_request.Packed`) are
+A dense shape and a packed variable-length batch (a :class:`core.lookup.Packed`) are
 two modes of one lookup, :func:`best_match`: a packed problem is compared as its count of
 sequences at their mean length (:func:`core.shape.varlen_shape`) under the dense distance.
 
@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
+from core.lookup import Candidate, Packed, pick
 from core.problem import Problem as ProblemSpec
 from core.problem import parse_seqlens
 from core.records import MeasureStatus
@@ -41,7 +42,6 @@ from core.shape import (
     ShapeError,
     shape_distance,
 )
-from core.shape_request import Candidate, Packed, pick
 from db.models import Build, Gpu, Measurement, Problem
 from db.results import BestResult, StoredOutcome
 from db.session import session_scope
@@ -412,7 +412,7 @@ def best_match(
 ) -> Match | None:
     """The one lookup of both modes (:meth:`db.store.Store.best_match`): the candidates of
     this D, dtype and mode with their fastest verified measurements, read in one query, and
-    :func:`core.shape_request.pick`'s rule among them (GPU, mask, exact shape or nearest)."""
+    :func:`core.lookup.pick`'s rule among them (GPU, mask, exact shape or nearest)."""
     with session_scope(engine) as s:
         rows = s.execute(_fastest(d, dtype, packed is not None, family)).all()
         counts: dict[str, list[int]] = {}

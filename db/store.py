@@ -27,10 +27,10 @@ from sqlalchemy import Engine
 
 from core.build_report import BuildReport
 from core.gpu_name import normalize_gpu_name
+from core.lookup import Packed
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult
 from core.shape import Shape
-from core.shape_request import Packed
 from db import listing, queries, writes
 from db.results import BestResult, GpuSummary, ResultPage, StoredOutcome
 from db.session import init_db, make_engine

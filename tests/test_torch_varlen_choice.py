@@ -18,9 +18,9 @@ import pytest
 from codegen.fa3_space import default_config as fa3_default
 from codegen.space import fa2_default_config
 from core.config import Fa2Config
+from core.lookup import Packed
 from core.problem import Problem
 from core.shape import Shape
-from core.shape_request import Packed
 from db.store import Store
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import (

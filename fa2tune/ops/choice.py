@@ -1,7 +1,7 @@
 """Which kernel config serves one attention call, and why a call is not served (torch-free).
 
 One rule for both modes of a call (a :class:`Call`: dense, or a packed variable-length batch
-with a :class:`~core.shape_request.Packed` descriptor), ``fa2tune best``'s: the results
+with a :class:`~core.lookup.Packed` descriptor), ``fa2tune best``'s: the results
 shipped with the package plus the local database (``FA2TUNE_DB_URL``), asked through the
 store's one lookup (:meth:`db.store.Store.best_match`) for this GPU's name, head dim, dtype,
 mask and the call's shape: the config measured at exactly this shape (source ``exact``),
@@ -33,9 +33,9 @@ from codegen import space as fa2_space
 from codegen.families import FAMILIES, family, family_of
 from core.config import HEAD_DIMS_RULE, Dtype, Fa2Config
 from core.family import AnyConfig
+from core.lookup import Packed
 from core.problem import Problem
 from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal
-from core.shape_request import Packed
 from db.store import Store
 
 log = logging.getLogger(__name__)

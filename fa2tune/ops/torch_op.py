@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
+from core.lookup import Packed
 from core.settings import get_settings
 from core.shape import Shape, effective_causal
-from core.shape_request import Packed
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import (
     DTYPE_NAMES,
