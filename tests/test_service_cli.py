@@ -11,7 +11,7 @@ import pytest
 from test_service_data import make_store, seed
 from typer.testing import CliRunner
 
-from fa2tune import settings as settings_module
+from core import settings as settings_module
 from fa2tune.cli import app
 
 

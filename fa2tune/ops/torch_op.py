@@ -288,8 +288,9 @@ def run(
         message = _FALLBACK
     else:
         lay = "bnhd"
-        seqs = seqs._replace(max_q=_max_len("max_seqlen_q", seqs.max_q),
-                             max_k=_max_len("max_seqlen_k", seqs.max_k))  # fmt: skip
+        max_q, max_k = _max_len("max_seqlen_q", seqs.max_q), _max_len("max_seqlen_k", seqs.max_k)
+        if max_q is not seqs.max_q or max_k is not seqs.max_k:  # an int subclass, say
+            seqs = CuSeqlens(seqs.cu_q, seqs.cu_k, max_q, max_k)
         check_varlen_args(q, k, v, seqs.cu_q, seqs.cu_k, seqs.max_q, seqs.max_k)
         total_q, count = int(q.shape[0]), int(seqs.cu_q.shape[0]) - 1
         if total_q == 0:  # nothing to compute (and a grid of no blocks is not launchable)
