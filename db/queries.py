@@ -25,9 +25,10 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, Select, exists, func, select
+from sqlalchemy import Engine, Select, bindparam, exists, func, select
 from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
@@ -352,11 +353,14 @@ def gpu_sm_count(s: Session, name_key: str) -> int:
     return effective_sm_count(s.scalars(select(Gpu.sm_count).where(Gpu.name_key == name_key)))
 
 
-def _fastest(d: int, dtype: str, packed: bool, family: str | None) -> Any:
-    """Every dense (or packed) problem of one D and dtype, any GPU and mask, with its fastest
-    verified measurement (of ``family``'s builds when given) and that build, in problem-id
-    order, each with its GPU loaded: a select of (Problem, Measurement, Build) rows (typed Any:
-    its generic form differs between the SQLAlchemy releases the project allows)."""
+@cache
+def _fastest(packed: bool, family: str | None) -> Any:
+    """Every dense (or packed) problem of one D and dtype (the ``d`` and ``dtype`` bind
+    parameters), any GPU and mask, with its fastest verified measurement (of ``family``'s
+    builds when given) and that build, in problem-id order, each with its GPU loaded.
+
+    A select of (Problem, Measurement, Build) rows, built once per mode and family (typed
+    Any: its generic form differs between the SQLAlchemy releases the project allows)."""
     ranked = (
         select(
             Measurement.id.label("mid"),
@@ -368,8 +372,8 @@ def _fastest(d: int, dtype: str, packed: bool, family: str | None) -> Any:
         .join(Build, Build.id == Measurement.build_id)
         .join(Problem, Problem.id == Measurement.problem_id)
         .where(
-            Problem.d == d,
-            Problem.dtype == dtype,
+            Problem.d == bindparam("d"),
+            Problem.dtype == bindparam("dtype"),
             Problem.seqlens != "" if packed else Problem.seqlens == "",
             Measurement.status == MeasureStatus.OK.value,
             Measurement.median_ms.is_not(None),
@@ -414,7 +418,8 @@ def best_match(
     this D, dtype and mode with their fastest verified measurements, read in one query, and
     :func:`core.lookup.pick`'s rule among them (GPU, mask, exact shape or nearest)."""
     with session_scope(engine) as s:
-        rows = s.execute(_fastest(d, dtype, packed is not None, family)).all()
+        query = _fastest(packed is not None, family)
+        rows = s.execute(query, {"d": d, "dtype": dtype}).all()
         counts: dict[str, list[int]] = {}
         for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
             counts.setdefault(name_key, []).append(count)
