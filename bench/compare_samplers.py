@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from core.config import Fa2Config
+    from core.fa2_config import Fa2Config
     from core.problem import Problem
     from core.records import GpuInfo
-    from tuner.replay import ReplayTable
+    from tuner.replay_table import ReplayTable
 
 log = logging.getLogger("compare_samplers")
 
@@ -84,7 +84,8 @@ def valid_space(problem: Problem, gpu: GpuInfo, arch: str) -> list[Fa2Config]:
     predate. The shared-memory bound is the campaign's: the GPU's opt-in maximum, capped at
     the architecture's.
     """
-    from codegen.space import ARCH_SMEM_LIMIT, enumerate_space
+    from codegen.families.fa2.space import enumerate_space
+    from codegen.targets import ARCH_SMEM_LIMIT
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes
@@ -145,7 +146,8 @@ def run_one(
 
     from tuner import search
     from tuner.campaign import CampaignOptions
-    from tuner.replay import ReplayMeasure, load_replay_table, run_replay_campaign
+    from tuner.replay import ReplayMeasure, run_replay_campaign
+    from tuner.replay_table import load_replay_table
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = load_replay_table(table_path)
@@ -229,7 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tuner.replay import ReplayTable, export_replay_table, load_replay_table, save_replay_table
+    from tuner.replay_table import (
+        ReplayTable,
+        export_replay_table,
+        load_replay_table,
+        save_replay_table,
+    )
 
     if args.from_db:
         from db.store import Store

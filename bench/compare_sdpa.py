@@ -27,7 +27,7 @@ from typing import Any
 
 from codegen.build import build_configs
 from codegen.families import FAMILIES
-from codegen.space import fa2_default_config
+from codegen.families.fa2.space import fa2_default_config
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureStatus

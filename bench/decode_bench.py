@@ -27,7 +27,7 @@ from typing import Any
 
 from codegen.build import build_configs
 from codegen.families import FAMILIES
-from codegen.splitkv_space import invalid_reasons
+from codegen.families.splitkv.space import invalid_reasons
 from core.config import Dtype
 from core.family import AnyConfig
 from core.problem import Problem

@@ -73,7 +73,7 @@ def seed(db_path: Path) -> int:
     Returns:
         Measurements added.
     """
-    from core.config import Fa2Config
+    from core.fa2_config import Fa2Config
     from core.problem import Problem
     from db.dump_format import DumpFile
     from db.store import Store

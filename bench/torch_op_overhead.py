@@ -62,8 +62,8 @@ def host_us(fn: Callable[[], object], calls: int, reps: int) -> float:
 
 def _case(family: str, n: int, d: int, dtype: Any) -> tuple[Any, tuple[int, ...]]:
     """The config and (batch, heads, kv_heads, nq, nk) timed for ``family``."""
-    from codegen.space import fa2_default_config
-    from codegen.splitkv_space import default_config as splitkv_default
+    from codegen.families.fa2.space import fa2_default_config
+    from codegen.families.splitkv.space import default_config as splitkv_default
 
     name = "fp16" if str(dtype) == "torch.float16" else "bf16"
     if family == "fa2":
@@ -96,7 +96,7 @@ def measure(family: str, n: int, d: int, calls: int, reps: int) -> dict[str, flo
 
     stream = current_stream(q.device)
     if family == "splitkv":
-        from measure.splitkv import splitkv_workspace
+        from codegen.families.splitkv.host import splitkv_workspace
 
         extra = splitkv_workspace(config, q, k, v, "bnhd")
         from measure.params import make_params

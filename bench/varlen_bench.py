@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from codegen.build import build_configs
-from codegen.fa3_space import default_config as fa3_default
-from codegen.fa3_space import seed_configs as fa3_seeds
-from codegen.space import is_valid
-from core.config import Dtype, Fa2Config
+from codegen.families.fa2.space import is_valid
+from codegen.families.fa3.space import default_config as fa3_default
+from codegen.families.fa3.space import seed_configs as fa3_seeds
+from core.config import Dtype
+from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from measure.loader import LoadedKernel, ensure_context

@@ -30,7 +30,7 @@ from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry, compile_entries
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
 from codegen.render import template_dir as default_template_dir
 from codegen.render import template_hash, write_if_changed
-from codegen.space import ARCH_SMEM_LIMIT
+from codegen.targets import ARCH_SMEM_LIMIT
 from core.build_report import BuildReport, BuildStatus
 from core.family import AnyConfig
 from core.settings import get_settings
@@ -44,8 +44,8 @@ HASH_CHARS = 16
 
 
 #: Every target a family builds for, with its opt-in shared memory per block: the GPU
-#: architectures (``codegen.space``) and the architecture-specific ``sm_90a`` of Hopper's
-#: wgmma/TMA family, which runs on exactly the GPUs ``sm_90`` names.
+#: architectures (``codegen.families.fa2.space``) and the architecture-specific ``sm_90a``
+#: of Hopper's wgmma/TMA family, which runs on exactly the GPUs ``sm_90`` names.
 TARGET_SMEM_LIMIT: dict[str, int] = {**ARCH_SMEM_LIMIT, "sm_90a": ARCH_SMEM_LIMIT["sm_90"]}
 
 
@@ -315,7 +315,7 @@ def build_batch(
     Args:
         configs: the configs, of any family; duplicates are built once and reported at each
             position.
-        arch: the GPU's architecture, one of :data:`codegen.space.SUPPORTED_ARCHS`.
+        arch: the GPU's architecture, one of :data:`codegen.families.fa2.space.SUPPORTED_ARCHS`.
         cache_dir: the build cache; default ``settings.cache_dir``.
         jobs: parallel nvcc jobs; default ``settings.build_jobs``.
         nvcc: the nvcc executable; default ``settings.nvcc``.

@@ -12,7 +12,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from codegen import fa3_space, splitkv_space
 from codegen.build import (
     BuildBatch,
     NvccNotFoundError,
@@ -21,18 +20,10 @@ from codegen.build import (
 )
 from codegen.families import FAMILIES, family_of
 from codegen.render import TemplateMissingError
-from codegen.space import (
-    ARCH_SMEM_LIMIT,
-    DEFAULT_SMEM_LIMIT,
-    SUPPORTED_ARCHS,
-    VALID_DTYPES,
-    VALID_HEAD_DIMS,
-    estimate_registers,
-)
+from codegen.targets import ARCH_SMEM_LIMIT, DEFAULT_SMEM_LIMIT, SUPPORTED_ARCHS
 from core.build_report import BuildReport, BuildStatus
-from core.config import HEAD_DIMS_RULE, Dtype, Fa2Config
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig, config_from_name
-from core.splitkv_config import SplitKvConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +33,6 @@ _STATUS_STYLE: dict[BuildStatus, str] = {
     BuildStatus.SMEM_OVERFLOW: "red",
     BuildStatus.COMPILE_FAILED: "red",
 }
-
-
-def _layout(config: Fa2Config) -> str:
-    return "swizzle" if config.swizzle else f"pad {config.pad}"
 
 
 def _console() -> Console:
@@ -61,11 +48,16 @@ def _name_column(table: Table, configs: Sequence[AnyConfig]) -> None:
     table.add_column("name", no_wrap=True, min_width=width)
 
 
-_FA3_DIMS = ", ".join(map(str, fa3_space.HEAD_DIMS))
+#: The head dims of the families that do not take every one, for --d's help.
+_FAMILY_DIMS = "; ".join(
+    f"{f.name}: {f.head_dims_text}" for f in FAMILIES.values() if f.head_dims != HEAD_DIMS
+)
+_D_HELP = f"head dimension, {HEAD_DIMS_RULE}" + (f" ({_FAMILY_DIMS})" if _FAMILY_DIMS else "")
+_FAMILY_NAMES = ", ".join(FAMILIES)
 
 
 def _check_d(d: int, family: str = "fa2") -> int:
-    if d not in VALID_HEAD_DIMS:
+    if d not in HEAD_DIMS:
         raise typer.BadParameter(
             f"{d} is not a supported head dim; use {HEAD_DIMS_RULE}", param_hint="--d"
         )
@@ -79,9 +71,9 @@ def _check_d(d: int, family: str = "fa2") -> int:
 
 
 def _check_dtype(dtype: str) -> Dtype:
-    if dtype not in VALID_DTYPES:
+    if dtype not in DTYPES:
         raise typer.BadParameter(
-            f"{dtype!r} is not a supported dtype; use one of {', '.join(VALID_DTYPES)}",
+            f"{dtype!r} is not a supported dtype; use one of {', '.join(DTYPES)}",
             param_hint="--dtype",
         )
     return dtype  # narrowed to Dtype by the membership check above
@@ -94,16 +86,6 @@ def _check_arch(arch: str) -> str:
             param_hint="--arch",
         )
     return arch
-
-
-def _est_registers(config: AnyConfig) -> int:
-    """The space's register estimate per thread (fa3: accumulators plus headroom;
-    splitkv: accumulators)."""
-    if isinstance(config, Fa2Config):
-        return estimate_registers(config)
-    if isinstance(config, SplitKvConfig):
-        return splitkv_space.accumulator_regs(config)
-    return fa3_space.accumulator_regs(config) + fa3_space.REG_HEADROOM
 
 
 def _family_space(
@@ -120,9 +102,7 @@ def _family_space(
 
 
 def space(
-    d: Annotated[
-        int, typer.Option("--d", help=f"head dimension, {HEAD_DIMS_RULE} (fa3: {_FA3_DIMS})")
-    ],
+    d: Annotated[int, typer.Option("--d", help=_D_HELP)],
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,
     smem_limit: Annotated[
@@ -135,9 +115,7 @@ def space(
     ] = DEFAULT_SMEM_LIMIT,
     family: Annotated[
         str,
-        typer.Option(
-            "--family", help="kernel family: fa2 (mma.sync), fa3 (Hopper) or splitkv (decode)"
-        ),
+        typer.Option("--family", help=f"kernel family: one of {_FAMILY_NAMES}"),
     ] = "fa2",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
 ) -> None:
@@ -153,9 +131,9 @@ def space(
                 **c.to_dict(),
                 "tile": c.tile,
                 "description": c.describe(),
-                **({"layout": _layout(c)} if isinstance(c, Fa2Config) else {}),
+                **family_of(c).columns(c),
                 "smem_bytes": c.smem_bytes,
-                "est_registers": _est_registers(c),
+                "est_registers": family_of(c).est_registers(c),
             }
             for c in configs
         ]
@@ -170,7 +148,7 @@ def space(
     table.add_column("smem bytes", justify="right")
     table.add_column("est. regs", justify="right")
     for c in configs:
-        table.add_row(c.name, c.describe(), str(c.smem_bytes), str(_est_registers(c)))
+        table.add_row(c.name, c.describe(), str(c.smem_bytes), str(family_of(c).est_registers(c)))
     _console().print(table)
 
 
@@ -266,9 +244,7 @@ def _summary(batch: BuildBatch) -> str:
 
 
 def build(
-    d: Annotated[
-        int | None, typer.Option("--d", help=f"head dimension, {HEAD_DIMS_RULE} (fa3: {_FA3_DIMS})")
-    ] = None,
+    d: Annotated[int | None, typer.Option("--d", help=_D_HELP)] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="fp16 (default) or bf16")] = None,
     causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,
     arch: Annotated[str, typer.Option("--arch", help="target architecture")] = "sm_90",
@@ -284,7 +260,7 @@ def build(
         typer.Option("--jobs", "-j", help="parallel nvcc jobs (env FA2TUNE_BUILD_JOBS)", min=1),
     ] = None,
     family: Annotated[
-        str, typer.Option("--family", help="kernel family of --d's space: fa2, fa3 or splitkv")
+        str, typer.Option("--family", help=f"kernel family of --d's space: {_FAMILY_NAMES}")
     ] = "fa2",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of reports")] = False,
 ) -> None:

@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 
 from codegen.cpp_text import DATA_DECL, braced, c_string, cpp_bool
 from codegen.families import FAMILIES, family_of
-from core.config import Dtype, Fa2Config
+from core.config import Dtype
 from core.elements import element
+from core.fa2_config import Fa2Config
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
 from core.shape import Shape

@@ -61,8 +61,8 @@ from codegen.cpp_text import number as _fmt
 from codegen.cpp_text import seal_comments as _seal_comments
 from codegen.dispatch_table import TableKey, has_varlen_launcher, render_table, varlen_twin
 from codegen.families import FAMILIES, Family
+from codegen.families.fa2.space import fa2_default_config
 from codegen.render import template_hash
-from codegen.space import fa2_default_config
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name

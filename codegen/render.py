@@ -1,8 +1,9 @@
-"""Rendering: one ``.cu`` instantiation file per config, and the template's identity.
+"""What rendering shares across families: writing files, the template directory and hash.
 
-An instantiation is two lines (see docs/architecture.md): the template include and one
-``FA2_DEFINE_KERNEL(...)``. Files are only rewritten when their text changes, so ninja's
-timestamps stay meaningful across runs.
+Each family renders its own instantiation files (its registry entry's ``render``, derived
+from its config's declarations by :mod:`codegen.families.declared`): two lines, the template
+include and one ``<FAMILY>_DEFINE_KERNEL(...)`` (see docs/architecture.md). Files are only
+rewritten when their text changes, so ninja's timestamps stay meaningful across runs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from core.config import Fa2Config
 from core.elements import cuda_type
 
 TEMPLATE_HEADER = "fa2_fwd.cuh"
@@ -31,39 +31,6 @@ def cuda_elem_type(dtype: str) -> str:
         ValueError: for an unknown dtype.
     """
     return cuda_type(dtype)
-
-
-def _cpp_bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def render_instantiation(config: Fa2Config) -> str:
-    """The ``.cu`` text that instantiates ``config`` as an ``extern "C"`` kernel.
-
-    Args:
-        config: the kernel configuration; its name becomes the kernel symbol.
-
-    Returns:
-        ``#include "fa2_fwd.cuh"`` and one ``FA2_DEFINE_KERNEL(...)`` line (a varlen config:
-        ``FA2_DEFINE_VARLEN_KERNEL(...)``), newline-terminated.
-    """
-    c = config
-    args = ", ".join(
-        (
-            c.name,
-            str(c.d),
-            cuda_elem_type(c.dtype),
-            _cpp_bool(c.causal),
-            str(c.br),
-            str(c.bc),
-            str(c.warps),
-            str(c.stages),
-            str(c.pad),
-            _cpp_bool(c.swizzle),
-        )
-    )
-    macro = "FA2_DEFINE_VARLEN_KERNEL" if c.varlen else "FA2_DEFINE_KERNEL"
-    return f'#include "{TEMPLATE_HEADER}"\n{macro}({args})\n'
 
 
 def write_if_changed(path: Path, text: str) -> bool:

@@ -9,7 +9,8 @@ import it without pulling in another stage.
 from __future__ import annotations
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import DTYPES, ELEMENT_BYTES, HEAD_DIMS, Dtype, Fa2Config
+from core.config import DTYPES, ELEMENT_BYTES, HEAD_DIMS, Dtype
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 

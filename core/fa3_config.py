@@ -1,20 +1,19 @@
 """The Hopper-native family's config (``fa3``): one instantiation of ``FA3_DEFINE_KERNEL``.
 
-Like :class:`core.config.Fa2Config` for the mma.sync family, a :class:`Fa3Config` is
+Like :class:`core.fa2_config.Fa2Config` for the mma.sync family, a :class:`Fa3Config` is
 frozen, its :attr:`~Fa3Config.name` carries every parameter (it is the extern "C" symbol and
 starts with the family, ``fa3_``), and its :attr:`~Fa3Config.key` hashes the name. The space
-rules (which configs compile, register budgets) live in :mod:`codegen.fa3_space`; the kernel
-is codegen/templates/fa3_fwd.cuh and its ABI is in docs/fa3_kernel.md.
+rules (which configs compile, register budgets) live in :mod:`codegen.families.fa3.space`;
+the kernel is codegen/templates/fa3_fwd.cuh and its ABI is in docs/fa3_kernel.md. Its
+parameters are declared once (:func:`core.config_common.param`).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass
 
-from core.config import ELEMENT_BYTES, Dtype
-from core.config_common import int_value, name_key
+from core.config import ELEMENT_BYTES
+from core.config_common import FamilyConfigBase, family_config, param
 
 #: Columns of one 128-byte-swizzled TMA box of 2-byte elements; a tile row of D columns
 #: takes ceil(D / 64) boxes (D=96 zero-fills half of its second box).
@@ -22,21 +21,15 @@ BOX_COLS = 64
 #: Rows of query one consumer warpgroup owns (the M of wgmma.m64nNk16).
 WARPGROUP_ROWS = 64
 
-_NAME_RE = re.compile(
-    r"^fa3_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
-    r"_m(?P<block_m>\d+)_n(?P<block_n>\d+)_s(?P<stages>\d+)"
-    r"_(?P<pv>rs|ss)(?P<ov>_ov)?(?P<pp>_pp)?_r(?P<regs>\d+)(?P<lf>_lf)?(?P<vl>_vl)?$"
-)
 
-
+@family_config("fa3", example="fa3_d128_fp16_full_m128_n128_s2_rs_ov_pp_r240")
 @dataclass(frozen=True, order=True)
-class Fa3Config:
+class Fa3Config(FamilyConfigBase):
     """Compile-time parameters of one Hopper (sm_90a) FA forward kernel.
 
+    After the common ``d``, ``dtype`` and ``causal`` (see ``FamilyConfigBase``):
+
     Attributes:
-        d: head dimension.
-        dtype: element type of Q, K, V and O.
-        causal: bottom-right aligned causal mask.
         block_m: query rows per block; one consumer warpgroup per 64 rows.
         block_n: keys per K/V tile (the N of the Q·Kᵀ wgmma).
         stages: depth of the K/V shared-memory ring the producer fills with TMA.
@@ -54,40 +47,20 @@ class Fa3Config:
             name suffix ``_lf`` (codegen/templates/fa3_fwd.cuh, "Launch order").
     """
 
-    family: ClassVar[str] = "fa3"
-    #: Parameters :meth:`params` leaves out at their default (added after results were
-    #: stored; a dense config's stored parameters and name stay what they were).
-    optional_params: ClassVar[frozenset[str]] = frozenset({"varlen", "longest_first"})
-
-    d: int
-    dtype: Dtype
-    causal: bool
-    block_m: int = 128
-    block_n: int = 128
-    stages: int = 2
-    pv_regs: bool = True
-    overlap: bool = True
-    pingpong: bool = True
-    consumer_regs: int = 240
-    varlen: bool = False
-    longest_first: bool = False
-
-    @property
-    def name(self) -> str:
-        """Readable identifier, also the kernel's extern "C" symbol."""
-        mask = "causal" if self.causal else "full"
-        flags = ("rs" if self.pv_regs else "ss") + ("_ov" if self.overlap else "")
-        flags += "_pp" if self.pingpong else ""
-        tail = ("_lf" if self.longest_first else "") + ("_vl" if self.varlen else "")
-        return (
-            f"fa3_d{self.d}_{self.dtype}_{mask}_m{self.block_m}_n{self.block_n}"
-            f"_s{self.stages}_{flags}_r{self.consumer_regs}{tail}"
-        )
-
-    @property
-    def key(self) -> str:
-        """Stable 16-hex-digit key derived from the name."""
-        return name_key(self.name)
+    block_m: int = param("m{}", default=128, search="fa3_block_m")
+    block_n: int = param("n{}", default=128, search="fa3_block_n")
+    stages: int = param("s{}", default=2, search="fa3_stages")
+    pv_regs: bool = param("rs|ss", default=True, search="fa3_pv")
+    overlap: bool = param("ov", default=True, search="fa3_overlap")
+    pingpong: bool = param("pp", default=True, search="fa3_pingpong")
+    consumer_regs: int = param("r{}", default=240, search="fa3_regs")
+    varlen: bool = param(
+        "vl", default=False, optional=True, suffix=True, macro="FA3_DEFINE_VARLEN_KERNEL"
+    )
+    longest_first: bool = param(
+        "lf", default=False, optional=True, macro="FA3_DEFINE_LONGEST_FIRST_KERNEL",
+        search="fa3_order", search_as=("longest_first", "per_head"),
+    )  # fmt: skip
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -130,63 +103,3 @@ class Fa3Config:
         if self.longest_first:
             switches.append("longest first across heads")
         return f"{self.tile}, {self.stages} stages, {', '.join(switches)}"
-
-    def params(self) -> dict[str, Any]:
-        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``
-        (the :attr:`optional_params` only when set)."""
-        own = {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
-        for name in self.optional_params:
-            if not own[name]:
-                del own[name]
-        return own
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, object]) -> Fa3Config:
-        def num(key: str) -> int:
-            return int_value(data, key)
-
-        return cls(
-            d=num("d"),
-            dtype=str(data["dtype"]),  # type: ignore[arg-type]
-            causal=bool(data["causal"]),
-            block_m=num("block_m"),
-            block_n=num("block_n"),
-            stages=num("stages"),
-            pv_regs=bool(data["pv_regs"]),
-            overlap=bool(data["overlap"]),
-            pingpong=bool(data["pingpong"]),
-            consumer_regs=num("consumer_regs"),
-            varlen=bool(data.get("varlen", False)),
-            longest_first=bool(data.get("longest_first", False)),
-        )
-
-    @classmethod
-    def from_name(cls, name: str) -> Fa3Config:
-        """Parse a name produced by :attr:`name`.
-
-        Raises:
-            ValueError: when ``name`` is not an fa3 config name.
-        """
-        m = _NAME_RE.match(name)
-        if m is None:
-            raise ValueError(
-                f"not a kernel config name: {name!r} "
-                "(expected e.g. fa3_d128_fp16_full_m128_n128_s2_rs_ov_pp_r240)"
-            )
-        return cls(
-            d=int(m["d"]),
-            dtype=m["dtype"],  # type: ignore[arg-type]
-            causal=m["causal"] == "causal",
-            block_m=int(m["block_m"]),
-            block_n=int(m["block_n"]),
-            stages=int(m["stages"]),
-            pv_regs=m["pv"] == "rs",
-            overlap=m["ov"] is not None,
-            pingpong=m["pp"] is not None,
-            consumer_regs=int(m["regs"]),
-            varlen=m["vl"] is not None,
-            longest_first=m["lf"] is not None,
-        )

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
-from core.config import Dtype, Fa2Config
+from core.config import Dtype
+from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.splitkv_config import SplitKvConfig
+
+T = TypeVar("T")
 
 
 class FamilyConfig(Protocol):
@@ -65,8 +68,45 @@ CONFIG_TYPES: dict[str, type[AnyConfig]] = {
 FAMILIES: tuple[str, ...] = tuple(CONFIG_TYPES)
 
 
+def register_config_type(cls: type[Any]) -> None:
+    """Add a family's config type (its ``family`` is the name and the names' prefix).
+
+    :func:`codegen.families.register` calls it with the rest of the family; the db, the
+    service and dumps then read the family's configs like the built-in ones.
+
+    Raises:
+        ValueError: a family of that name is already registered.
+    """
+    global FAMILIES
+    name = str(cls.family)
+    if name in CONFIG_TYPES:
+        raise ValueError(f"kernel family {name!r} is already registered")
+    CONFIG_TYPES[name] = cls
+    FAMILIES = tuple(CONFIG_TYPES)
+
+
+def unregister_config_type(name: str) -> None:
+    """Remove a family added by :func:`register_config_type` (tests that add a toy one)."""
+    global FAMILIES
+    CONFIG_TYPES.pop(name, None)
+    FAMILIES = tuple(CONFIG_TYPES)
+
+
 class UnknownFamilyError(ValueError):
     """A family name, or a config name whose prefix names no family."""
+
+
+def lookup(table: Mapping[str, T], family: str) -> T:
+    """``table[family]`` for a table keyed by family name (this map, codegen's registry).
+
+    Raises:
+        UnknownFamilyError: no such family.
+    """
+    try:
+        return table[family]
+    except KeyError:
+        known = ", ".join(table)
+        raise UnknownFamilyError(f"unknown kernel family {family!r} (known: {known})") from None
 
 
 def config_type(family: str) -> type[AnyConfig]:
@@ -75,11 +115,7 @@ def config_type(family: str) -> type[AnyConfig]:
     Raises:
         UnknownFamilyError: no such family.
     """
-    try:
-        return CONFIG_TYPES[family]
-    except KeyError:
-        known = ", ".join(CONFIG_TYPES)
-        raise UnknownFamilyError(f"unknown kernel family {family!r} (known: {known})") from None
+    return lookup(CONFIG_TYPES, family)
 
 
 def family_of_name(name: str) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from platformdirs import user_cache_dir, user_data_dir
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 APP_NAME = "fa2tune"
@@ -54,6 +54,16 @@ class Settings(BaseSettings):
         description="service: largest POST /v1/results body (a parsed body takes about 7x its "
         "size in memory); larger files go through `fa2tune ingest`",
     )
+
+    @field_validator("ingest_token")
+    @classmethod
+    def _no_blank_token(cls, value: str | None) -> str | None:
+        # A blank token (compose passes "" or " " for an unset variable) means "no token":
+        # writes stay refused rather than open to anyone who sends a blank bearer.
+        if value is None or not value.strip():
+            return None
+        return value
+
     nvcc: str = Field(default="nvcc", description="the nvcc executable")
     build_jobs: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="parallel nvcc jobs"

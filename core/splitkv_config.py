@@ -3,37 +3,31 @@
 Like the other families' configs, a :class:`SplitKvConfig` is frozen, its
 :attr:`~SplitKvConfig.name` carries every parameter (it is the extern "C" symbol and starts
 with the family, ``splitkv_``) and its :attr:`~SplitKvConfig.key` hashes the name. The space
-rules live in :mod:`codegen.splitkv_space`; the kernel is codegen/templates/splitkv_fwd.cuh
+rules live in :mod:`codegen.families.splitkv.space`; the kernel is codegen/templates/splitkv_fwd.cuh
 and docs/splitkv_kernel.md describes it.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass
 
-from core.config import ELEMENT_BYTES, Dtype, tile_head_dim
-from core.config_common import int_value, name_key
-
-_NAME_RE = re.compile(
-    r"^splitkv_d(?P<d>\d+)_(?P<dtype>fp16|bf16)_(?P<causal>causal|full)"
-    r"_r(?P<rows>\d+)_n(?P<block_n>\d+)_w(?P<warps>\d+)_s(?P<stages>\d+)_k(?P<splits>\d+)$"
-)
+from core.config import ELEMENT_BYTES, tile_head_dim
+from core.config_common import FamilyConfigBase, family_config, param
 
 #: Bytes of float32.
 _F32 = 4
 
 
+@family_config("splitkv", example="splitkv_d128_fp16_full_r16_n32_w4_s2_k16")
 @dataclass(frozen=True, order=True)
-class SplitKvConfig:
+class SplitKvConfig(FamilyConfigBase):
     """Compile-time parameters of one split-KV forward kernel.
+
+    After the common ``d``, ``dtype`` and ``causal`` (see ``FamilyConfigBase``):
 
     Attributes:
         d: head dimension of the tensors (any multiple of 8 up to 256); the kernel's tiles
             use :attr:`tile_d`, ``d`` rounded up to a multiple of 32.
-        dtype: element type of Q, K, V and O.
-        causal: bottom-right aligned causal mask.
         rows: packed query rows per block: the query heads of one GQA group times their
             query rows (16, 32 or 64).
         block_n: keys per warp tile.
@@ -43,30 +37,11 @@ class SplitKvConfig:
             are fewer key tiles); their partial results are merged by the last to finish.
     """
 
-    family: ClassVar[str] = "splitkv"
-
-    d: int
-    dtype: Dtype
-    causal: bool
-    rows: int = 16
-    block_n: int = 32
-    warps: int = 4
-    stages: int = 2
-    splits: int = 16
-
-    @property
-    def name(self) -> str:
-        """Readable identifier, also the kernel's extern "C" symbol."""
-        mask = "causal" if self.causal else "full"
-        return (
-            f"splitkv_d{self.d}_{self.dtype}_{mask}_r{self.rows}_n{self.block_n}"
-            f"_w{self.warps}_s{self.stages}_k{self.splits}"
-        )
-
-    @property
-    def key(self) -> str:
-        """Stable 16-hex-digit key derived from the name."""
-        return name_key(self.name)
+    rows: int = param("r{}", default=16, search="skv_rows")
+    block_n: int = param("n{}", default=32, search="skv_block_n")
+    warps: int = param("w{}", default=4, search="skv_warps")
+    stages: int = param("s{}", default=2, search="skv_stages")
+    splits: int = param("k{}", default=16, search="skv_splits")
 
     @property
     def threads(self) -> int:
@@ -119,51 +94,4 @@ class SplitKvConfig:
         return (
             f"{self.rows} packed rows, {self.warps} warps x {self.block_n} keys, "
             f"{self.stages} stages, up to {self.splits} splits"
-        )
-
-    def params(self) -> dict[str, Any]:
-        """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``."""
-        return {k: v for k, v in asdict(self).items() if k not in ("d", "dtype", "causal")}
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, object]) -> SplitKvConfig:
-        def num(key: str) -> int:
-            return int_value(data, key)
-
-        return cls(
-            d=num("d"),
-            dtype=str(data["dtype"]),  # type: ignore[arg-type]
-            causal=bool(data["causal"]),
-            rows=num("rows"),
-            block_n=num("block_n"),
-            warps=num("warps"),
-            stages=num("stages"),
-            splits=num("splits"),
-        )
-
-    @classmethod
-    def from_name(cls, name: str) -> SplitKvConfig:
-        """Parse a name produced by :attr:`name`.
-
-        Raises:
-            ValueError: when ``name`` is not a splitkv config name.
-        """
-        m = _NAME_RE.match(name)
-        if m is None:
-            raise ValueError(
-                f"not a kernel config name: {name!r} "
-                "(expected e.g. splitkv_d128_fp16_full_r16_n32_w4_s2_k16)"
-            )
-        return cls(
-            d=int(m["d"]),
-            dtype=m["dtype"],  # type: ignore[arg-type]
-            causal=m["causal"] == "causal",
-            rows=int(m["rows"]),
-            block_n=int(m["block_n"]),
-            warps=int(m["warps"]),
-            stages=int(m["stages"]),
-            splits=int(m["splits"]),
         )

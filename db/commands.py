@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from codegen import fa3_space
+from codegen.families import FAMILIES
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
 from core.settings import get_settings
 from core.shape import Shape
@@ -40,16 +40,20 @@ logger = logging.getLogger(__name__)
 MAX_N = 2**31 - 1  # the kernel's sequence lengths, batch and heads are int32 (FaParams)
 #: Lengths a table row lists before it shortens the list (the JSON output has them all).
 SHOWN_SEQLENS = 24
-# Every family's head dims (fa2: core.config.HEAD_DIMS, fa3: codegen.fa3_space.HEAD_DIMS,
-# a subset of fa2's).
-SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(sorted({*HEAD_DIMS, *fa3_space.HEAD_DIMS}))
+# Every family's head dims (each a subset of core.config.HEAD_DIMS).
+SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(
+    sorted({*HEAD_DIMS, *(d for f in FAMILIES.values() for d in f.head_dims)})
+)
+#: The families that take only some head dims, for the message of a wrong --d.
+_FAMILY_DIMS = "; ".join(
+    f"{f.name}: {f.head_dims_text}" for f in FAMILIES.values() if f.head_dims != HEAD_DIMS
+)
 
 
 def _check_d(d: int) -> int:
     if d not in SUPPORTED_HEAD_DIMS:
         raise typer.BadParameter(
-            f"{d} is not a supported head dim; use {HEAD_DIMS_RULE} "
-            f"(fa3: {', '.join(map(str, fa3_space.HEAD_DIMS))})",
+            f"{d} is not a supported head dim; use {HEAD_DIMS_RULE} ({_FAMILY_DIMS})",
             param_hint="--d",
         )
     return d

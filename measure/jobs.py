@@ -1,7 +1,7 @@
 """What crosses the worker pipe: one measurement job, its options, and a failed result.
 
 A job is a :class:`BenchJob` of typed, frozen, picklable values (a
-:class:`~core.config.Fa2Config`, a cubin path, a :class:`~core.problem.Problem` and
+:class:`~core.fa2_config.Fa2Config`, a cubin path, a :class:`~core.problem.Problem` and
 :class:`MeasureOptions`); the parent sends it to the child as it is and gets a
 :class:`~core.records.MeasureResult` back. The dict forms (:meth:`BenchJob.to_dict`,
 :meth:`BenchJob.from_dict`) are JSON views for logs and for callers that hold a job as data;

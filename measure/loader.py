@@ -5,7 +5,7 @@ health), module loading (:class:`LoadedKernel`) and launching (:class:`BoundLaun
 :meth:`LoadedKernel.bind_config`). Every kernel family's kernels take one by-value
 :class:`~measure.params.FaParams` first (the ABI of ``docs/architecture.md``, built from
 tensors by :func:`measure.params.make_params`), then whatever the family's ``host_prep``
-returns (the Hopper family: three ``CUtensorMap`` descriptors, :mod:`measure.tma`;
+returns (the Hopper family: three ``CUtensorMap`` descriptors, :mod:`codegen.families.fa3.host`;
 docs/fa3_kernel.md); grid and block are the family's (:mod:`measure.launch_args`) and the
 dynamic shared memory is the config's ``smem_bytes``, to which the kernel's limit is raised
 when it is loaded. A packed variable-length launch is the same path in its packed mode
@@ -26,10 +26,15 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codegen.cuda_driver import STICKY_ERRORS as STICKY_ERRORS
+from codegen.cuda_driver import CudaError as CudaError
+from codegen.cuda_driver import call as call
+from codegen.cuda_driver import check as check
+from codegen.cuda_driver import driver as driver
+from codegen.cuda_driver import error_name as _error_name
 from core.family import AnyConfig
 from measure.launch_args import (
     HostPrep,
@@ -45,98 +50,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-
-#: Errors after which the CUDA context is unusable: the process must go.
-STICKY_ERRORS = frozenset(
-    {
-        "CUDA_ERROR_ILLEGAL_ADDRESS",
-        "CUDA_ERROR_LAUNCH_FAILED",
-        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-        "CUDA_ERROR_MISALIGNED_ADDRESS",
-        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
-        "CUDA_ERROR_INVALID_PC",
-        "CUDA_ERROR_HARDWARE_STACK_ERROR",
-        "CUDA_ERROR_ASSERT",
-        "CUDA_ERROR_LAUNCH_TIMEOUT",
-        "CUDA_ERROR_ECC_UNCORRECTABLE",
-        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-        "CUDA_ERROR_TENSOR_MEMORY_LEAK",
-    }
-)
-
-
-class CudaError(RuntimeError):
-    """A CUDA driver call returned an error.
-
-    Attributes:
-        call: the driver function, e.g. ``"cuLaunchKernel"``.
-        code: the numeric ``CUresult``.
-        name: its name, e.g. ``"CUDA_ERROR_ILLEGAL_ADDRESS"``.
-    """
-
-    def __init__(self, call: str, code: int, name: str, detail: str = "") -> None:
-        self.call = call
-        self.code = code
-        self.name = name
-        msg = f"{call} failed: {name} ({code})"
-        super().__init__(f"{msg}: {detail}" if detail else msg)
-
-    @property
-    def sticky(self) -> bool:
-        """True when the error leaves the context unusable (trap, illegal address, ...)."""
-        return self.name in STICKY_ERRORS
-
-
-@cache
-def driver() -> Any:
-    """The ``cuda.bindings.driver`` module (``cuda.cuda`` for older cuda-python).
-
-    Raises:
-        ImportError: when cuda-python is not installed.
-    """
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        try:
-            from cuda import cuda as cu  # cuda-python < 12.6 layout
-        except ImportError as exc:
-            raise ImportError(
-                "cuda-bindings is required for kernel loading (pip install 'fa2tune[gpu]')"
-            ) from exc
-    return cu
-
-
-def _error_name(cu: Any, err: Any) -> str:
-    try:
-        res, name = cu.cuGetErrorName(err)
-        if int(res) == 0 and name:
-            return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # naming the error must never hide it
-        pass
-    return getattr(err, "name", str(err))
-
-
-def check(call: str, result: tuple[Any, ...]) -> Any:
-    """Unwrap a cuda-python result tuple ``(CUresult, *values)``.
-
-    Returns:
-        ``None`` for no values, the value for one, the tuple of values otherwise.
-
-    Raises:
-        CudaError: when the ``CUresult`` is not ``CUDA_SUCCESS``.
-    """
-    err, *values = result
-    if int(err) != 0:
-        cu = driver()
-        raise CudaError(call, int(err), _error_name(cu, err))
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def call(name: str, *args: Any) -> Any:
-    """Call driver function ``name`` and check its result (see :func:`check`)."""
-    return check(name, getattr(driver(), name)(*args))
 
 
 def ensure_context(device: int) -> None:

@@ -23,7 +23,7 @@ from core.config import HEAD_DIMS
 from core.shape import ShapeError
 from core.shape_request import resolve_shape
 from service.index import IndexHolder, NotTunedError
-from service.params import MAX_GPU_NAME, MAX_N
+from service.params import CONTROL_CHARS, MAX_GPU_NAME, MAX_N
 
 PATH = "/v1/best"
 _HEAD_DIMS = frozenset(HEAD_DIMS)
@@ -70,6 +70,8 @@ class BestFastPath:
             key, _, value = part.partition("=")
             if "%" in part or "+" in part:
                 key, value = unquote_plus(key), unquote_plus(value)
+                if CONTROL_CHARS.search(key) or CONTROL_CHARS.search(value):
+                    return None  # a NUL or other control character: the route refuses it
             if key in params:
                 return None  # repeated parameter: let the route apply its rules
             params[key] = value

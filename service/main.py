@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
-from fastapi import FastAPI, Request, status
+from fastapi import Depends, FastAPI, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, RedirectResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -32,6 +32,7 @@ from db.store import Store
 from service.deps import SlowEndpoints
 from service.fastpath import BestFastPath
 from service.index import IndexHolder
+from service.params import strict_query
 from service.routers import best, export, gpus, health, results
 from service.schemas import ErrorOut, ValidationErrorOut
 
@@ -146,6 +147,10 @@ def create_app(
         version=__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        dependencies=[Depends(strict_query)],
+        # "/v1/results/" is a 404, not a redirect whose Location is built from the client's
+        # Host header.
+        redirect_slashes=False,
     )
     app.state.store = store
     app.state.index = holder
@@ -154,7 +159,9 @@ def create_app(
         app.include_router(module.router)
     app.fast_path_holder = holder if fast_path else None
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    app.add_exception_handler(OperationalError, _database_error)
+    # Every database error (locked, gone, truncated: "file is not a database") is a JSON 503
+    # without a traceback, not only the OperationalError family.
+    app.add_exception_handler(SQLAlchemyError, _database_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
 
     @app.get("/", include_in_schema=False)
@@ -237,6 +244,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
         content={"detail": "database unavailable; try again later"},
+        headers={"Retry-After": "5"},
     )
 
 

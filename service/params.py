@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+import typing
+from typing import Annotated, Any, Literal
 
-from fastapi import Query
-from pydantic import AfterValidator
+from fastapi import Query, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import AfterValidator, BeforeValidator
 
 from core.config import HEAD_DIMS, HEAD_DIMS_RULE
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
@@ -19,6 +22,38 @@ MAX_N = 2**31 - 1  # FaParams.nq is an int32
 #: (Python's has U+001C..U+001F, ECMA-262's and Rust's do not). Unanchored: JSON Schema's
 #: ``pattern`` matches anywhere, so this says "has a non-blank character".
 NOT_BLANK_PATTERN = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
+
+#: The only integer spelling a query takes: ASCII digits (pydantic's lax mode also reads
+#: "4_096", "+4096", " 4096" and "4096.0", and one value must not have several spellings
+#: that answer alike: a cache key or a log line would tell them apart).
+_PLAIN_INT = re.compile(r"[0-9]{1,19}")
+#: The boolean spellings a query takes (any letter case for true/false); pydantic's lax mode
+#: also reads "yes", "on", "t", "y".
+_PLAIN_BOOLS = {"true": True, "false": False, "1": True, "0": False}
+#: C0 controls and DEL: no query value or name has a use for them, and a NUL would otherwise
+#: pass through to name matching that ignores punctuation ("H200%00" matched H200).
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _plain_int(value: object) -> object:
+    if isinstance(value, str) and not _PLAIN_INT.fullmatch(value):
+        raise ValueError("must be a plain decimal integer (digits 0-9 only)")
+    return value
+
+
+def _plain_bool(value: object) -> object:
+    if isinstance(value, str):
+        parsed = _PLAIN_BOOLS.get(value.lower())
+        if parsed is None:
+            raise ValueError("must be true or false (or 1 or 0)")
+        return parsed
+    return value
+
+
+#: Before-validators for integer and boolean query parameters (see :data:`_PLAIN_INT`).
+PlainInt = BeforeValidator(_plain_int)
+PlainBool = BeforeValidator(_plain_bool)
 
 
 def _gpu_name(value: str) -> str:
@@ -53,10 +88,13 @@ HeadDimQuery = Annotated[
     Query(
         description=f"head dimension, {HEAD_DIMS_RULE}", json_schema_extra={"enum": list(HEAD_DIMS)}
     ),
+    PlainInt,
     AfterValidator(_head_dim),
 ]
 SeqLenQuery = Annotated[
-    int, Query(ge=1, le=MAX_N, description="sequence length (queries = keys)", examples=[4096])
+    int,
+    Query(ge=1, le=MAX_N, description="sequence length (queries = keys)", examples=[4096]),
+    PlainInt,
 ]
 #: The rule OpenAPI cannot state per parameter: /v1/best needs ``n`` or ``nq`` (or both, equal).
 N_OR_NQ = "one of n and nq is required (both: equal); a request with neither is a 422"
@@ -69,6 +107,7 @@ OptionalSeqLenQuery = Annotated[
         f"parameter, the query length (as nq); {N_OR_NQ}",
         examples=[4096],
     ),
+    PlainInt,
 ]
 
 
@@ -79,19 +118,22 @@ def _dim_query(description: str) -> object:
 NqQuery = Annotated[
     int | None,
     _dim_query(f"query length of the shape asked for (default: n); {N_OR_NQ}"),
+    PlainInt,
 ]
-NkQuery = Annotated[int | None, _dim_query("key length of the shape (default: nq)")]
+NkQuery = Annotated[int | None, _dim_query("key length of the shape (default: nq)"), PlainInt]
 BatchQuery = Annotated[
-    int | None, _dim_query(f"batch size of the shape (default: {DEFAULT_BATCH})")
+    int | None, _dim_query(f"batch size of the shape (default: {DEFAULT_BATCH})"), PlainInt
 ]
 HeadsQuery = Annotated[
-    int | None, _dim_query(f"query heads of the shape (default: {DEFAULT_HEADS})")
+    int | None, _dim_query(f"query heads of the shape (default: {DEFAULT_HEADS})"), PlainInt
 ]
 KvHeadsQuery = Annotated[
-    int | None, _dim_query("key/value heads of the shape, a divisor of heads (default: heads)")
+    int | None,
+    _dim_query("key/value heads of the shape, a divisor of heads (default: heads)"),
+    PlainInt,
 ]
 DtypeQuery = Annotated[Literal["fp16", "bf16"], Query(description="element type")]
-CausalQuery = Annotated[bool, Query(description="causal (bottom-right aligned) mask")]
+CausalQuery = Annotated[bool, Query(description="causal (bottom-right aligned) mask"), PlainBool]
 
 
 def parse_head_dims(values: list[str] | None) -> list[int] | None:
@@ -107,9 +149,48 @@ def parse_head_dims(values: list[str] | None) -> list[int] | None:
         item = item.strip()
         if not item:
             continue
-        try:
-            d = int(item)
-        except ValueError:
-            raise ValueError(f"not an integer: {item!r}") from None
-        out.append(_head_dim(d))
+        if not _PLAIN_INT.fullmatch(item):
+            raise ValueError(f"not a plain decimal integer: {item!r}")
+        out.append(_head_dim(int(item)))
     return sorted(set(out)) or None
+
+
+def _repeatable(annotation: Any) -> bool:
+    """Whether a query parameter's type takes several values (``list[...]``, maybe optional)."""
+    candidates = (annotation, *typing.get_args(annotation))
+    return any(typing.get_origin(arg) is list for arg in candidates)
+
+
+def strict_query(request: Request) -> None:
+    """An app-wide dependency: refuse (422) a scalar query parameter given more than once
+    (Starlette would silently take the last: ``gpu=H200&gpu=H100`` answered for H100) and
+    any query name or value holding a control character (a NUL included).
+
+    Parameters declared as lists (``/v1/export/header``'s ``d`` and ``dtype``) may repeat.
+
+    Raises:
+        RequestValidationError: the first offending parameters, in the 422 format of every
+            other invalid input.
+    """
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    declared = getattr(dependant, "query_params", None) or []
+    repeatable = {f.alias for f in declared if _repeatable(f.field_info.annotation)}
+    seen: dict[str, int] = {}
+    errors: list[dict[str, Any]] = []
+    for key, value in request.query_params.multi_items():
+        if CONTROL_CHARS.search(key) or CONTROL_CHARS.search(value):
+            errors.append({
+                "type": "value_error", "loc": ("query", key), "input": value,
+                "msg": "must not contain control characters (such as NUL)",
+            })  # fmt: skip
+        seen[key] = seen.get(key, 0) + 1
+    for key, count in seen.items():
+        if count > 1 and key not in repeatable:
+            errors.append({
+                "type": "value_error", "loc": ("query", key),
+                "input": request.query_params.getlist(key),
+                "msg": f"given {count} times; give it once",
+            })  # fmt: skip
+    if errors:
+        raise RequestValidationError(errors)

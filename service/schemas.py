@@ -64,7 +64,7 @@ class ConfigOut(_Out):
     @classmethod
     def of(cls, c: AnyConfig) -> ConfigOut:
         params = c.params()
-        flat = params if c.family == "fa2" else {}
+        flat = params if c.spec.flat_params else {}  # the first family's, from before families
         return cls(
             name=c.name, key=c.key, family=c.family, d=c.d, dtype=c.dtype, causal=c.causal,
             params=params, threads=c.threads, smem_bytes=c.smem_bytes, **flat,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import Dtype, Fa2Config
+from core.config import Dtype
+from core.fa2_config import Fa2Config
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus

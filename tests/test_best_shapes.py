@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo
 from core.shape import Shape, effective_causal, shape_distance

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from codegen import families as families_mod
 from codegen.build import BuildBatch, build_batch
-from codegen.render import TEMPLATE_HEADER, render_instantiation, template_dir
-from codegen.space import is_valid
+from codegen.families import fa2 as families_mod
+from codegen.families.fa2 import render_instantiation
+from codegen.families.fa2.space import is_valid
+from codegen.render import TEMPLATE_HEADER, template_dir
 from core.build_report import BuildStatus
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.settings import get_settings
 
 NVCC = get_settings().nvcc

@@ -15,7 +15,6 @@ import pytest
 from typer.testing import Result
 
 from codegen import build as build_mod
-from codegen import families as families_mod
 from codegen.build import (
     NvccNotFoundError,
     build_batch,
@@ -23,10 +22,12 @@ from codegen.build import (
     nvcc_version,
     report_to_dict,
 )
+from codegen.families import fa2 as families_mod
+from codegen.families.fa2 import render_instantiation
 from codegen.ninja import NinjaEntry
-from codegen.render import TemplateMissingError, render_instantiation
+from codegen.render import TemplateMissingError
 from core.build_report import BuildStatus
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 
 FAKE_NVCC = r'''#!{python}
 """A stand-in for nvcc that prints ptxas -v style output."""
@@ -115,7 +116,7 @@ def mark(monkeypatch: pytest.MonkeyPatch, markers: dict[Fa2Config, str]) -> None
         text = render_instantiation(config)
         return text + f"// {markers[config]}\n" if config in markers else text
 
-    # The fa2 family renders through codegen.families' reference to render_instantiation.
+    # The fa2 family renders through its module's reference to render_instantiation.
     monkeypatch.setattr(families_mod, "render_instantiation", patched)
 
 
@@ -270,7 +271,7 @@ def cli(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], Re
     from typer.testing import CliRunner
 
     from codegen import commands
-    from fa2tune import settings
+    from core import settings
 
     monkeypatch.setattr(
         settings, "_overrides", {"nvcc": str(fake.nvcc), "cache_dir": fake.cache, "build_jobs": 2}
@@ -290,7 +291,7 @@ def cli(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], Re
 def test_cli_build_limit_table_and_summary(
     cli: Callable[[list[str]], Result], fake: Fake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from codegen.space import enumerate_space
+    from codegen.families.fa2.space import enumerate_space
 
     space = enumerate_space(64)
     mark(monkeypatch, {space[1]: "FAIL", space[2]: "SPILL"})

@@ -22,9 +22,9 @@ from test_replay_synthetic import (
     tiny_space,
 )
 
-from codegen.space import seed_configs
+from codegen.families.fa2.space import seed_configs
 from core.build_report import BuildReport
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult
 from db.models import Build, Measurement
@@ -33,7 +33,8 @@ from db.store import Store
 from tuner import search
 from tuner.build_ahead import BuildAhead
 from tuner.campaign import CampaignOptions, run_campaign
-from tuner.replay import ReplayMeasure, ReplayTable, run_replay_campaign
+from tuner.replay import ReplayMeasure, run_replay_campaign
+from tuner.replay_table import ReplayTable
 from tuner.summary import CampaignSummary, TrialEvent
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -427,8 +428,8 @@ def test_real_builds_and_worker_process(tmp_path: Path) -> None:
 def test_default_space_follows_the_gpus_shared_memory() -> None:
     from dataclasses import replace
 
-    from codegen import fa3_space
-    from codegen.space import enumerate_space, fa2_default_config
+    from codegen.families.fa2.space import enumerate_space, fa2_default_config
+    from codegen.families.fa3 import space as fa3_space
     from tuner.campaign import _defaults
 
     (problem,) = problems_for([1024])
@@ -464,7 +465,7 @@ def test_default_space_skips_families_without_the_head_dim(
     the space and the seeds with one log line for the head dim, not an error."""
     import logging
 
-    from codegen.space import enumerate_space, fa2_default_config
+    from codegen.families.fa2.space import enumerate_space, fa2_default_config
     from tuner.campaign import _defaults
 
     problems = [*problems_for([1024, 4096], d=40), *problems_for([1024], d=64)]

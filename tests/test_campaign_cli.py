@@ -23,24 +23,19 @@ from typer.testing import CliRunner
 from core.config import DTYPES
 from core.problem import Problem
 from core.shape import Shape
-from tuner import tune_cli
+from tuner import campaign_run
 from tuner.campaign import CampaignOptions
-from tuner.replay import ReplayEntry, ReplayTable
-from tuner.summary import CampaignSummary, TimeSplit
-from tuner.tune_cli import (
-    DEFAULT_TRIALS,
+from tuner.campaign_plan import (
     ShapeOptions,
     campaign_targets,
     make_problems,
-    parse_bool_list,
-    parse_choice_list,
-    parse_duration,
-    parse_int_list,
     parse_shapes,
     replay_filter,
-    resolve_budget,
-    tune,
 )
+from tuner.cli_values import parse_bool_list, parse_choice_list, parse_duration, parse_int_list
+from tuner.replay_table import ReplayEntry, ReplayTable
+from tuner.summary import CampaignSummary, TimeSplit
+from tuner.tune_cli import DEFAULT_TRIALS, resolve_budget, tune
 from tuner.workload import Target
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
@@ -216,7 +211,7 @@ def test_cli_without_a_gpu_worker_exits_1(
 ) -> None:
     import importlib.util
 
-    from fa2tune import settings
+    from core import settings
 
     if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed: a worker may start here")
@@ -268,11 +263,11 @@ def test_cli_both_dtypes_and_masks_reach_the_gpu_campaign(
         seen.update(
             dtypes=_unique(t.dtype for t in targets),
             causals=_unique(t.causal for t in targets),
-            problems=len(tune_cli.make_problems(GPU.name, targets)),
+            problems=len(make_problems(GPU.name, targets)),
         )
         return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
 
-    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    monkeypatch.setattr(campaign_run, "tune_gpu", fake_tune_gpu)
     args = ["tune", "--d", "64", "--n", "512", "--dtype", "both", "--causal", "both"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -366,10 +361,10 @@ def tuned(monkeypatch: pytest.MonkeyPatch) -> list[Problem]:
     def fake_tune_gpu(
         targets: list[Target], options: CampaignOptions, *rest: object
     ) -> CampaignSummary:
-        problems[:] = tune_cli.make_problems(GPU.name, targets)
+        problems[:] = make_problems(GPU.name, targets)
         return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
 
-    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    monkeypatch.setattr(campaign_run, "tune_gpu", fake_tune_gpu)
     return problems
 
 
@@ -538,7 +533,7 @@ def test_family_and_timing_target_reach_the_gpu_campaign(
         seen.update(families=options.families, target_ms=rest[3] if len(rest) > 3 else None)
         return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
 
-    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    monkeypatch.setattr(campaign_run, "tune_gpu", fake_tune_gpu)
     ok = CliRunner().invoke(app, ["tune", "--family", "splitkv,fa2", "--target-ms", "30"])
     assert ok.exit_code == 0, ok.output
     assert seen == {"families": ("fa2", "splitkv"), "target_ms": 30.0}
@@ -563,7 +558,7 @@ def test_a_head_dim_only_some_families_have(
         seen.append((sorted({t.d for t in targets}), options.families))
         return CampaignSummary(problems=[], times=TimeSplit(), sampler=options.sampler)
 
-    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    monkeypatch.setattr(campaign_run, "tune_gpu", fake_tune_gpu)
     for args in (["--d", "40,64"], ["--d", "40", "--family", "fa2,fa3"]):
         result = CliRunner().invoke(app, ["tune", *args, "--n", "1024"])
         assert result.exit_code == 0, result.output
@@ -590,8 +585,90 @@ def test_a_worker_that_cannot_start_is_one_line_naming_what_to_install() -> None
         'worker setup failed:\nTraceback (most recent call last):\n  File "x.py", line 1\n'
         "ModuleNotFoundError: No module named 'torch'\n"
     )
-    assert tune_cli.worker_error(child) == (
+    assert campaign_run.worker_error(child) == (
         "worker setup failed: ModuleNotFoundError: No module named 'torch' "
         "(install the GPU extra: pip install 'fa2tune[gpu]')"
     )
-    assert tune_cli.worker_error(WorkerStartError("no CUDA device")) == "no CUDA device"
+    assert campaign_run.worker_error(WorkerStartError("no CUDA device")) == "no CUDA device"
+
+
+def _two_family_table() -> ReplayTable:
+    """One problem whose recorded configs are fa2's and fa3's (as a table exported from the
+    shipped two-family results is), the fastest an fa3 config."""
+    from codegen.families import FAMILIES
+
+    (problem,) = problems_for([512], d=128)
+    fa2 = tiny_space(128)[:6]
+    fa3 = list(FAMILIES["fa3"].seeds(128, "fp16", False))[:3]
+    entries = {c.name: synthetic_entry(c, problem.n) for c in fa2}
+    entries.update(
+        {c.name: ReplayEntry(status="OK", median_ms=0.001 * (i + 1)) for i, c in enumerate(fa3)}
+    )
+    return ReplayTable(
+        studies={problem.study_name: entries}, problems={problem.study_name: problem}, gpu=GPU
+    )
+
+
+def test_cli_replay_of_a_two_family_table(app: typer.Typer, tmp_path: Path) -> None:
+    # Configs of different families do not compare: ordering the table's configs by them
+    # crashed ("'<' not supported between instances of 'Fa3Config' and 'Fa2Config'").
+    table = _two_family_table()
+    (study,) = table.studies
+    configs = table.configs(study)
+    assert sorted(c.name for c in configs) == sorted(table.studies[study])
+    families = [c.family for c in configs]
+    assert families == sorted(families) and set(families) == {"fa2", "fa3"}
+    path, out = tmp_path / "table.json", tmp_path / "summary.json"
+    save_replay_table(table, path)
+    args = ["tune", "--replay", str(path), "--sampler", "grid", "--summary-json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(out.read_text())["problems"]
+    assert summary["best_config"].startswith("fa3_"), summary
+
+
+class _FakeWorker:
+    """Stands in for measure.worker.BenchWorker: fails to start, or runs on ``gpu``."""
+
+    gpu: object = None
+    start_error: str | None = None
+
+    def __init__(self, **kwargs: object) -> None:
+        self.gpu_info = self.gpu
+
+    def __enter__(self) -> _FakeWorker:
+        from measure.worker import WorkerStartError
+
+        if self.start_error is not None:
+            raise WorkerStartError(self.start_error)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_cli_gpu_worker_failures(
+    app: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without torch exit 1 naming the GPU extra, whether torch is installed or not; a GPU of
+    an unsupported architecture is a usage error of --arch (exit 2)."""
+    import measure.worker
+    from core import settings
+
+    monkeypatch.setitem(settings._overrides, "db_url", f"sqlite:///{tmp_path / 'r.db'}")
+    monkeypatch.setattr(measure.worker, "BenchWorker", _FakeWorker)
+    args = ["tune", "--d", "64", "--n", "512", "--causal", "no"]
+    monkeypatch.setattr(
+        _FakeWorker, "start_error", "worker failed:\nTraceback\nNo module named 'torch'"
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "fa2tune tune: no GPU worker on device 0: worker failed: No module named" in (
+        result.output
+    )
+    assert "pip install 'fa2tune[gpu]'" in result.output
+    monkeypatch.setattr(_FakeWorker, "start_error", None)
+    monkeypatch.setattr(_FakeWorker, "gpu", replace(GPU, compute_capability="7.0"))
+    old = CliRunner().invoke(app, args)
+    assert old.exit_code == 2, old.output
+    assert "the GPU's sm_70 is not supported; pass --arch" in old.output

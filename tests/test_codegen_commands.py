@@ -8,8 +8,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from codegen import commands, fa3_space
-from codegen.space import enumerate_space
+from codegen import commands
+from codegen.families.fa2.space import enumerate_space
+from codegen.families.fa3 import space as fa3_space
 
 app = typer.Typer()
 app.command("space")(commands.space)

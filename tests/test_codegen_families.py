@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from codegen.families import FA2, FA3, FAMILIES, SPLITKV, families_for, family, family_of
-from codegen.space import fa2_default_config
-from core.config import Fa2Config
+from codegen.families.fa2.space import fa2_default_config
+from core.fa2_config import Fa2Config
 from core.family import (
     UnknownFamilyError,
     config_from_name,

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from codegen import render
+from codegen.families.fa2 import render_instantiation
 from codegen.render import (
     TemplateMissingError,
-    render_instantiation,
     template_dir,
     template_files,
     template_hash,
     write_if_changed,
 )
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 
 
 def test_render_fp16_full() -> None:

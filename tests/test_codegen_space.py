@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.space import (
-    ARCH_SMEM_LIMIT,
+from codegen.families.fa2.space import (
     FA2_TILES,
     MAX_EST_REGISTERS,
     VALID_BC,
@@ -21,7 +20,9 @@ from codegen.space import (
     is_valid,
     seed_configs,
 )
-from core.config import HEAD_DIMS, Fa2Config, tile_head_dim
+from codegen.targets import ARCH_SMEM_LIMIT
+from core.config import HEAD_DIMS, tile_head_dim
+from core.fa2_config import Fa2Config
 
 
 def cfg(

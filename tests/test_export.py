@@ -20,8 +20,9 @@ from codegen.export import (
     inline_template,
     render_header,
 )
-from codegen.space import fa2_default_config
-from core.config import COMMON_HEAD_DIMS, DTYPES, Fa2Config
+from codegen.families.fa2.space import fa2_default_config
+from core.config import COMMON_HEAD_DIMS, DTYPES
+from core.fa2_config import Fa2Config
 from core.gpu_name import normalize_gpu_name as normalise_device_name
 from core.problem import Problem
 from core.shape import Shape, nearest_shape

@@ -19,7 +19,7 @@ import pytest
 
 from codegen.cpp_text import c_string as _c_string
 from codegen.export import TunedPoint, render_header
-from codegen.space import fa2_default_config
+from codegen.families.fa2.space import fa2_default_config
 from core.gpu_name import normalize_gpu_name
 
 WHEN = datetime(2026, 11, 30, tzinfo=UTC)

@@ -5,7 +5,7 @@ instantiations, the provenance, and the fa3 parts inlined only when an fa3 confi
 header. ``compile``: examples/fa2_example.cu against a two-family header for sm_90a and for
 sm_80 + sm_90a, and a host-only probe built for sm_80 alone (the fa3 kernels are stubs there):
 the dispatch never takes an fa3 config it cannot run, and the launcher's TMA views agree with
-the GPU stage's (measure/tma.py).
+the GPU stage's (codegen/families/fa3/host.py).
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from factories import H200, failed_result, make_config, make_report, ok_result
 from test_service_data import make_store
 
 from codegen.families import FA2, FA3
+from codegen.families.fa2.space import fa2_default_config
+from codegen.families.fa3.host import dims_and_strides
 from codegen.render import template_hash
-from codegen.space import fa2_default_config
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureStatus
 from db.store import Store
-from measure.tma import dims_and_strides
 from service.header import export_header
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -315,7 +315,7 @@ def view_line(case: Case) -> tuple[str, str]:
 def test_sm80_only_build_never_dispatches_to_fa3(header: str, tmp_path: Path) -> None:
     """Built for sm_80 alone (fa3 kernels are stubs), in two translation units: fa3 choices are
     passed over for the nearest fa2 one (the default off the tuned GPU); TMA views agree with
-    measure/tma.py's."""
+    codegen/families/fa3/host.py's."""
     (tmp_path / "fa2_tuned.cuh").write_text(header)
     (tmp_path / "probe.cu").write_text(PROBE.replace("FA3_FULL_NAME", FA3_FULL.name))
     (tmp_path / "other.cu").write_text('#include "fa2_tuned.cuh"\n')

@@ -23,7 +23,7 @@ from factories import H200, make_config, make_report, ok_result
 from test_service_data import make_store
 
 from codegen.export import TEMPLATE_DIR, TunedPoint, render_header
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.shape import Shape, nearest_shape, shape_distance
 from db.store import Store

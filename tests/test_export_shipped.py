@@ -19,8 +19,9 @@ import pytest
 from test_service_data import make_store
 
 from codegen.build import source_hash
-from codegen.render import render_instantiation, template_hash
-from core.config import Fa2Config
+from codegen.families.fa2 import render_instantiation
+from codegen.render import template_hash
+from core.fa2_config import Fa2Config
 from core.shape import Shape, nearest_shape
 from db.dump_format import ConfigRecord
 from db.shipped import load_shipped_results

@@ -10,8 +10,8 @@ and for sm_80 + sm_90a checks fa2tune_nearest_tuned_varlen and fa_shape.cuh's va
 against the store's rule (core.shape.varlen_shape, Store.best_varlen), the default twin off
 the tuned GPU, and the refusals; a header with fa3 varlen winners builds for sm_90a,
 sm_80 + sm_90a and plain sm_90 (fa3 kernels are stubs there, and its probe checks that no fa3
-entry is ever accepted), its fa3 launcher's TMA views agree with measure/tma.py's and it
-refuses a missing total_k.
+entry is ever accepted), its fa3 launcher's TMA views agree with
+codegen/families/fa3/host.py's and it refuses a missing total_k.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from test_service_data import make_store
 from codegen.dispatch_table import header_varlen_families, varlen_twin
 from codegen.export import TunedPoint, render_header
 from codegen.families import FA2, FA3, HeaderPart
-from codegen.space import fa2_default_config
-from core.config import Fa2Config
+from codegen.families.fa2.space import fa2_default_config
+from codegen.families.fa3.host import dims_and_strides
+from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from core.shape import Shape, nearest_shape, varlen_shape
 from db.shipped import load_shipped_results
 from db.store import Store
-from measure.tma import dims_and_strides
 from service.header import export_header
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -530,8 +530,8 @@ PACKED_VIEWS: list[tuple[int, int, int, int, int]] = [
 
 
 def packed_view_line(case: tuple[int, int, int, int, int]) -> tuple[str, str]:
-    """The probe's stdin line and the view measure/tma.py's fa3_varlen_tensor_maps encodes
-    (the packed tensor as [1, total, heads, D]), or the refusal."""
+    """The probe's stdin line and the view codegen/families/fa3/host.py's
+    fa3_varlen_tensor_maps encodes (the packed tensor as [1, total, heads, D]), or the refusal."""
     d, total, h, row, head = case
     line = f"{d} {total} {h} {row} {head}"
     if any(size > 1 and (s <= 0 or 2 * s >= 1 << 40) for size, s in ((total, row), (h, head))):

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from codegen import fa3_space
 from codegen.build import build_configs, nvcc_flags
-from codegen.fa3_space import ARCH, invalid_reasons
 from codegen.families import family
+from codegen.families.fa3 import space as fa3_space
+from codegen.families.fa3.space import ARCH, invalid_reasons
 from codegen.ninja import LOG_SUFFIX
 from codegen.render import template_dir
 from core.build_report import BuildStatus

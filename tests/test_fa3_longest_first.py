@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from codegen import fa3_space
 from codegen.build import build_configs
 from codegen.families import family
+from codegen.families.fa3 import space as fa3_space
 from core.build_report import BuildStatus
 from core.fa3_config import Fa3Config
 from core.settings import get_settings

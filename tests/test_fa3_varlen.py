@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import pytest
 
-from codegen import fa3_space
 from codegen.families import FA3, family
+from codegen.families.fa3 import space as fa3_space
 from codegen.render import template_dir
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.family import config_from_name, config_from_params
 from core.problem import Problem
@@ -115,7 +115,7 @@ def _varlen_problem(d: int = 128, causal: bool = False) -> Problem:
 
 
 def test_campaign_varlen_problem_searches_fa2_and_fa3_twins_on_sm90() -> None:
-    from codegen.space import enumerate_space, seed_configs
+    from codegen.families.fa2.space import enumerate_space, seed_configs
     from tuner.campaign import _defaults
 
     space_fn, seeds_fn, _ = _defaults("sm_90", H200, None, None, None)
@@ -154,10 +154,11 @@ def test_campaign_varlen_problem_is_fa2_only_where_fa3_does_not_run() -> None:
 
 
 def test_split_kv_stays_off_varlen_problems() -> None:
-    from tuner.campaign import VARLEN_FAMILIES, _as_varlen
+    from codegen.families import FAMILIES
+    from tuner.campaign import _as_varlen
 
-    assert {"fa2", "fa3"} == VARLEN_FAMILIES
-    from codegen import splitkv_space
+    assert {"fa2", "fa3"} == {f.name for f in FAMILIES.values() if f.varlen}
+    from codegen.families.splitkv import space as splitkv_space
 
     skv = splitkv_space.seed_configs(128, "fp16", False)
     assert _as_varlen([*skv, DENSE]) == [VARLEN]

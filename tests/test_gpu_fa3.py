@@ -2,8 +2,8 @@
 
 Every config is built by :func:`codegen.build.build_configs` (for an sm_90 GPU; the registry
 compiles the family for sm_90a) and launched by :mod:`measure.loader` with the family's
-``host_prep`` (the TMA descriptors of :mod:`measure.tma`), against the float32 reference of
-:mod:`measure.reference` with :func:`measure.verify.check_output`'s bound (at most 2x
+``host_prep`` (the TMA descriptors of :mod:`codegen.families.fa3.host`), against the float32
+reference of :mod:`measure.reference` with :func:`measure.verify.check_output`'s bound (at most 2x
 SDPA-flash's error on the same inputs, or a small rounding floor; NaN-poisoned outputs; dead
 rows exactly 0 / -inf; LSE). The shapes are the fa2 tier's (tests/test_gpu_kernels.py): odd N,
 N = 1, Nq != Nk both ways with causal, GQA/MQA, both layouts, LSE.
@@ -34,7 +34,7 @@ from typing import Any, cast
 import pytest
 from gpu_support import gpu_skip_reason, shape_problems
 
-from codegen.fa3_space import HEAD_DIMS, enumerate_space, seed_configs
+from codegen.families.fa3.space import HEAD_DIMS, enumerate_space, seed_configs
 from core.build_report import BuildReport
 from core.config import Dtype
 from core.fa3_config import Fa3Config

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from gpu_support import gpu_marks
 
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from measure.jobs import BenchJob, MeasureOptions

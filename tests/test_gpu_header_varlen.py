@@ -31,7 +31,7 @@ from gpu_support import gpu_marks
 from test_service_data import make_store
 
 from codegen.dispatch_table import varlen_twin
-from codegen.space import fa2_default_config
+from codegen.families.fa2.space import fa2_default_config
 from core.config import Dtype
 from core.gpu_name import normalize_gpu_name
 from db.shipped import load_shipped_results

@@ -20,8 +20,9 @@ from typing import Any, cast
 import pytest
 from gpu_support import gpu_marks, shape_problems
 
-from codegen.space import enumerate_space, seed_configs
-from core.config import Dtype, Fa2Config
+from codegen.families.fa2.space import enumerate_space, seed_configs
+from core.config import Dtype
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 
 pytestmark = gpu_marks()

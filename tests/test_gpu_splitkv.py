@@ -1,9 +1,10 @@
 """The split-KV (decode) family on a real GPU, through the product (marker ``gpu``).
 
 Configs are built by :func:`codegen.build.build_configs` and launched by :mod:`measure.loader`
-with the family's ``host_prep`` (the NaN-poisoned workspace of :mod:`measure.splitkv`),
-against the float32 reference with :func:`measure.verify.check_output`'s bound (NaN-poisoned
-outputs, rows that see no key exactly 0 / -inf, LSE). Shapes: decode with GQA and MQA
+with the family's ``host_prep`` (the NaN-poisoned workspace of
+:mod:`codegen.families.splitkv.host`), against the float32 reference with
+:func:`measure.verify.check_output`'s bound (NaN-poisoned outputs, rows that see no key
+exactly 0 / -inf, LSE). Shapes: decode with GQA and MQA
 (Nq = 1..5), odd Nk that leave some splits empty, Nq > Nk with causal (rows that see no key),
 prefill-like shapes the family is not tuned for but must still get right, and a batch of
 70,000 (past the 65,535 a grid's y and z allow).
@@ -30,7 +31,7 @@ from typing import Any, cast
 import pytest
 from gpu_support import gpu_skip_reason, shape_problems
 
-from codegen.splitkv_space import default_config, enumerate_space, seed_configs
+from codegen.families.splitkv.space import default_config, enumerate_space, seed_configs
 from core.build_report import BuildReport
 from core.config import Dtype
 from core.problem import Problem

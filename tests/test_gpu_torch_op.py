@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 from gpu_support import gpu_skip_reason
 
-from codegen.fa3_space import default_config as fa3_default
-from codegen.space import fa2_default_config
-from codegen.splitkv_space import default_config as splitkv_default
+from codegen.families.fa2.space import fa2_default_config
+from codegen.families.fa3.space import default_config as fa3_default
+from codegen.families.splitkv.space import default_config as splitkv_default
 from core import settings as settings_module
 from core.problem import Problem
 from core.settings import get_settings, override_settings
@@ -334,9 +334,9 @@ def test_a_splitkv_call_allocates_only_its_output(seeded_db: dict[str, Any]) -> 
 def test_workspace_sizes_match_the_worker(seeded_db: dict[str, Any]) -> None:
     import torch
 
+    from codegen.families.splitkv.host import splitkv_workspace
     from core.shape import Shape
     from fa2tune.ops.workspace import splitkv_workspace_sizes
-    from measure.splitkv import splitkv_workspace
 
     shape, config = seeded_db["splitkv"]
     b, h, hkv, nq, nk, d, _ = shape

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from gpu_support import gpu_skip_reason
 
-from codegen.fa3_space import default_config as fa3_default
+from codegen.families.fa3.space import default_config as fa3_default
 from core import settings as settings_module
 from core.problem import Problem
 from core.settings import get_settings, override_settings

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from gpu_support import gpu_marks, shape_problems
 
-from codegen import fa3_space
-from codegen.space import enumerate_space, seed_configs
+from codegen.families.fa2.space import enumerate_space, seed_configs
+from codegen.families.fa3 import space as fa3_space
 from core.config import Dtype
 from core.family import AnyConfig
 

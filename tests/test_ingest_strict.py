@@ -22,15 +22,8 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from db.dump_format import (
-    GPU_NAME_PATTERN,
-    INT32_MAX,
-    INT64_MAX,
-    DumpFile,
-    GpuName,
-    TransferError,
-    parse_dump,
-)
+from db.dump_fields import GPU_NAME_PATTERN, INT32_MAX, INT64_MAX, GpuName
+from db.dump_format import DumpFile, TransferError, parse_dump
 from db.models import Measurement, Problem
 from db.queries import problem_flops
 from db.shipped import shipped_files

@@ -25,12 +25,8 @@ from db.session import session_scope
 from db.store import Store
 from tuner import search
 from tuner.campaign import CampaignOptions
-from tuner.replay import (
-    SCRATCH_PREFIX,
-    remove_stale_scratch,
-    run_replay_campaign,
-    save_replay_table,
-)
+from tuner.replay import SCRATCH_PREFIX, remove_stale_scratch, run_replay_campaign
+from tuner.replay_table import save_replay_table
 from tuner.tune_cli import tune
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")

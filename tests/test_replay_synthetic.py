@@ -15,23 +15,22 @@ from pathlib import Path
 
 import pytest
 
-from codegen.space import enumerate_space
+from codegen.families.fa2.space import enumerate_space
 from core.build_report import BuildStatus
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from db.store import Store
 from tuner.campaign import CampaignOptions
-from tuner.replay import (
+from tuner.replay import ReplayMeasure, run_replay_campaign
+from tuner.replay_table import (
     ReplayEntry,
-    ReplayMeasure,
     ReplayTable,
     export_replay_table,
     load_replay_table,
-    run_replay_campaign,
     save_replay_table,
 )
-from tuner.search import layout_of
+from tuner.search import params_of
 
 GPU = GpuInfo(
     name="Test GPU",
@@ -46,13 +45,17 @@ GPU = GpuInfo(
 LAYOUT_FACTOR = {"swz": 0.97, "pad8": 1.0, "pad16": 1.03, "pad0": 1.25}
 
 
+def _layout(config: Fa2Config) -> object:
+    return params_of(config)["layout"]
+
+
 def small_space(d: int = 64, causal: bool = False) -> list[Fa2Config]:
     """A slice of the real space: ~two dozen configs."""
     return [
         c
         for c in enumerate_space(d, "fp16", causal)
         if c.br in (64, 128) and c.bc in (64, 128) and c.stages in (1, 2)
-        and layout_of(c) in ("pad8", "swz", "pad0")
+        and _layout(c) in ("pad8", "swz", "pad0")
     ]  # fmt: skip
 
 
@@ -73,7 +76,7 @@ def synthetic_time(config: Fa2Config, n: int) -> float:
     t *= 1 + 0.11 * abs(math.log2(config.bc / 64))
     t *= 1.0 if config.rows_per_warp == 16 else 1.09
     t *= 1.0 if config.stages == 2 else 1.06
-    t *= LAYOUT_FACTOR[layout_of(config)]
+    t *= LAYOUT_FACTOR[_layout(config)]
     return t
 
 
@@ -82,9 +85,9 @@ def synthetic_entry(config: Fa2Config, n: int) -> ReplayEntry:
     if config.bc >= 128 and config.rows_per_warp == 32:
         # A heavy spill, over the default limit: recorded untimed.
         return ReplayEntry(status="SPILLS", build_status="SPILLS", spill_bytes=512)
-    if config.br == 64 and config.bc == 128 and layout_of(config) == "pad0":
+    if config.br == 64 and config.bc == 128 and _layout(config) == "pad0":
         return ReplayEntry(status="COMPILE_FAILED", build_status="COMPILE_FAILED")
-    if layout_of(config) == "pad0" and config.stages == 2:
+    if _layout(config) == "pad0" and config.stages == 2:
         return ReplayEntry(status="WRONG_RESULT", build_status="OK")
     return ReplayEntry(status="OK", median_ms=synthetic_time(config, n), build_status="OK")
 

@@ -11,8 +11,8 @@ import pytest
 from optuna.samplers import GridSampler, RandomSampler, TPESampler
 from optuna.trial import TrialState
 
-from codegen.space import enumerate_space, seed_configs
-from core.config import Fa2Config
+from codegen.families.fa2.space import enumerate_space, seed_configs
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from db.store import Store
 from tuner import search
@@ -27,7 +27,7 @@ def space() -> search.SearchSpace:
 
 
 def test_space_choices_come_from_valid_configs(space: search.SearchSpace) -> None:
-    assert tuple(space.choices) == search.PARAM_NAMES
+    assert tuple(space.choices) == ("br", "bc", "rows_per_warp", "stages", "layout")
     assert space.choices["layout"] == ("pad0", "pad8", "pad16", "swz")
     assert space.choices["rows_per_warp"] == (16, 32)
     assert len(space) == len(enumerate_space(128, "fp16", False))

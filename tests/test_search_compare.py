@@ -19,17 +19,12 @@ from test_replay_synthetic import (
     synthetic_table,
 )
 
-from codegen.space import enumerate_space
-from core.config import Fa2Config
+from codegen.families.fa2.space import enumerate_space
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from tuner.campaign import CampaignOptions, _defaults
-from tuner.replay import (
-    ReplayEntry,
-    ReplayMeasure,
-    ReplayMissingError,
-    ReplayTable,
-    run_replay_campaign,
-)
+from tuner.replay import ReplayMeasure, ReplayMissingError, run_replay_campaign
+from tuner.replay_table import ReplayEntry, ReplayTable
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 

@@ -21,14 +21,15 @@ from test_replay_synthetic import (
     tiny_space,
 )
 
-from codegen.space import seed_configs
+from codegen.families.fa2.space import seed_configs
 from core.build_report import BuildReport
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from tuner import search
 from tuner.campaign import DEFAULT_MAX_SPILL_BYTES, CampaignOptions
-from tuner.replay import ReplayEntry, ReplayMeasure, ReplayTable, run_replay_campaign
+from tuner.replay import ReplayMeasure, run_replay_campaign
+from tuner.replay_table import ReplayEntry, ReplayTable
 from tuner.summary import CampaignSummary
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.build_report import BuildStatus
-from core.config import Dtype, Fa2Config
+from core.config import Dtype
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo, MeasureStatus
 from db.store import Store

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 
 from core.config import HEAD_DIMS
 from core.settings import get_settings
-from db.dump_format import GPU_NAME_PATTERN
+from db.dump_fields import GPU_NAME_PATTERN
 from db.store import Store
 from service.deps import get_app_settings
 from service.main import create_app

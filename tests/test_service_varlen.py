@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from test_service_data import make_store
 
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from db.store import Store
 from service.main import create_app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codegen.families import SPLITKV, family, family_of
-from codegen.splitkv_space import (
+from codegen.families.splitkv.space import (
     HEAD_DIMS,
     MAX_PACKED_ROWS,
     accumulator_regs,

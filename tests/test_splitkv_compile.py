@@ -24,8 +24,8 @@ import pytest
 
 from codegen.build import build_configs, nvcc_flags
 from codegen.families import SPLITKV
+from codegen.families.splitkv.space import invalid_reasons
 from codegen.render import template_dir
-from codegen.splitkv_space import invalid_reasons
 from core.build_report import BuildStatus
 from core.settings import get_settings
 from core.shape import Shape

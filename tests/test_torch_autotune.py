@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from codegen.space import fa2_default_config
+from codegen.families.fa2.space import fa2_default_config
 from core import settings as settings_module
 from core.problem import Problem
 from core.settings import Settings, override_settings
@@ -30,7 +30,8 @@ from fa2tune.ops import autotune, choice, selection
 from fa2tune.ops.autotune import AutoTuner, TuneJob, campaign_command, check_budget, check_mode
 from fa2tune.ops.selection import Call, job_tag, select
 from tests.factories import H200, make_config, ok_result, seed_measurement
-from tuner import tune_cli
+from tuner import campaign_run
+from tuner.campaign_plan import make_problems
 
 GPU = H200.name
 UNTUNED = Shape(1000, 1000, 2, 16, 16)
@@ -236,7 +237,7 @@ def test_campaign_command_is_fa2tune_tune(monkeypatch: pytest.MonkeyPatch) -> No
         seen.update(targets=targets, options=options, device=device, target_ms=target_ms)
         raise Stop
 
-    monkeypatch.setattr(tune_cli, "_tune_gpu", fake_tune_gpu)
+    monkeypatch.setattr(campaign_run, "tune_gpu", fake_tune_gpu)
     saved = dict(settings_module._overrides)
     try:
         result = CliRunner().invoke(app, argv[3:])
@@ -246,7 +247,7 @@ def test_campaign_command_is_fa2tune_tune(monkeypatch: pytest.MonkeyPatch) -> No
         settings_module._overrides.clear()
         settings_module._overrides.update(saved)
     assert isinstance(result.exception, Stop), result.output
-    problems = tune_cli.make_problems(GPU, seen["targets"])
+    problems = make_problems(GPU, seen["targets"])
     assert problems == [problem]
     assert seen["options"].time_budget_s == 30.0 and seen["options"].trials is None
     assert (seen["device"], seen["target_ms"]) == (1, autotune.FIRST_USE_TARGET_MS)

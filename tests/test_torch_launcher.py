@@ -19,9 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from codegen.fa3_space import default_config as fa3_default  # noqa: E402
-from codegen.space import fa2_default_config  # noqa: E402
-from codegen.splitkv_space import default_config as splitkv_default  # noqa: E402
+from codegen.families.fa2.space import fa2_default_config  # noqa: E402
+from codegen.families.fa3.space import default_config as fa3_default  # noqa: E402
+from codegen.families.splitkv.space import default_config as splitkv_default  # noqa: E402
 from core.shape import Shape  # noqa: E402
 from measure import params as mp  # noqa: E402
 

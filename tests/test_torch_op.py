@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.space import fa2_default_config
-from codegen.splitkv_space import default_config as splitkv_default
+from codegen.families.fa2.space import fa2_default_config
+from codegen.families.splitkv.space import default_config as splitkv_default
 from core.config import HEAD_DIMS, HEAD_DIMS_RULE
 from core.fa3_config import Fa3Config
 from core.problem import Problem
@@ -98,7 +98,8 @@ def test_default_for_decode_is_splitkv() -> None:
     assert default_config(128, "fp16", False, wide, SMS) == fa2_default_config(128, "fp16", False)
     # A head dim only split-KV has (if any: fa2 may take every multiple of 8) is served by it
     # on any shape.
-    from codegen import space, splitkv_space
+    from codegen.families.fa2 import space
+    from codegen.families.splitkv import space as splitkv_space
 
     for d in sorted(set(splitkv_space.HEAD_DIMS) - set(space.VALID_HEAD_DIMS)):
         prefill = Shape(2048, 2048, 2, 8, 8)

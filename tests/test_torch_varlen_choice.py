@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from codegen.fa3_space import default_config as fa3_default
-from codegen.space import fa2_default_config
-from core.config import Fa2Config
+from codegen.families.fa2.space import fa2_default_config
+from codegen.families.fa3.space import default_config as fa3_default
+from core.fa2_config import Fa2Config
 from core.lookup import Packed
 from core.problem import Problem
 from core.shape import Shape

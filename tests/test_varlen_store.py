@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.shape import varlen_shape
 from db.store import Store

@@ -10,7 +10,7 @@ import pytest
 from test_replay_synthetic import open_store, optuna_url, problems_for, synthetic_table, tiny_space
 from typer.testing import CliRunner
 
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from db.dump_format import TransferError
 from db.models import Build, Measurement
 from db.models import Problem as ProblemRow

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from measure.child import WorkerContext, make_handler, resolve

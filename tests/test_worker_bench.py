@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from core.build_report import BuildReport, BuildStatus
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
 from fa2tune.cli import app

@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from core.config import Fa2Config
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.records import GpuInfo
 from measure.gpuinfo import arch_for, format_driver_api_version, parse_smi_csv

@@ -51,16 +51,14 @@ import random
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import zip_longest
 from typing import Final
 
 import optuna
 
-from codegen.families import Family, families_for
+from codegen.families import Family, families_for, family_of
 from core.build_report import BuildReport
-from core.config import Fa2Config
-from core.fa3_config import Fa3Config
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import GpuInfo
@@ -79,9 +77,9 @@ from tuner.warm_start import WarmStart, with_warm_start
 
 log = logging.getLogger(__name__)
 
-#: The valid configs of a problem's group (``codegen.space.enumerate_space``).
+#: The valid configs of a problem's group (``codegen.families.fa2.space.enumerate_space``).
 SpaceFn = Callable[[Problem], Sequence[AnyConfig]]
-#: The configs every new study starts with (``codegen.space.seed_configs``).
+#: The configs every new study starts with (``codegen.families.fa2.space.seed_configs``).
 SeedFn = Callable[[Problem], Sequence[AnyConfig]]
 
 #: Seconds of unused budget below which no cut-short problem is continued.
@@ -216,7 +214,7 @@ def run_campaign(
         space_fn: the valid configs of a problem; default the union of the families' spaces
             for ``options.arch`` and the GPU's shared memory.
         seeds_fn: the configs each new study starts with; default
-            :func:`codegen.space.seed_configs`.
+            :func:`codegen.families.fa2.space.seed_configs`.
         build_fn: compiles a batch of configs; default :func:`codegen.build.build_configs`
             for ``options.arch`` with the settings' cache directory and jobs.
         progress: receives progress events; None logs only.
@@ -368,9 +366,9 @@ def _defaults(
     (``Family.serves``: the split-KV family only where the packed query rows are few): on an
     sm_90 GPU the Hopper family's configs beside the portable ones, searched by one study per
     problem. A packed variable-length problem searches the ``_vl`` twins of the families with
-    varlen kernels (:data:`VARLEN_FAMILIES`): fa2's everywhere, fa3's on sm_90.
+    varlen kernels (``Family.varlen``): fa2's everywhere, fa3's on sm_90.
     """
-    from codegen.space import ARCH_SMEM_LIMIT
+    from codegen.targets import ARCH_SMEM_LIMIT
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes
@@ -398,9 +396,7 @@ def _defaults(
     def serving(p: Problem) -> list[Family]:
         # Packed variable-length batches: the families with varlen kernels (fa2 everywhere,
         # fa3 where it runs, as for dense problems); split-KV has none.
-        return [
-            f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.name in VARLEN_FAMILIES)
-        ]
+        return [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.varlen)]
 
     def default_space(p: Problem) -> Sequence[AnyConfig]:
         configs = [c for f in serving(p) for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
@@ -425,18 +421,12 @@ def _defaults(
     )
 
 
-#: The families with packed variable-length (``_vl``) kernels.
-VARLEN_FAMILIES: Final = frozenset({"fa2", "fa3"})
-
-
 def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:
-    """The packed-sequence twins (``_vl``) of the configs of :data:`VARLEN_FAMILIES` (a
-    longest-first fa3 config has none: its launch order is for dense grids)."""
-    return [
-        replace(c, varlen=True)
-        for c in configs
-        if isinstance(c, Fa2Config) or (isinstance(c, Fa3Config) and not c.longest_first)
-    ]
+    """The packed-sequence twins (``_vl``) of the configs that have one
+    (:meth:`Family.varlen_twin`: the families with varlen kernels; a longest-first fa3 config
+    has none, its launch order is for dense grids)."""
+    twins = (family_of(c).varlen_twin(c) for c in configs)
+    return [t for t in twins if t is not None]
 
 
 def _default_first(family: Family, p: Problem) -> list[AnyConfig]:

@@ -16,7 +16,7 @@ kernel fault in one cannot poison the others):
            median), outputs verified.
 
 Builds, loading, TMA descriptors and launches are the product's (codegen.build,
-measure.loader, measure.tma); fa3_host.py adds only what a harness needs.
+measure.loader, codegen.families.fa3.host); fa3_host.py adds only what a harness needs.
 
 Everything is written as JSON under --out; a table is printed last.
 Run from the repository root: ``python3 bench/hopper/fa3_check.py correct --set main``.
@@ -39,12 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fa3_host
 from fa3_host import Fa3Config, bind, build, compile_source, load
 
+from codegen.families.fa3.host import encode_tensor_map
 from core.build_report import BuildReport
 from core.problem import Problem
 from measure.loader import call, driver, ensure_context
 from measure.reference import make_inputset
 from measure.timing import TimingOptions, time_with_options
-from measure.tma import encode_tensor_map
 from measure.verify import check_output, poison, tolerance
 
 GPU = "H200"
@@ -193,9 +193,9 @@ def sweep_configs() -> list[Fa3Config]:
 
 
 def short_configs() -> list[Fa3Config]:
-    """The family's default config (codegen.fa3_space.default_config) per head dim, full and
-    causal, fp16; D=128 also bf16: the short perf table of bench/h200/fa3_check.sh."""
-    from codegen.fa3_space import default_config
+    """The family's default config (codegen.families.fa3.space.default_config) per head dim,
+    full and causal, fp16; D=128 also bf16: the short perf table of bench/h200/fa3_check.sh."""
+    from codegen.families.fa3.space import default_config
 
     cs = [default_config(d, "fp16", causal) for d in (64, 128, 256) for causal in (False, True)]
     return cs + [default_config(128, "bf16", causal) for causal in (False, True)]

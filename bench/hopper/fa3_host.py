@@ -3,10 +3,10 @@ directory, the ptxas log of a build, the micro-tests' own nvcc call, and a one-c
 on torch's current stream.
 
 Everything else is the product's: the config (:class:`core.fa3_config.Fa3Config`), its space
-rules (:mod:`codegen.fa3_space`), rendering (the family registry, :mod:`codegen.families`),
+rules (:mod:`codegen.families.fa3.space`), rendering (the family registry, :mod:`codegen.families`),
 the build (:func:`codegen.build.build_configs`, sm_90a for the Hopper family), TMA descriptors
-(:mod:`measure.tma`) and loading / argument packing / launching (:mod:`measure.loader`). The
-ABI is in docs/fa3_kernel.md.
+(:mod:`codegen.families.fa3.host`) and loading / argument packing / launching
+(:mod:`measure.loader`). The ABI is in docs/fa3_kernel.md.
 
 CPU machines can import this module (torch and cuda-bindings are imported where used).
 """
@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from codegen.build import build_configs, nvcc_flags  # noqa: E402
-from codegen.fa3_space import ARCH, invalid_reasons  # noqa: E402
+from codegen.families.fa3.space import ARCH, invalid_reasons  # noqa: E402
 from codegen.ninja import LOG_SUFFIX  # noqa: E402
 from codegen.render import template_dir  # noqa: E402
 from core.build_report import BuildReport  # noqa: E402

@@ -29,9 +29,10 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from codegen import space as fa2_space
 from codegen.families import FAMILIES, family, family_of
-from core.config import HEAD_DIMS_RULE, Dtype, Fa2Config
+from codegen.targets import SUPPORTED_ARCHS
+from core.config import HEAD_DIMS_RULE, Dtype
+from core.fa2_config import Fa2Config
 from core.family import AnyConfig
 from core.lookup import Packed
 from core.problem import Problem
@@ -163,7 +164,7 @@ def arch_of(compute_capability: str) -> str | None:
     except ValueError:
         return None
     arch = f"sm_{major}{minor}"
-    return arch if arch in fa2_space.SUPPORTED_ARCHS else None
+    return arch if arch in SUPPORTED_ARCHS else None
 
 
 def default_config(
@@ -217,7 +218,7 @@ def check_supported(dtype: str, d: int, compute_capability: str, *, packed: bool
     if arch_of(compute_capability) is None:
         raise Unsupported(
             f"no fa2tune build for compute capability {compute_capability} "
-            f"(builds: {', '.join(fa2_space.SUPPORTED_ARCHS)})"
+            f"(builds: {', '.join(SUPPORTED_ARCHS)})"
         )
 
 

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 
 from codegen.build import NvccNotFoundError, build_configs
+from codegen.families import family_of
 from core.family import AnyConfig
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
@@ -377,8 +378,8 @@ class PackedLauncher:
         self.source = source
         self._heads = heads
         self._kv_heads = kv_heads
-        # A family whose kernels take extra arguments (TMA descriptors) after FaVarlen.
-        self._extra = host_prep(config.family) is not None
+        # A family whose packed kernels take extra arguments (TMA descriptors) after FaVarlen.
+        self._extra = family_of(config).varlen_host_prep is not None
         self._block = launch_geometry(config, 1, heads, 1, nk=1, kv_heads=kv_heads)[1]
         self._smem = config.smem_bytes
         self._lock = threading.Lock()

@@ -32,6 +32,7 @@ from service.params import (
     NkQuery,
     NqQuery,
     OptionalSeqLenQuery,
+    PlainBool,
 )
 from service.schemas import BestOut, ErrorOut, ValidationErrorOut, VarlenBestOut
 
@@ -64,6 +65,7 @@ async def best(
             description="only a result measured at N (or the shape) itself: no nearest "
             "fallback (404)"
         ),
+        PlainBool,
     ] = False,
     nq: NqQuery = None,
     nk: NkQuery = None,

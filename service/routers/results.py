@@ -22,7 +22,7 @@ from service.deps import (
     SlowEndpoints,
     StoreDep,
 )
-from service.params import MAX_GPU_NAME, MAX_N, HeadDimQuery
+from service.params import MAX_GPU_NAME, MAX_N, HeadDimQuery, PlainBool, PlainInt
 from service.schemas import ErrorOut, IngestOut, ResultOut, ResultPageOut, ValidationErrorOut
 
 log = logging.getLogger(__name__)
@@ -59,14 +59,14 @@ async def list_results(
         Query(min_length=1, max_length=MAX_GPU_NAME, description="GPU name, any spelling"),
     ] = None,
     d: HeadDimQuery | None = None,
-    n: Annotated[int | None, Query(ge=1, le=MAX_N, description="sequence length")] = None,
+    n: Annotated[int | None, Query(ge=1, le=MAX_N, description="sequence length"), PlainInt] = None,
     dtype: Annotated[Literal["fp16", "bf16"] | None, Query()] = None,
-    causal: Annotated[bool | None, Query()] = None,
+    causal: Annotated[bool | None, Query(), PlainBool] = None,
     status_: Annotated[
         MeasureStatus | None, Query(alias="status", description="measurement outcome")
     ] = None,
-    offset: Annotated[int, Query(ge=0, le=2**62, description="rows to skip")] = 0,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows per page")] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**62, description="rows to skip"), PlainInt] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="rows per page"), PlainInt] = 100,
 ) -> Response:
     """Measurements matching the filters, ordered by GPU and problem, fastest first; follow
     ``next_offset`` for the next page.
@@ -143,6 +143,10 @@ _DUMP_BODY = {
             "description": "wrong token, or writes disabled (no token configured)",
         },
         status.HTTP_413_CONTENT_TOO_LARGE: {"model": ErrorOut},
+        status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: {
+            "model": ErrorOut,
+            "description": "a body declared as something other than JSON",
+        },
         status.HTTP_422_UNPROCESSABLE_CONTENT: {
             "model": ValidationErrorOut,
             "description": "not a valid results file (nothing was written)",
@@ -170,6 +174,7 @@ async def ingest_results(
     # parameter: FastAPI would decode it before running the token check. One ingest at a
     # time holds a body (and its parsed form, about 7x its size) in memory: the admission
     # limit of service.main.SlowGate.
+    _require_json(request.headers.get("content-type"))
     body = await _read_limited(request, settings.ingest_max_bytes)
     try:
         dump: DumpFile = await run_in_threadpool(parse_dump, body)
@@ -183,6 +188,23 @@ async def ingest_results(
         await run_in_threadpool(holder.refresh)
     log.info("POST /v1/results: %d added, %d skipped", summary.added, summary.skipped)
     return IngestOut(**summary.to_dict())
+
+
+def _require_json(content_type: str | None) -> None:
+    """Refuse a body declared as anything but JSON (a form or multipart upload is not a
+    results file); a body with no Content-Type is read as JSON, as ``fa2tune dump`` writes.
+
+    Raises:
+        HTTPException: 415 naming the type received.
+    """
+    if content_type is None:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise HTTPException(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type {media or content_type!r}: send the results file as application/json",
+        )
 
 
 async def _read_limited(request: Request, limit: int) -> bytes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from codegen.families.declared import basic_reasons, outside
 from core.config import Dtype
 from core.fa3_config import Fa3Config
 
@@ -62,17 +63,10 @@ def accumulator_regs(config: Fa3Config) -> int:
 def invalid_reasons(config: Fa3Config) -> list[str]:
     """Why ``config`` is outside the space; empty when it is valid."""
     c = config
-    why: list[str] = []
-    if c.dtype not in ("fp16", "bf16"):
-        why.append(f"dtype {c.dtype!r} is not fp16 or bf16")
-    if c.d not in HEAD_DIMS:
-        why.append(f"head dim {c.d} is not one of {list(HEAD_DIMS)}")
-    if c.block_m not in BLOCK_M:
-        why.append(f"block_m {c.block_m} is not one of {list(BLOCK_M)}")
+    why = basic_reasons(c, HEAD_DIMS) + outside(c, block_m=BLOCK_M)
     if c.block_n not in BLOCK_N:
         why.append(f"block_n {c.block_n} is not a multiple of 16 in 64..192")
-    if c.stages not in STAGES:
-        why.append(f"stages {c.stages} is not one of {list(STAGES)}")
+    why += outside(c, stages=STAGES)
     if c.longest_first and not c.causal:
         why.append("longest-first order is for causal configs (full blocks do equal work)")
     if c.longest_first and c.varlen:

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-import measure.tma as tma
-from core.config import Fa2Config
+import codegen.families.fa3.host as tma
+from codegen.families.fa3.host import TENSOR_MAP_BYTES, TensorMap, dims_and_strides, fa3_tensor_maps
+from core.fa2_config import Fa2Config
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from measure.loader import BoundLaunch, extra_args, grid_for, host_prep, launch_geometry
 from measure.params import FaParams
-from measure.tma import TENSOR_MAP_BYTES, TensorMap, dims_and_strides, fa3_tensor_maps
 
 FA2 = Fa2Config.from_name("fa2_d128_fp16_full_br128_bc64_w4_s1_pad8")
 FA3 = Fa3Config(128, "fp16", False)  # 128 x 128, two consumer warpgroups
@@ -203,7 +203,7 @@ class FakePacked(FakeTensor):
 def test_fa3_varlen_tensor_maps_are_over_the_packed_rows(
     stub_encoder: list[tuple[Any, ...]],
 ) -> None:
-    from measure.tma import fa3_varlen_tensor_maps
+    from codegen.families.fa3.host import fa3_varlen_tensor_maps
 
     vl = replace(FA3_M192, varlen=True)
     q = FakePacked((1455, 8, 64), dtype="torch.bfloat16", ptr=0x10000)
@@ -220,7 +220,7 @@ def test_fa3_varlen_tensor_maps_are_over_the_packed_rows(
 def test_varlen_and_dense_descriptors_refuse_each_others_configs(
     stub_encoder: list[tuple[Any, ...]],
 ) -> None:
-    from measure.tma import fa3_varlen_tensor_maps
+    from codegen.families.fa3.host import fa3_varlen_tensor_maps
 
     packed = FakePacked((64, 2, 128))
     with pytest.raises(ValueError, match="varlen"):
@@ -235,10 +235,10 @@ def test_varlen_and_dense_descriptors_refuse_each_others_configs(
 
 
 def test_packed_launch_takes_the_varlen_descriptors(stub_encoder: list[tuple[Any, ...]]) -> None:
-    """The loader's packed mode asks the family's host_prep (of the dense twin) for the packed
-    tensors seen as one batch: the very descriptors fa3_varlen_tensor_maps encodes."""
+    """The loader's packed mode asks the family's registry entry (varlen_host_prep) for the
+    packed tensors' arguments: the very descriptors fa3_varlen_tensor_maps encodes."""
+    from codegen.families.fa3.host import fa3_varlen_tensor_maps
     from measure.loader import packed_extra_args
-    from measure.tma import fa3_varlen_tensor_maps
 
     vl = replace(FA3_M192, varlen=True)
     q = FakePacked((1455, 8, 64), dtype="torch.bfloat16", ptr=0x10000)

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from core.family import AnyConfig
 from core.splitkv_config import SplitKvConfig
-from measure.params import Layout
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +37,7 @@ def splitkv_workspace(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    layout: Layout,
+    layout: str,
 ) -> tuple[DevicePointer, DevicePointer, DevicePointer]:
     """The splitkv family's ``host_prep``: ``(ws_o, ws_lse, ws_count)`` for one launch shape.
 

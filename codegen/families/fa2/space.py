@@ -16,7 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, Fa2Config, tile_head_dim
+# The targets the family builds for (re-exported: the fa2 space is where they were).
+from codegen.targets import ARCH_SMEM_LIMIT as ARCH_SMEM_LIMIT
+from codegen.targets import DEFAULT_SMEM_LIMIT as DEFAULT_SMEM_LIMIT
+from codegen.targets import SUPPORTED_ARCHS as SUPPORTED_ARCHS
+from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, tile_head_dim
+from core.fa2_config import Fa2Config
 
 VALID_HEAD_DIMS: tuple[int, ...] = HEAD_DIMS
 VALID_DTYPES: tuple[Dtype, ...] = DTYPES
@@ -33,15 +38,6 @@ MMA_M = 16  # rows of one mma.m16n8k16 tile: the unit a warp's query rows come i
 MMA_K = 16  # keys per k-step of the P·V product
 SWIZZLE_CHUNK_GROUP = 4  # the swizzle permutes 16-byte chunks in groups of 4 (D % 32 == 0)
 
-#: Max dynamic shared memory per block after opt-in, per architecture (CUDA programming guide).
-ARCH_SMEM_LIMIT: dict[str, int] = {
-    "sm_80": 163 * 1024,
-    "sm_86": 99 * 1024,
-    "sm_89": 99 * 1024,
-    "sm_90": 227 * 1024,
-}
-SUPPORTED_ARCHS: tuple[str, ...] = tuple(ARCH_SMEM_LIMIT)
-DEFAULT_SMEM_LIMIT = ARCH_SMEM_LIMIT["sm_90"]
 
 #: Registers the estimate adds for addresses, loop counters, smem offsets and the transient
 #: ldmatrix/packed-P fragments. Calibrated on 113 pad-8, 1-stage tiles of the template (sm_90,
@@ -280,3 +276,8 @@ def seed_configs(
 
 def _sorted_unique(configs: Iterable[Fa2Config]) -> list[Fa2Config]:
     return sorted(set(configs))
+
+
+def layout_text(config: Fa2Config) -> str:
+    """The shared-memory layout for people: ``swizzle`` or ``pad <N>``."""
+    return "swizzle" if config.swizzle else f"pad {config.pad}"

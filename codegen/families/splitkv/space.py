@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from codegen.families.declared import basic_reasons, outside
 from core.config import Dtype, tile_head_dim
 from core.problem import Problem
 from core.splitkv_config import SplitKvConfig
@@ -49,24 +50,11 @@ def accumulator_regs(config: SplitKvConfig) -> int:
 def invalid_reasons(config: SplitKvConfig, smem_limit: int = MAX_SMEM_PER_BLOCK) -> list[str]:
     """Why ``config`` is outside the space; empty when it is valid."""
     c = config
-    why: list[str] = []
-    if c.dtype not in ("fp16", "bf16"):
-        why.append(f"dtype {c.dtype!r} is not fp16 or bf16")
-    if c.d not in HEAD_DIMS:
-        why.append(f"head dim {c.d} is not one of {list(HEAD_DIMS)}")
-    if c.rows not in ROWS:
-        why.append(f"rows {c.rows} is not one of {list(ROWS)}")
+    why = basic_reasons(c, HEAD_DIMS) + outside(c, rows=ROWS)
     if c.rows * c.tile_d > 4096:
         tile = f" (tile {c.tile_d})" if c.tile_d != c.d else ""
         why.append(f"{c.rows} rows x D={c.d}{tile} is over the 4096 the O accumulator allows")
-    if c.block_n not in BLOCK_N:
-        why.append(f"block_n {c.block_n} is not one of {list(BLOCK_N)}")
-    if c.warps not in WARPS:
-        why.append(f"warps {c.warps} is not one of {list(WARPS)}")
-    if c.stages not in STAGES:
-        why.append(f"stages {c.stages} is not one of {list(STAGES)}")
-    if c.splits not in SPLITS:
-        why.append(f"splits {c.splits} is not one of {list(SPLITS)}")
+    why += outside(c, block_n=BLOCK_N, warps=WARPS, stages=STAGES, splits=SPLITS)
     if accumulator_regs(c) > MAX_ACC_REGS:
         why.append(f"{accumulator_regs(c)} accumulator registers exceed {MAX_ACC_REGS}")
     limit = min(smem_limit, MAX_SMEM_PER_BLOCK)

@@ -33,16 +33,17 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING, Any
 
+from codegen.cuda_driver import call, driver
 from core.fa3_config import BOX_COLS, Fa3Config
 from core.family import AnyConfig
-from measure.loader import call, driver
-from measure.params import ALIGN_BYTES, Layout
 
 if TYPE_CHECKING:
     import torch
 
 #: Bytes of one ``CUtensorMap`` (``CU_TENSOR_MAP_NUM_QWORDS`` = 16).
 TENSOR_MAP_BYTES = 128
+#: TMA's alignment of a global address and of every global stride (bytes).
+ALIGN_BYTES = 16
 #: TMA's limit on a global stride (bytes): below 2^40.
 MAX_STRIDE = 1 << 40
 
@@ -61,7 +62,7 @@ assert ctypes.sizeof(TensorMap) == TENSOR_MAP_BYTES
 
 
 def dims_and_strides(
-    shape: tuple[int, ...], strides: tuple[int, ...], element_bytes: int, layout: Layout
+    shape: tuple[int, ...], strides: tuple[int, ...], element_bytes: int, layout: str
 ) -> tuple[list[int], list[int]]:
     """TMA dimensions ``(D, N, H, B)`` and byte strides ``(row, head, batch)`` of a tensor.
 
@@ -90,7 +91,7 @@ def dims_and_strides(
     return dims, byte_strides
 
 
-def encode_tensor_map(t: torch.Tensor, layout: Layout, box_rows: int) -> TensorMap:
+def encode_tensor_map(t: torch.Tensor, layout: str, box_rows: int) -> TensorMap:
     """The 4-d tiled TMA descriptor of ``t``: box ``(64, box_rows, 1, 1)``, 128-byte swizzle.
 
     Raises:
@@ -140,7 +141,7 @@ def fa3_tensor_maps(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    layout: Layout,
+    layout: str,
 ) -> tuple[TensorMap, TensorMap, TensorMap]:
     """The fa3 family's ``host_prep``: the kernel's extra arguments ``(tma_q, tma_k, tma_v)``.
 
@@ -166,12 +167,12 @@ def fa3_tensor_maps(
     if not isinstance(config, Fa3Config):
         raise TypeError(f"fa3_tensor_maps takes an fa3 config, got {config.name}")
     if config.varlen:
-        raise ValueError(f"{config.name} is a varlen kernel: bind it with packed= (measure.loader)")
+        raise ValueError(f"{config.name} is a varlen kernel: see fa3_varlen_tensor_maps")
     return _tensor_maps(config, q, k, v, layout)
 
 
 def _tensor_maps(
-    config: Fa3Config, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout
+    config: Fa3Config, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str
 ) -> tuple[TensorMap, TensorMap, TensorMap]:
     from core.elements import element
 

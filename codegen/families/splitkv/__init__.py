@@ -1,0 +1,70 @@
+"""The splitkv family: split-KV decode forward (packed GQA rows; warps and blocks split keys).
+
+Its registry entry (:data:`SPLITKV`): the space (:mod:`codegen.families.splitkv.space`,
+with :func:`~codegen.families.splitkv.space.serves`: the problems a campaign searches it on),
+the instantiation file and ``Traits`` derived from
+:class:`~core.splitkv_config.SplitKvConfig`'s declarations, the launch grid, the host
+preparation (the float32 workspace, :func:`codegen.families.splitkv.host.splitkv_workspace`)
+and its part of the exported header.
+"""
+
+from __future__ import annotations
+
+from codegen.families import declared
+from codegen.families.fa2 import FA2
+from codegen.families.registry import Family, Grid, HeaderPart
+from codegen.families.splitkv import space
+from codegen.families.splitkv.host import splitkv_workspace
+from core.config import Dtype
+from core.family import AnyConfig
+from core.shape import Shape
+from core.splitkv_config import SplitKvConfig
+
+
+def _skv(config: AnyConfig) -> SplitKvConfig:
+    assert isinstance(config, SplitKvConfig)
+    return config
+
+
+def _grid(config: AnyConfig, shape: Shape) -> Grid:
+    # (row tiles x KV heads x batch, splits): batch x heads in x, whose limit is 2^31 - 1.
+    c = _skv(config)
+    row_tiles = -(-shape.group * shape.nq // c.rows)
+    return (row_tiles * shape.kv_heads * shape.batch, c.splits_for(shape.nk), 1)
+
+
+def _space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -> list[AnyConfig]:
+    return list(space.enumerate_space(d, dtype, causal, smem_limit))
+
+
+def _seeds(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
+    return list(space.seed_configs(d, dtype, causal))
+
+
+SPLITKV = Family(
+    name="splitkv",
+    summary="split-KV decode forward: packed GQA rows, warps and blocks split the keys (sm_80+)",
+    templates=("splitkv_fwd.cuh",),
+    archs=FA2.archs,
+    space=_space,
+    check=lambda config, smem_limit: space.is_valid(_skv(config), smem_limit),
+    seeds=_seeds,
+    default=space.default_config,
+    render=lambda config: declared.instantiation(
+        _skv(config), "splitkv_fwd.cuh", "SPLITKV_DEFINE_KERNEL"
+    ),
+    grid=_grid,
+    header=HeaderPart(
+        template="splitkv_launch.cuh",  # includes splitkv_fwd.cuh
+        traits=lambda config: declared.traits(_skv(config), "splitkv::Traits"),
+        kernel="splitkv::fwd_kernel",
+        launcher="splitkv::launch",
+        kernel_params="const FaParams, float*, float*, int*",  # p, ws_o, ws_lse, ws_count
+    ),
+    host_prep=splitkv_workspace,  # imports torch / cuda-bindings when called
+    serves=space.serves,
+    head_dims=space.HEAD_DIMS,
+    est_registers=lambda config: space.accumulator_regs(_skv(config)),
+)
+
+__all__ = ["SPLITKV", "space"]
