@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -35,17 +34,9 @@ EXAMPLE = ROOT / "examples" / "fa2_example.cu"
 WHEN = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def seeded_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, Seeded]]:
-    store = make_store(tmp_path_factory.mktemp("export"))
-    seeded = seed(store)
-    yield store, seeded
-    store.close()
-
-
-@pytest.fixture(scope="module")
-def header(seeded_store: tuple[Store, Seeded]) -> str:
-    return export_header(seeded_store[0], "H200", generated_at=WHEN)
+#: The shared module store (``seeded_store``, ``store``): the service tests' seeded rows.
+fill_store = seed
+HEADER = {"gpu": "H200", "generated_at": WHEN}
 
 
 def instantiated(text: str) -> set[str]:

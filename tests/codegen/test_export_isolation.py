@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from core.gpu_name import normalize_gpu_name
 from db.store import Store
 from service.header import export_header
-from tests.support.service_data import A100, H200_NS, make_store, seed
+from tests.support.service_data import A100, H200_NS, seed
 
 pytestmark = pytest.mark.compile
 
@@ -48,13 +47,9 @@ for lib in libs:
 """
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    """H200 results at D=64 fp16 for N in H200_NS; A100 results at D=64 fp16 N=2048 only."""
-    s = make_store(tmp_path_factory.mktemp("isolation"))
-    seed(s)
-    yield s
-    s.close()
+#: The shared module store: H200 results at D=64 fp16 for N in H200_NS; A100 results at D=64
+#: fp16 N=2048 only.
+fill_store = seed
 
 
 def _build(store: Store, gpu: str, where: Path) -> subprocess.Popen[str]:

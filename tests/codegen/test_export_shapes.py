@@ -14,7 +14,6 @@ import random
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,9 +24,8 @@ from core.fa2_config import Fa2Config
 from core.problem import Problem
 from core.shape import Shape, nearest_shape, shape_distance
 from db.store import Store
-from service.header import export_header, tuned_shape_results
+from service.header import tuned_shape_results
 from tests.support.factories import H200, make_config, make_report, ok_result
-from tests.support.service_data import make_store
 
 WHEN = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 CXX = shutil.which("g++") or shutil.which("clang++")
@@ -48,9 +46,8 @@ PLAN: list[tuple[Shape, Fa2Config, float]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    s = make_store(tmp_path_factory.mktemp("shapes"))
+def fill_store(s: Store) -> None:
+    """The shared module store's rows (``PLAN``)."""
     gpu_id = s.upsert_gpu(H200)
     for trial, (sh, cfg, ms) in enumerate(PLAN):
         problem = Problem(
@@ -60,13 +57,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         pid = s.problem_id(problem, gpu_id)
         bid = s.record_build(make_report(cfg))  # type: ignore[arg-type]
         s.record_measurement(pid, bid, ok_result(ms, problem), H200, trial_number=trial)
-    yield s
-    s.close()
 
 
-@pytest.fixture(scope="module")
-def header(store: Store) -> str:
-    return export_header(store, "H200", [64], dtypes=["fp16"], generated_at=WHEN)
+HEADER = {"gpu": "H200", "ds": [64], "dtypes": ["fp16"], "generated_at": WHEN}
 
 
 _ENTRY = re.compile(

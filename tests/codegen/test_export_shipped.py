@@ -15,7 +15,6 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from db.dump_format import ConfigRecord
 from db.shipped import load_shipped_results
 from db.store import Store
 from service.header import export_header
-from tests.support.service_data import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "db" / "data" / "h200_results.json"
@@ -38,12 +36,9 @@ LINEAGE = ROOT / "bench" / "ptx" / "lineage.json"
 ENUM = {"FA2TUNE_FP16": "fp16", "FA2TUNE_BF16": "bf16"}
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    s = make_store(tmp_path_factory.mktemp("shipped"))
-    load_shipped_results(s, [SHIPPED])
-    yield s
-    s.close()
+def fill_store(store: Store) -> None:
+    """The shared module store: the shipped H200 results."""
+    load_shipped_results(store, [SHIPPED])
 
 
 def dispatch_table(header: str) -> dict[tuple[int, str, bool, int], str]:

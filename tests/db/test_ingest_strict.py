@@ -301,12 +301,6 @@ def test_rules_are_in_the_json_schema() -> None:
 # ----------------------------------------------------------------- storing and shipped files
 
 
-@pytest.fixture
-def target(db_url: str) -> Iterator[Store]:
-    with Store.from_url(db_url) as store:
-        yield store
-
-
 def _count(store: Store) -> int:
     with store.engine.connect() as conn:
         return int(conn.execute(select(func.count(Measurement.id))).scalar_one())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from datetime import UTC
 
 import pytest
@@ -32,12 +31,6 @@ H100 = GpuInfo(
     driver_version="550.54.15",
     cuda_version="12.4",
 )
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    with Store.from_url(db_url) as s:
-        yield s
 
 
 def _count(store: Store, model: type) -> int:

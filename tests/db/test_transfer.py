@@ -79,12 +79,6 @@ def source(tmp_path: Path) -> Iterator[Store]:
         yield store
 
 
-@pytest.fixture
-def target(db_url: str) -> Iterator[Store]:
-    with Store.from_url(db_url) as store:
-        yield store
-
-
 def test_dump_ingest_round_trip(source: Store, target: Store, tmp_path: Path) -> None:
     path = tmp_path / "out" / "results.json"
     written = dump(source, path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,6 @@ from db.transfer import dump, ingest_file
 from tests.support.factories import H200, make_config, make_report, ok_result
 
 LENS = (100, 4000, 1822, 7)
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    with Store.from_url(db_url) as s:
-        yield s
 
 
 def _varlen(lens: tuple[int, ...] = LENS, **kw: object) -> Problem:

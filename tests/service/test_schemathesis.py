@@ -200,12 +200,6 @@ def test_schemathesis_all_checks(app: FastAPI, token: bool) -> None:
 # ------------------------------------------------------ what schemathesis found, pinned
 
 
-@pytest.fixture
-def client(app: FastAPI) -> Iterator[TestClient]:
-    with TestClient(app) as c:
-        yield c
-
-
 def test_header_d_is_documented_as_the_route_reads_it(client: TestClient) -> None:
     """``d`` was documented as any string, so schemathesis sent schema-valid values the
     route refused with a 422; the document now states the accepted form."""

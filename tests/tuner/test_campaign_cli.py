@@ -34,22 +34,10 @@ from tuner.campaign_plan import (
 from tuner.cli_values import parse_bool_list, parse_choice_list, parse_duration, parse_int_list
 from tuner.replay_table import ReplayEntry, ReplayTable, save_replay_table
 from tuner.summary import CampaignSummary, TimeSplit
-from tuner.tune_cli import DEFAULT_TRIALS, resolve_budget, tune
+from tuner.tune_cli import DEFAULT_TRIALS, resolve_budget
 from tuner.workload import Target
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
-
-
-@pytest.fixture
-def app() -> typer.Typer:
-    app = typer.Typer(pretty_exceptions_enable=False)
-
-    @app.callback()
-    def main() -> None:
-        """Test app."""
-
-    app.command("tune")(tune)
-    return app
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Annotated
 
 import optuna
 import pytest
@@ -27,24 +26,10 @@ from tuner import search
 from tuner.campaign import CampaignOptions
 from tuner.replay import SCRATCH_PREFIX, remove_stale_scratch, run_replay_campaign
 from tuner.replay_table import save_replay_table
-from tuner.tune_cli import tune
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")
 
 PROBLEMS = problems_for([512, 1024])
-
-
-@pytest.fixture
-def app() -> typer.Typer:
-    """``tune`` under a root command with the global ``--db``, as ``fa2tune`` has."""
-    app = typer.Typer(pretty_exceptions_enable=False)
-
-    @app.callback()
-    def main(db: Annotated[str | None, typer.Option("--db")] = None) -> None:
-        """Test app."""
-
-    app.command("tune")(tune)
-    return app
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from core.records import MeasureStatus
 from db.store import Store
 from service.header import export_header
 from tests.support.factories import H200, failed_result, make_config, make_report, ok_result
-from tests.support.service_data import make_store
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "fa2_example.cu"
@@ -60,9 +58,8 @@ PLAN: dict[Key, list[tuple[AnyConfig, float | None]]] = {
 WINNERS = {key: rows[0][0] for key, rows in PLAN.items()}
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    s = make_store(tmp_path_factory.mktemp("fa3_export"))
+def fill_store(s: Store) -> None:
+    """The shared module store's rows (``PLAN``)."""
     gpu_id = s.upsert_gpu(H200)
     for (d, dtype, causal, n), rows in PLAN.items():
         problem = Problem(gpu=H200.name, d=d, n=n, dtype=dtype, causal=causal)  # type: ignore[arg-type]
@@ -76,13 +73,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
                 else failed_result(MeasureStatus.WRONG_RESULT, 0.5)
             )
             s.record_measurement(pid, bid, result, H200, trial_number=trial)
-    yield s
-    s.close()
 
 
-@pytest.fixture(scope="module")
-def header(store: Store) -> str:
-    return export_header(store, "H200", [64, 128], generated_at=WHEN)
+HEADER = {"gpu": "H200", "ds": [64, 128], "generated_at": WHEN}
 
 
 _CHOICE = re.compile(

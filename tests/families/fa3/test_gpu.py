@@ -27,7 +27,6 @@ from __future__ import annotations
 import random
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -106,15 +105,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ------------------------------------------------------------------------------------------
-# Through the worker: build -> load -> verify -> time, as a campaign measures
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Any]:
-    from measure.worker import BenchWorker
-
-    with BenchWorker(device=0, job_timeout_s=60, start_timeout_s=300, kill_wait_s=60) as w:
-        yield w
+# Through the worker (tests/families/conftest.py): build -> load -> verify -> time, as a
+# campaign measures
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,9 +46,8 @@ PLAN: list[tuple[Problem, AnyConfig]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    s = make_store(tmp_path_factory.mktemp("splitkv_export"))
+def fill_store(s: Store) -> None:
+    """The shared module store's rows (``PLAN``)."""
     gpu_id = s.upsert_gpu(H200)
     for problem, cfg in PLAN:
         arch = "sm_90a" if cfg.family == "fa3" else "sm_90"
@@ -57,13 +55,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         s.record_measurement(
             s.problem_id(problem, gpu_id), bid, ok_result(0.05, problem), H200, trial_number=0
         )
-    yield s
-    s.close()
 
 
-@pytest.fixture(scope="module")
-def header(store: Store) -> str:
-    return export_header(store, "H200", [128], dtypes=["fp16"], generated_at=WHEN)
+HEADER = {"gpu": "H200", "ds": [128], "dtypes": ["fp16"], "generated_at": WHEN}
 
 
 def test_splitkv_part_inlined_once_in_registry_order(header: str) -> None:

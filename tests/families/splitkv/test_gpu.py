@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import random
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -128,14 +127,6 @@ def more_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     more = [c for d in MORE_HEAD_DIMS for t in DTYPES for m in (False, True) for c in _few(d, t, m)]
     _build(more, path)
     return path
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[Any]:
-    from measure.worker import BenchWorker
-
-    with BenchWorker(device=0, job_timeout_s=60, start_timeout_s=300, kill_wait_s=60) as w:
-        yield w
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
