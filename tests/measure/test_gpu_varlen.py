@@ -151,7 +151,7 @@ def test_varlen_past_the_grid_z_limit_runs_in_offset_slices(family: str) -> None
 def test_head_dims_not_multiples_of_32(d: int) -> None:
     """Dense calls at head dims the tile is rounded up for: seeds and a sample, GQA, both
     layouts, LSE, square and ragged shapes, causal and not."""
-    from tests.families.fa2.test_gpu import _run_configs
+    from tests.support.gpu import run_fa2_configs as _run_configs
 
     shapes = [(2, 4, 2, 257, 257), (1, 2, 2, 1, 33), (1, 2, 1, 700, 100), (1, 2, 2, 1000, 1000)]
     for causal in (False, True):

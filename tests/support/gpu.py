@@ -1,16 +1,20 @@
-"""What tests that need a real GPU share: the rule that skips them elsewhere.
+"""What tests that need a real GPU share: the rule that skips them elsewhere, and the fa2
+configs' build-and-check loop.
 
 A GPU test module sets ``pytestmark = gpu_marks()``: it is marked ``gpu`` and skipped, with
-the reason, where torch, cuda-bindings or a visible CUDA GPU is missing.
+the reason, where torch, cuda-bindings or a visible CUDA GPU is missing. torch and the
+measure modules are imported inside the functions, so importing this module needs neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any, cast
 
 import pytest
 
 from core.config import Dtype
+from core.fa2_config import Fa2Config
 from core.problem import Problem
 
 
@@ -59,3 +63,48 @@ def shape_problems(
         )
         for b, h, hkv, nq, nk in shapes
     ]
+
+
+def run_fa2_configs(configs: list[Fa2Config], problems: list[Problem], layouts: list[str]) -> None:
+    """Build ``configs`` and check each on every (problem, layout); fail listing every miss."""
+    import torch
+
+    from codegen.build import build_configs
+    from measure.loader import LoadedKernel, ensure_context
+    from measure.params import Layout
+    from measure.reference import make_inputset
+    from measure.verify import check_output, poison
+
+    ensure_context(torch.cuda.current_device())
+    reports = build_configs(configs, "sm_90")
+    unbuilt = [f"{r.config.name}: {r.status} {r.error}" for r in reports if not r.usable]
+    assert not unbuilt, "configs of the space failed to build:\n" + "\n".join(unbuilt)
+
+    inputsets: list[Any] = [
+        make_inputset(p, cast(Layout, layout)) for p in problems for layout in layouts
+    ]
+    stream = torch.cuda.current_stream().cuda_stream
+    failures: list[str] = []
+    for report in reports:
+        assert report.cubin is not None
+        kernel = LoadedKernel.for_config(report.config, report.cubin)
+        try:
+            for inputs in inputsets:
+                out, lse = inputs.outputs()
+                poison(out, lse)
+                # The product's launch path: geometry, extra arguments and batch slices.
+                kernel.bind_config(
+                    report.config, inputs.q, inputs.k, inputs.v, out, lse, inputs.scale,
+                    inputs.layout, stream,
+                )()  # fmt: skip
+                torch.cuda.synchronize()
+                result = check_output(out, lse, inputs)
+                if not result.ok:
+                    p = inputs.problem
+                    failures.append(
+                        f"{report.config.name} b={p.batch} h={p.heads}/{p.n_kv_heads} "
+                        f"nq={p.n} nk={p.n_keys} {inputs.layout}: {result.message}"
+                    )
+        finally:
+            kernel.unload()
+    assert not failures, f"{len(failures)} wrong results:\n" + "\n".join(failures[:50])

@@ -9,21 +9,19 @@ bound is :func:`measure.verify.check_output`'s: at most 2x SDPA-flash's error on
 configs, so the run is dominated by compilation (about a minute for ~1200 configs on 16
 cores).
 
-Run on a GPU machine: ``pytest -m gpu tests/test_gpu_kernels.py``.
+Run on a GPU machine: ``pytest -m gpu tests/families/fa2/test_gpu.py``.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
 from codegen.families.fa2.space import enumerate_space, seed_configs
 from core.config import Dtype
-from core.fa2_config import Fa2Config
-from core.problem import Problem
-from tests.support.gpu import gpu_marks, shape_problems
+from tests.support.gpu import gpu_marks, run_fa2_configs, shape_problems
 
 pytestmark = gpu_marks()
 
@@ -33,57 +31,12 @@ RAGGED_SHAPES = [(2, 2, 2, 300, 1000), (1, 2, 2, 1000, 300)]
 SAMPLE_SHAPES = [(2, 4, 2, 257, 257), (1, 4, 1, 100, 700), (1, 2, 2, 700, 100), (1, 2, 2, 1, 33)]
 
 
-def _run_configs(configs: list[Fa2Config], problems: list[Problem], layouts: list[str]) -> None:
-    """Build ``configs`` and check each on every (problem, layout); fail listing every miss."""
-    import torch
-
-    from codegen.build import build_configs
-    from measure.loader import LoadedKernel, ensure_context
-    from measure.params import Layout
-    from measure.reference import make_inputset
-    from measure.verify import check_output, poison
-
-    ensure_context(torch.cuda.current_device())
-    reports = build_configs(configs, "sm_90")
-    unbuilt = [f"{r.config.name}: {r.status} {r.error}" for r in reports if not r.usable]
-    assert not unbuilt, "configs of the space failed to build:\n" + "\n".join(unbuilt)
-
-    inputsets: list[Any] = [
-        make_inputset(p, cast(Layout, layout)) for p in problems for layout in layouts
-    ]
-    stream = torch.cuda.current_stream().cuda_stream
-    failures: list[str] = []
-    for report in reports:
-        assert report.cubin is not None
-        kernel = LoadedKernel.for_config(report.config, report.cubin)
-        try:
-            for inputs in inputsets:
-                out, lse = inputs.outputs()
-                poison(out, lse)
-                # The product's launch path: geometry, extra arguments and batch slices.
-                kernel.bind_config(
-                    report.config, inputs.q, inputs.k, inputs.v, out, lse, inputs.scale,
-                    inputs.layout, stream,
-                )()  # fmt: skip
-                torch.cuda.synchronize()
-                result = check_output(out, lse, inputs)
-                if not result.ok:
-                    p = inputs.problem
-                    failures.append(
-                        f"{report.config.name} b={p.batch} h={p.heads}/{p.n_kv_heads} "
-                        f"nq={p.n} nk={p.n_keys} {inputs.layout}: {result.message}"
-                    )
-        finally:
-            kernel.unload()
-    assert not failures, f"{len(failures)} wrong results:\n" + "\n".join(failures[:50])
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_every_config_fp16(d: int, causal: bool) -> None:
     configs = enumerate_space(d, "fp16", causal)
     assert configs
-    _run_configs(
+    run_fa2_configs(
         configs, shape_problems(d, "fp16", causal, SQUARE_SHAPES + RAGGED_SHAPES), ["bnhd"]
     )
 
@@ -109,10 +62,10 @@ def test_sample_configs(d: int, dtype: str, causal: bool) -> None:
     rng = random.Random(f"{d}{dtype}{causal}")
     sample = rng.sample(space, min(8, len(space)))
     configs = sorted(set(seed_configs(d, dt, causal)) | set(sample))
-    _run_configs(configs, shape_problems(d, dt, causal, SAMPLE_SHAPES), ["bnhd", "bhnd"])
+    run_fa2_configs(configs, shape_problems(d, dt, causal, SAMPLE_SHAPES), ["bnhd", "bhnd"])
 
 
 def test_a_batch_past_the_grid_z_limit_runs_in_slices() -> None:
     """Batch 70,000 (grid z allows 65,535): the loader cuts the launch into batch slices."""
     cfg = seed_configs(64, "fp16", False)[0]
-    _run_configs([cfg], shape_problems(64, "fp16", False, [(70_000, 1, 1, 16, 16)]), ["bnhd"])
+    run_fa2_configs([cfg], shape_problems(64, "fp16", False, [(70_000, 1, 1, 16, 16)]), ["bnhd"])

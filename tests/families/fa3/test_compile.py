@@ -12,21 +12,20 @@ one at a time (the development machine's cores are shared).
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from codegen.build import build_configs, nvcc_flags
+from codegen.build import build_configs
 from codegen.families import family
 from codegen.families.fa3 import space as fa3_space
 from codegen.families.fa3.space import ARCH, invalid_reasons
 from codegen.ninja import LOG_SUFFIX
-from codegen.render import template_dir
 from core.build_report import BuildStatus
 from core.fa3_config import Fa3Config
 from core.settings import get_settings
+from tests.support.nvcc import compile_fa3_harness
 
 NVCC = get_settings().nvcc
 pytestmark = [
@@ -45,16 +44,6 @@ SPILL_FREE: list[Fa3Config] = [
     Fa3Config(256, "bf16", True, block_n=80),
     Fa3Config(96, "fp16", False, block_n=128),
 ]  # fmt: skip
-
-
-def _nvcc(source: str, name: str, workdir: Path) -> tuple[bool, str]:
-    """Compile harness-only source (not a config) for sm_90a with the product's flags."""
-    cu = workdir / f"{name}.cu"
-    cu.write_text(source)
-    out = cu.with_suffix(".cubin")
-    cmd = [NVCC, *nvcc_flags(ARCH), f"-I{template_dir()}", str(cu), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    return proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_sample_builds_for_sm90a_without_spills(tmp_path: Path) -> None:
@@ -77,7 +66,7 @@ def test_static_assert_rejects_invalid_config(tmp_path: Path) -> None:
     # Ping-pong needs two consumer warpgroups; 192-row blocks have three.
     bad = Fa3Config(128, "fp16", False, block_m=192, pingpong=True, consumer_regs=160)
     assert invalid_reasons(bad)
-    ok, log = _nvcc(family("fa3").render(bad), "fa3_bad", tmp_path)
+    ok, log = compile_fa3_harness(family("fa3").render(bad), "fa3_bad", tmp_path)
     assert not ok
     assert "ping-pong needs exactly 2 consumer warpgroups" in log
 
@@ -93,7 +82,9 @@ def test_smem_formula_matches_traits(tmp_path: Path) -> None:
     render = family("fa3").render
     body = "".join(render(c) for c in cfgs).replace('#include "fa3_fwd.cuh"\n', "")
     checks = [f"static_assert({c.name}_traits::kSmemBytes == {c.smem_bytes});" for c in cfgs]
-    ok, log = _nvcc('#include "fa3_fwd.cuh"\n' + body + "\n".join(checks) + "\n", "smem", tmp_path)
+    ok, log = compile_fa3_harness(
+        '#include "fa3_fwd.cuh"\n' + body + "\n".join(checks) + "\n", "smem", tmp_path
+    )
     assert ok, log[-3000:]
 
 
@@ -143,5 +134,7 @@ def test_varlen_traits_agree_with_the_dense_ones(tmp_path: Path) -> None:
         "static_assert(!fa3::Traits<128, __half, true, 128, 128, 2, true, true, true, 240>"
         "::Varlen);",
     ]
-    ok, log = _nvcc('#include "fa3_fwd.cuh"\n' + body + "\n".join(checks) + "\n", "vl", tmp_path)
+    ok, log = compile_fa3_harness(
+        '#include "fa3_fwd.cuh"\n' + body + "\n".join(checks) + "\n", "vl", tmp_path
+    )
     assert ok, log[-3000:]

@@ -114,11 +114,11 @@ def test_longest_first_seeds_build_like_their_twins(tmp_path: Path) -> None:
 @pytest.mark.compile
 @pytest.mark.skipif(shutil.which(NVCC) is None, reason=f"nvcc ({NVCC!r}) is not on PATH")
 def test_template_refuses_longest_first_outside_dense_causal(tmp_path: Path) -> None:
-    from tests.families.fa3.test_compile import _nvcc
+    from tests.support.nvcc import compile_fa3_harness
 
     full = replace(LF, causal=False)
     assert fa3_space.invalid_reasons(full)
-    ok, log = _nvcc(family("fa3").render(full), "fa3_lf_full", tmp_path)
+    ok, log = compile_fa3_harness(family("fa3").render(full), "fa3_lf_full", tmp_path)
     assert not ok
     assert "longest-first order is for dense causal configs" in log
 
