@@ -1,1 +1,1 @@
-"""Test package (keeps same-named test modules apart)."""
+"""The test suite; its packages mirror the product's (see docs/architecture.md)."""

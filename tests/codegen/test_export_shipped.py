@@ -89,7 +89,7 @@ def old_bucket(ns: list[int], n: int) -> int:
 
 
 def test_square_calls_keep_their_configs(store: Store) -> None:
-    """The shape dispatch (core.shape's rule; tests/test_export_shapes.py holds the header's
+    """The shape dispatch (core.shape's rule; tests/codegen/test_export_shapes.py holds the header's
     C++ to it) against the old per-N buckets, for every square B=2 H=16 call up to 64K on
     the H200's 132 SMs. The grid-fill term only moves each boundary a little below the
     geometric midpoint (its block count rounds up and saturates at 8 waves): the calls in

@@ -1,4 +1,4 @@
-"""The ptxas parser against real nvcc 13 output captured in tests/data/ptxas (see README)."""
+"""The ptxas parser against real nvcc 13 output captured in tests/codegen/data/ptxas (README)."""
 
 from __future__ import annotations
 

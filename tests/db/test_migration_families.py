@@ -1,6 +1,6 @@
 """Migration 0002 (kernel families) on a real 0001 database: the shipped H200 results.
 
-``tests/data/migrations/shipped_0001.sqlite.gz`` was written by fa2tune before kernel families
+``tests/db/data/migrations/shipped_0001.sqlite.gz`` was written by fa2tune before kernel families
 existed (schema 0001, the shipped ``db/data/h200_results.json`` ingested), and
 ``best_0001.json`` holds what ``/v1/best`` answered from it then, for every shipped problem at
 its own N and at an untuned N (nearest-N answers). After the upgrade every row is still there,

@@ -104,7 +104,7 @@ def test_campaign_space_for_a_varlen_problem_is_varlen_only() -> None:
 
     space_fn, seeds_fn, _ = _defaults("sm_90", H200, None, None, None)
     configs = space_fn(_varlen())
-    # fa2's varlen kernels, and on sm_90 the Hopper family's (tests/test_fa3_varlen.py).
+    # fa2's varlen kernels, and on sm_90 the Hopper family's (tests/families/fa3/test_varlen.py).
     assert configs and all(getattr(c, "varlen", False) for c in configs)
     assert {c.family for c in configs} == {"fa2", "fa3"}
     assert any(isinstance(c, Fa2Config) for c in configs)

@@ -4,7 +4,7 @@ The decision layer (:func:`fa2tune.ops.selection.select`) is asked as the op ask
 tuning job is a fake callable that writes a measurement to the temporary SQLite database the
 way a campaign would, so the rules (modes, one job per untuned shape and process, the served
 choice changing once the job has written its result, the listener that makes the op choose
-again) are checked on any machine. The real campaign is tests/test_gpu_torch_op.py's.
+again) are checked on any machine. The real campaign is tests/fa2tune/test_gpu_torch_op.py's.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Run on a GPU machine (torch and cuda-bindings installed, the repository on PYTHONPATH)::
 
-    PYTHONPATH=. pytest -m gpu tests/test_gpu_faults.py
+    PYTHONPATH=. pytest -m gpu tests/measure/test_gpu_faults.py
 
-The kernels under ``tests/gpu_kernels/`` are compiled by the tests themselves: with nvcc when
-it is on PATH, else with NVRTC from cuda-bindings (the ``nvidia-cuda-nvrtc`` wheel torch
+The kernels under ``tests/measure/gpu_kernels/`` are compiled by the tests themselves: with nvcc
+when it is on PATH, else with NVRTC from cuda-bindings (the ``nvidia-cuda-nvrtc`` wheel torch
 depends on). Each broken kernel must be recorded with the right status and the worker must
 measure a good kernel correctly afterwards:
 

@@ -1,1 +1,1 @@
-"""Test package (keeps same-named test modules apart)."""
+"""Helpers the tests import by package path (``tests.support.factories`` ...); no tests here."""

@@ -5,7 +5,7 @@ compiles the family for sm_90a) and launched by :mod:`measure.loader` with the f
 ``host_prep`` (the TMA descriptors of :mod:`codegen.families.fa3.host`), against the float32
 reference of :mod:`measure.reference` with :func:`measure.verify.check_output`'s bound (at most 2x
 SDPA-flash's error on the same inputs, or a small rounding floor; NaN-poisoned outputs; dead
-rows exactly 0 / -inf; LSE). The shapes are the fa2 tier's (tests/test_gpu_kernels.py): odd N,
+rows exactly 0 / -inf; LSE). The shapes are the fa2 tier's (tests/families/fa2/test_gpu.py): odd N,
 N = 1, Nq != Nk both ways with causal, GQA/MQA, both layouts, LSE.
 
 * ``test_worker_*``: the seed configs of every head dim, dtype and mask measured through
@@ -18,7 +18,7 @@ N = 1, Nq != Nk both ways with causal, GQA/MQA, both layouts, LSE.
 * ``test_building_blocks``: the harness's micro-tests (bench/hopper/fa3_micro.cu).
 
 Skipped, with the reason, without torch, cuda-bindings, nvcc or an sm_90 GPU.
-Run on the GPU machine: ``pytest -m gpu tests/test_gpu_fa3.py`` (``-m "gpu and not slow"``
+Run on the GPU machine: ``pytest -m gpu tests/families/fa3/test_gpu.py`` (``-m "gpu and not slow"``
 leaves out the whole-space test).
 """
 
