@@ -45,7 +45,7 @@ from measure.loader import LoadedKernel, ensure_context
 from measure.reference import make_inputset
 from measure.sdpa import sdpa_times
 from measure.timing import TimingOptions, time_with_options
-from measure.varlen import bind_varlen, check_varlen, make_varlen_inputs
+from measure.varlen import check_varlen, make_varlen_inputs
 from measure.verify import check_output, poison
 
 log = logging.getLogger("varlen_bench")
@@ -129,7 +129,7 @@ def run_case(
         kernel = LoadedKernel.for_config(cfg, rep.cubin)
         o, lse = inputs.outputs()
         poison(o, lse)
-        launch = bind_varlen(kernel, cfg, inputs, o, lse, stream)
+        launch = inputs.bind(kernel, cfg, o, lse, stream)
         launch()
         torch.cuda.synchronize()
         check = check_varlen(o, lse, inputs)

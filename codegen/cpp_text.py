@@ -1,8 +1,7 @@
 """Text for the exported header's C++: literals and ``//`` comment values.
 
-Shared by :mod:`codegen.export` (the header and its dispatch table) and
-:mod:`codegen.export_varlen` (the packed-batch tables), which renders with the same rules
-without importing the exporter (that imports it).
+Shared by :mod:`codegen.export` (the header's comment) and :mod:`codegen.dispatch_table`
+(the dispatch tables of both modes).
 """
 
 from __future__ import annotations

@@ -33,9 +33,10 @@ The entry points it defines (dispatch.cuh documents them all)::
                                        cudaStream_t stream = 0);
 
 The packed variable-length entry (``fa2tune_forward_varlen``, its config-name and nearest-entry
-queries) dispatches to the ``_vl`` configs of the store's varlen results (fa2's or fa3's,
-the latter only where they can run), else to the varlen twin of the default:
-:mod:`codegen.export_varlen` renders its tables.
+queries) is the same dispatch in its packed mode: a :class:`TunedPoint` with ``seqlens`` is a
+tuned varlen problem's ``_vl`` winner (fa2's or fa3's, the latter only where they can run),
+its table's default the varlen twin of the dense default. :mod:`codegen.dispatch_table`
+renders the tables of both modes.
 
 It compiles with plain nvcc (``-std=c++17``, sm_80 and up; a family whose targets are all
 architecture-specific, like the Hopper family's sm_90a, runs from that code only, and the
@@ -54,31 +55,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from codegen.cpp_text import DATA_DECL
 from codegen.cpp_text import NOT_IN_COMMENT as _NOT_IN_COMMENT
-from codegen.cpp_text import braced as _braced
-from codegen.cpp_text import c_string as _c_string
 from codegen.cpp_text import comment_safe as _comment_safe
-from codegen.cpp_text import cpp_bool as _cpp_bool
 from codegen.cpp_text import number as _fmt
 from codegen.cpp_text import seal_comments as _seal_comments
-from codegen.export_varlen import (
-    VarlenKey,
-    VarlenPoint,
-    is_varlen,
-    render_varlen_tables,
-    varlen_tables,
-    varlen_twin,
-)
-from codegen.families import FAMILIES, Family, family_of
+from codegen.dispatch_table import TableKey, has_varlen_launcher, render_table, varlen_twin
+from codegen.families import FAMILIES, Family
 from codegen.families.fa2.space import fa2_default_config
 from codegen.render import template_hash
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
-from core.elements import element
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem
-from core.shape import Shape
+from core.shape import Shape, varlen_shape
 from core.version import __version__
 
 log = logging.getLogger(__name__)
@@ -119,6 +108,12 @@ class TunedPoint:
         batch, heads: batch size and query heads of the problem (a campaign's defaults,
             :class:`core.problem.Problem`'s, when not given).
         kv_heads: KV heads (None: ``heads``).
+        seqlens: a packed varlen problem's lengths (its sequence descriptor; ``n`` is then
+            the longest, ``batch`` their count); None for a dense problem.
+
+    Raises:
+        ValueError: ``seqlens`` given with a config that has no varlen kernel, or a
+            ``batch`` that does not count them.
     """
 
     d: int
@@ -138,20 +133,47 @@ class TunedPoint:
     batch: int = Problem.batch
     heads: int = Problem.heads
     kv_heads: int | None = None
+    seqlens: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.seqlens is None:
+            return
+        if not getattr(self.config, "varlen", False):
+            raise ValueError(f"{self.config.name} is not a varlen (_vl) config")
+        if self.batch != len(self.seqlens):
+            raise ValueError(
+                f"a varlen shape counts the sequences: batch {self.batch} != "
+                f"{len(self.seqlens)} lengths"
+            )
 
     @property
     def shape(self) -> Shape:
-        """The shape it was measured at (the dispatch's distance is to this).
+        """The shape it was measured at (the dispatch's distance is to this): a packed
+        problem's is its count of sequences at their mean length (:func:`varlen_shape`).
 
         Raises:
             core.shape.ShapeError: when the fields make no shape.
         """
+        kv_heads = self.heads if self.kv_heads is None else self.kv_heads
+        if self.seqlens is not None:
+            return varlen_shape(self.seqlens, self.heads, kv_heads)
         return Shape(
             nq=self.n,
             nk=self.n if self.nk is None else self.nk,
             batch=self.batch,
             heads=self.heads,
-            kv_heads=self.heads if self.kv_heads is None else self.kv_heads,
+            kv_heads=kv_heads,
+        )
+
+    def describe(self) -> str:
+        """The shape for people; a packed batch says its count, mean, longest and total."""
+        if self.seqlens is None:
+            return self.shape.describe()
+        s = self.shape
+        gqa = f"/{s.kv_heads}kv" if s.kv_heads != s.heads else ""
+        return (
+            f"varlen {s.batch} seqs, mean {s.nq}, max {max(self.seqlens)}, "
+            f"total {sum(self.seqlens)} H={s.heads}{gqa}"
         )
 
 
@@ -230,16 +252,13 @@ def _shell_arg(s: str) -> str:
     return shlex.quote(s)
 
 
-def _provenance_lines(
-    points: Sequence[TunedPoint], shapes: Sequence[str] | None = None
-) -> list[str]:
-    """Two comment lines per point; ``shapes`` describes each point's shape (the dense
-    shape's own description when None; varlen points say their batch instead)."""
+def _provenance_lines(points: Sequence[TunedPoint]) -> list[str]:
+    """Two comment lines per point (:meth:`TunedPoint.describe` says its shape or batch)."""
     lines: list[str] = []
-    for i, p in enumerate(points):
+    for p in points:
         mask = "causal" if p.causal else "full"
         when = p.measured_at.isoformat(timespec="seconds") if p.measured_at else "?"
-        shape = p.shape.describe() if shapes is None else shapes[i]
+        shape = p.describe()
         lines.append(
             f"//   D={p.d} {p.dtype} {mask} {shape}: {p.config.name} "
             f"(family {p.config.family})  "
@@ -308,127 +327,10 @@ def _nvcc_note(f: Family) -> str | None:
     )
 
 
-def _choice(shape: Shape | None, cfg: AnyConfig) -> str:
-    """One ``Choice``: the tuned shape (all 0 for a default), launcher, name, guard and the
-    caller-workspace entry points (``Workspace<alias>``, nullptr in C++ for a family without
-    a workspace; dispatch.cuh finds a family's by its Traits)."""
-    part = family_of(cfg).header
-    alias = f"fa2tune_configs::{cfg.name}"
-    guard = "nullptr" if part.guard is None else f"&{part.guard}<{alias}>"
-    dims = (
-        (0,) * 5
-        if shape is None
-        else (shape.nq, shape.nk, shape.batch, shape.heads, shape.kv_heads)
-    )
-    workspace = f"Workspace<{alias}>"
-    return _braced(
-        _braced(*dims),
-        f"&{part.launcher}<{alias}>",
-        _c_string(cfg.name),
-        guard,
-        f"{workspace}::size",
-        f"{workspace}::launch",
-    )
-
-
-def _table_row(d: int, dtype: Dtype, causal: bool, choices: str, count: int) -> str:
-    return "    " + _braced(d, element(dtype).header_enum, _cpp_bool(causal), choices, count) + ","
-
-
-def render_table(
-    gpu: str,
-    tables: Mapping[tuple[int, Dtype, bool], Mapping[Shape, AnyConfig]],
-    defaults: Sequence[AnyConfig],
-    varlen: Mapping[VarlenKey, Mapping[Shape, AnyConfig]] | None = None,
-    varlen_defaults: Sequence[AnyConfig] = (),
-) -> str:
-    """``dispatch_table.inc``: the data dispatch.cuh dispatches on (see its contract).
-
-    Args:
-        gpu: the tuned GPU's name; the header stores its :func:`normalize_gpu_name` key.
-        tables: (D, dtype, causal) -> {tuned shape: winning config}; each table is written
-            sorted by shape, the order :func:`core.shape.nearest_shape` must see for the
-            C++ and Python tie-breaks to agree.
-        defaults: one default config per supported (D, dtype, causal).
-        varlen: (D, dtype, causal) -> {varlen shape: winning ``_vl`` config}
-            (:func:`codegen.export_varlen.render_varlen_tables`).
-        varlen_defaults: one ``_vl`` config per supported (D, dtype, causal).
-
-    Returns:
-        C++ text: config aliases, explicit instantiations, tuned and default tables (dense,
-        then varlen).
-    """
-    varlen = varlen or {}
-    configs: dict[str, AnyConfig] = {}
-    for cfg in [
-        *(c for k in sorted(tables) for _, c in sorted(tables[k].items())),
-        *defaults,
-        *(c for k in sorted(varlen) for _, c in sorted(varlen[k].items())),
-        *varlen_defaults,
-    ]:
-        configs.setdefault(cfg.name, cfg)
-    out = [
-        "// The configs compiled into this header: one alias per config ...",
-        "namespace fa2tune_configs {",
-        *(
-            f"using {name} = {family_of(c).header.traits(c)};"
-            for name, c in sorted(configs.items())
-        ),
-        "}  // namespace fa2tune_configs",
-        "",
-        "// ... and their explicit instantiations (kernel, host launcher, guard if any).",
-    ]
-    for name, c in sorted(configs.items()):
-        out += family_of(c).header.instantiations(f"fa2tune_configs::{name}", varlen=is_varlen(c))
-    out += [
-        "",
-        "namespace fa2tune_detail {",
-        "",
-        f"{DATA_DECL} char kTunedGpu[] = {_c_string(normalize_gpu_name(gpu))};"
-        "  // normalised device name",
-        "",
-        "// Tuned configs, one table per (D, dtype, causal): one entry per tuned shape",
-        "// {nq, nk, batch, heads, kv_heads}, sorted by shape.",
-    ]
-    rows: list[str] = []
-    for d, dt, causal in sorted(tables):
-        ident = f"kTuned_d{d}_{dt}_{'causal' if causal else 'full'}"
-        by_shape = sorted(tables[(d, dt, causal)].items())
-        out.append(f"{DATA_DECL} Choice {ident}[] = " + "{")
-        out += [f"    {_choice(shape, cfg)}," for shape, cfg in by_shape]
-        out.append("};")
-        rows.append(_table_row(d, dt, causal, ident, len(by_shape)))
-    if not rows:  # C++ has no empty arrays: a sentinel, never read (kTunedCount is 0)
-        rows.append("    " + _braced(0, 0, "false", "nullptr", 0) + ",")
-    out += [
-        f"{DATA_DECL} int kTunedCount = {len(tables)};",
-        f"{DATA_DECL} Table kTuned[] = {{",
-        *rows,
-        "};",
-        "",
-        "// FlashAttention-2 defaults, used for other GPUs and untuned shapes.",
-        f"{DATA_DECL} int kDefaultCount = {len(defaults)};",
-        f"{DATA_DECL} Choice kDefaultChoices[] = {{",
-        ",\n".join(f"    {_choice(None, c)}" for c in defaults),
-        "};",
-        f"{DATA_DECL} Table kDefaults[] = {{",
-        *(
-            _table_row(c.d, c.dtype, c.causal, f"&kDefaultChoices[{i}]", 1)
-            for i, c in enumerate(defaults)
-        ),
-        "};",
-        *render_varlen_tables(varlen, varlen_defaults),
-        "",
-        "}  // namespace fa2tune_detail",
-    ]
-    return "\n".join(out) + "\n"
-
-
 def render_header(
     gpu: str,
     points: Iterable[TunedPoint],
     *,
-    varlen: Iterable[VarlenPoint] = (),
     ds: Sequence[int] | None = None,
     dtypes: Sequence[Dtype] = DTYPES,
     template_dir: Path = TEMPLATE_DIR,
@@ -439,14 +341,15 @@ def render_header(
 
     Args:
         gpu: the GPU name as stored (the device name the header compares with).
-        points: winning configs, one per tuned problem; those outside ``ds``/``dtypes`` are
-            ignored, and of several for the same (D, dtype, causal, shape) the first is kept.
-            Problems that differ only in Nk, batch, heads or KV heads keep an entry each.
-        varlen: winning ``_vl`` configs of tuned varlen problems, filtered as ``points``; of
-            several for the same (D, dtype, causal, varlen shape) the first is kept. Every
-            supported (D, dtype, causal) also gets its default's varlen twin.
+        points: winning configs, one per tuned problem, dense ones and packed ones (with
+            ``seqlens``: ``_vl`` configs, their tables apart); those outside ``ds``/``dtypes``
+            are ignored, and of several for the same mode, (D, dtype, causal) and shape the
+            first is kept. Dense problems that differ only in Nk, batch, heads or KV heads
+            keep an entry each; a packed winner of a family without varlen kernels in the
+            header is left out with a warning. Every supported (D, dtype, causal) also gets
+            its default and the default's varlen twin.
         ds: head dims the header supports (each gets its default config); None for
-            :data:`~core.config.COMMON_HEAD_DIMS` plus every head dim of ``points`` (every
+            :data:`~core.config.COMMON_HEAD_DIMS` plus every head dim of the dense points (every
             default config is compiled into the user's program, so not all
             :data:`~core.config.HEAD_DIMS`).
         dtypes: element types the header supports.
@@ -462,10 +365,11 @@ def render_header(
         ValueError: for an unsupported head dim or dtype.
     """
     points = list(points)
+    dense = [p for p in points if p.seqlens is None]
     dtypes = [t for t in DTYPES if t in set(dtypes)]
     asked = ds is not None
     if ds is None:
-        ds = [*COMMON_HEAD_DIMS, *(p.d for p in points if p.dtype in dtypes and p.d in HEAD_DIMS)]
+        ds = [*COMMON_HEAD_DIMS, *(p.d for p in dense if p.dtype in dtypes and p.d in HEAD_DIMS)]
     ds = sorted(set(ds))
     for d in ds:
         if d not in HEAD_DIMS:
@@ -473,32 +377,36 @@ def render_header(
     if not dtypes:
         raise ValueError(f"no dtype selected; supported: {', '.join(DTYPES)}")
 
-    # (d, dtype, causal) -> {shape: point}
-    tables: dict[tuple[int, Dtype, bool], dict[Shape, TunedPoint]] = {}
+    # Per mode, (d, dtype, causal) -> {shape: point}, the first of equal shapes kept.
+    tables: dict[TableKey, dict[Shape, TunedPoint]] = {}
+    packed: dict[TableKey, dict[Shape, TunedPoint]] = {}
     for p in points:
-        if p.d in ds and p.dtype in dtypes:
-            tables.setdefault((p.d, p.dtype, p.causal), {}).setdefault(p.shape, p)
-    # Listed in the table's order, so an entry's index (fa2tune_nearest_tuned) is its rank
+        if p.d not in ds or p.dtype not in dtypes:
+            continue
+        if p.seqlens is not None and not has_varlen_launcher(p.config):
+            log.warning(
+                "varlen winner %s left out of the header: its family has no varlen kernels there",
+                p.config.name,
+            )
+            continue
+        mode = tables if p.seqlens is None else packed
+        mode.setdefault((p.d, p.dtype, p.causal), {}).setdefault(p.shape, p)
+    # Listed in the tables' order, so an entry's index (fa2tune_nearest_tuned) is its rank
     # in the provenance too.
     kept = [tables[k][s] for k in sorted(tables) for s in sorted(tables[k])]
-    defaults = [fa2_default_config(d, t, c) for d in ds for t in dtypes for c in (False, True)]
-    packed = varlen_tables(varlen, ds, dtypes)
     packed_kept = [packed[k][s] for k in sorted(packed) for s in sorted(packed[k])]
+    defaults = [fa2_default_config(d, t, c) for d in ds for t in dtypes for c in (False, True)]
     table = render_table(
         gpu,
         {k: {s: p.config for s, p in v.items()} for k, v in tables.items()},
         defaults,
-        {k: {s: v.point.config for s, v in by.items()} for k, by in packed.items()},
+        {k: {s: p.config for s, p in v.items()} for k, v in packed.items()},
         [varlen_twin(c) for c in defaults],
     )
 
     # The families with a config in the header, in registry order (fa2 always: the defaults);
     # a family with only varlen winners (fa3 _vl) needs its part as much as a dense one.
-    used = (
-        {c.family for c in defaults}
-        | {p.config.family for p in kept}
-        | {v.point.config.family for v in packed_kept}
-    )
+    used = {c.family for c in defaults} | {p.config.family for p in [*kept, *packed_kept]}
     families = [f for f in FAMILIES.values() if f.name in used]
     templates = [
         f"codegen/templates/{f.templates[0]} (template hash "
@@ -541,7 +449,7 @@ def render_header(
         dtypes=", ".join(dtypes),
         provenance="\n".join(provenance),
         varlen="\n".join(
-            _provenance_lines([v.point for v in packed_kept], [v.describe() for v in packed_kept])
+            _provenance_lines(packed_kept)
             or ["//   (none: packed batches run the defaults' varlen twins)"]
         ),
     )

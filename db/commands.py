@@ -19,8 +19,15 @@ from codegen.families import FAMILIES
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
 from core.settings import get_settings
 from core.shape import Shape
-from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS, ShapeParamError, resolve_shape
-from core.varlen_request import VarlenRequest, no_varlen_results, resolve_varlen
+from core.shape_request import (
+    DEFAULT_BATCH,
+    DEFAULT_HEADS,
+    ShapeParamError,
+    VarlenRequest,
+    no_varlen_results,
+    resolve_shape,
+    resolve_varlen,
+)
 from db.dump_format import TransferError
 from db.results import BestResult
 from db.shipped import load_shipped_results

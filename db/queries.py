@@ -1,11 +1,17 @@
 """The store's read side: the SQL behind every question asked of the results database.
 
 Holds the module-level queries :class:`db.store.Store` exposes as methods (``best``,
-``best_or_nearest``, ``best_for_shape``, ``shape_winners``, ``results``, ``gpus``,
-``measured_pairs``, ``outcome``, ``spill_bytes``; their contracts are documented on the
-``Store``), the helpers they share, and the row helpers other readers use:
+``best_or_nearest``, ``best_for_shape``, ``best_varlen``, ``best_varlen_shape``,
+``shape_winners``, ``varlen_winners``, ``measured_pairs``, ``outcome``, ``spill_bytes``;
+their contracts are documented on the ``Store``), the helpers they share, and the row
+helpers other readers use:
 :func:`build_config` (a build row's config, also used by :mod:`db.transfer`),
-:func:`problem_flops`, :func:`problem_shape` and :func:`effective_sm_count`.
+:func:`problem_flops`, :func:`problem_shape` and :func:`effective_sm_count`. The listings
+(``gpus``, ``results``) are :mod:`db.listing`'s.
+
+A dense shape and a packed variable-length batch (a :class:`core.lookup.Packed`) are
+two modes of one lookup, :func:`best_match`: a packed problem is compared as its count of
+sequences at their mean length (:func:`core.shape.varlen_shape`) under the dense distance.
 
 Contract: every query takes the engine of a database whose schema is at head, runs in one
 read-only :func:`db.session.session_scope`, writes nothing, and returns values from
@@ -19,13 +25,15 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from functools import cache
+from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Engine, Select, exists, func, select
+from sqlalchemy import Engine, Select, bindparam, exists, func, select
 from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
+from core.lookup import Candidate, Packed, pick
 from core.problem import Problem as ProblemSpec
 from core.problem import parse_seqlens
 from core.records import MeasureStatus
@@ -33,29 +41,29 @@ from core.shape import (
     MAX_DIM,
     Shape,
     ShapeError,
-    effective_causal,
-    nearest_shape,
     shape_distance,
 )
 from db.models import Build, Gpu, Measurement, Problem
-from db.results import MAX_PAGE, BestResult, GpuSummary, ResultPage, ResultRow, StoredOutcome
+from db.results import BestResult, StoredOutcome
 from db.session import session_scope
 
 __all__ = [
     "DEFAULT_SM_COUNT",
+    "Match",
     "best",
     "best_for_shape",
+    "best_match",
     "best_or_nearest",
+    "best_packed",
     "build_config",
     "effective_sm_count",
-    "gpus",
     "measured_pairs",
     "outcome",
     "problem_flops",
     "problem_shape",
-    "results",
     "shape_winners",
     "spill_bytes",
+    "varlen_winners",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,7 +112,7 @@ def _best_result(
     # the row's recorded figure: whatever a store holds, one answer's figures agree.
     tflops = problem_flops(problem) / (m.median_ms * 1e-3) / 1e12
     return BestResult(
-        config=build_config(build),
+        config=config_from_params(build.family, build.d, build.dtype, build.causal, build.params),
         config_key=build.config_key,
         gpu=gpu.name,
         compute_capability=gpu.compute_capability,
@@ -227,7 +235,7 @@ def _problems_query(
             Problem.causal == causal,
             # No nk asked for means square problems (the campaign's), never Nq != Nk.
             Problem.nk == (nk if nk is not None else Problem.n),
-            Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
+            Problem.seqlens == "",  # dense problems only (packed: best_match)
         )
     )
     if batch is not None:
@@ -345,36 +353,89 @@ def gpu_sm_count(s: Session, name_key: str) -> int:
     return effective_sm_count(s.scalars(select(Gpu.sm_count).where(Gpu.name_key == name_key)))
 
 
-def _shape_candidates(
-    gpu: str, d: int, dtype: str, causal: bool, family: str | None
-) -> Select[Any]:
-    """The problems of one GPU/D/dtype/mask with an OK measurement (of ``family``'s builds
-    when given), each with its GPU loaded."""
-    has_ok = (
-        select(Measurement.id)
+@cache
+def _fastest(packed: bool, family: str | None) -> Any:
+    """Every dense (or packed) problem of one D and dtype (the ``d`` and ``dtype`` bind
+    parameters), any GPU and mask, with its fastest verified measurement (of ``family``'s
+    builds when given) and that build, in problem-id order, each with its GPU loaded.
+
+    A select of (Problem, Measurement, Build) rows, built once per mode and family (typed
+    Any: its generic form differs between the SQLAlchemy releases the project allows)."""
+    ranked = (
+        select(
+            Measurement.id.label("mid"),
+            func.row_number()
+            .over(partition_by=Measurement.problem_id, order_by=(Measurement.median_ms,
+                                                                  Measurement.id))
+            .label("place"),
+        )
         .join(Build, Build.id == Measurement.build_id)
+        .join(Problem, Problem.id == Measurement.problem_id)
         .where(
-            Measurement.problem_id == Problem.id,
+            Problem.d == bindparam("d"),
+            Problem.dtype == bindparam("dtype"),
+            Problem.seqlens != "" if packed else Problem.seqlens == "",
             Measurement.status == MeasureStatus.OK.value,
             Measurement.median_ms.is_not(None),
             *([Build.family == family] if family is not None else []),
         )
-        .exists()
-    )
+        .subquery()
+    )  # fmt: skip
     return (
-        select(Problem)
+        select(Problem, Measurement, Build)
         .join(Gpu, Gpu.id == Problem.gpu_id)
+        .join(Measurement, Measurement.problem_id == Problem.id)
+        .join(ranked, ranked.c.mid == Measurement.id)
+        .join(Build, Build.id == Measurement.build_id)
         .options(contains_eager(Problem.gpu))
-        .where(
-            Gpu.name_key == normalize_gpu_name(gpu),
-            Problem.d == d,
-            Problem.dtype == dtype,
-            Problem.causal == causal,
-            Problem.seqlens == "",  # dense problems only (varlen: best_varlen)
-            has_ok,
-        )
+        .where(ranked.c.place == 1)
         .order_by(Problem.id)
     )
+
+
+class Match(NamedTuple):
+    """A lookup's answer: the result, the shape it was measured at (a packed problem's count
+    of sequences at their mean length) and, for a packed batch, its lengths."""
+
+    result: BestResult
+    measured: Shape
+    seqlens: tuple[int, ...] | None = None
+
+
+def best_match(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    shape: Shape,
+    *,
+    packed: Packed | None = None,
+    exact: bool = False,
+    family: str | None = None,
+) -> Match | None:
+    """The one lookup of both modes (:meth:`db.store.Store.best_match`): the candidates of
+    this D, dtype and mode with their fastest verified measurements, read in one query, and
+    :func:`core.lookup.pick`'s rule among them (GPU, mask, exact shape or nearest)."""
+    with session_scope(engine) as s:
+        query = _fastest(packed is not None, family)
+        rows = s.execute(query, {"d": d, "dtype": dtype}).all()
+        counts: dict[str, list[int]] = {}
+        for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
+            counts.setdefault(name_key, []).append(count)
+        sm_counts = {k: effective_sm_count(v) for k, v in counts.items()}
+        results = [_best_result(p.gpu, p, b, m, exact=False) for p, m, b in rows]
+    # The throughput rank of best_of: a result's TFLOP/s is its problem's FLOPs over its median.
+    candidates = [
+        Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
+                  p.seqlens, (-(r.tflops or 0.0), r.median_ms, r.measurement_id))
+        for (p, _, _), r in zip(rows, results, strict=True)
+    ]  # fmt: skip
+    found = pick(candidates, gpu, causal, shape, sm_counts, packed=packed, exact=exact)
+    if found is None:
+        return None
+    result = dataclasses.replace(results[found.index], exact=found.exact, distance=found.distance)
+    return Match(result, found.measured, found.seqlens)
 
 
 def best_for_shape(
@@ -388,29 +449,28 @@ def best_for_shape(
     exact: bool = False,
     family: str | None = None,
 ) -> BestResult | None:
-    """:meth:`db.store.Store.best_for_shape`: the exact shape, else the nearest tuned one
-    (a causal call with one query row is answered by unmasked problems: ``effective_causal``)."""
-    mask = effective_causal(causal, shape.nq)
-    with session_scope(engine) as s:
-        problems = s.scalars(_shape_candidates(gpu, d, dtype, mask, family)).unique().all()
-        shaped = [(p, problem_shape(p)) for p in problems]
-        hits = [p for p, sh in shaped if sh == shape]
-        if hits:
-            return best_of(s, hits, exact=True, family=family)
-        tuned = sorted({sh for _, sh in shaped if sh is not None})
-        if exact or not tuned:
-            return None
-        sm_count = gpu_sm_count(s, normalize_gpu_name(gpu))
-        nearest = nearest_shape(shape, tuned, sm_count)
-        assert nearest is not None  # tuned is not empty
-        chosen = [p for p, sh in shaped if sh == nearest]
-        return best_of(
-            s,
-            chosen,
-            exact=False,
-            family=family,
-            distance=shape_distance(shape, nearest, sm_count),
-        )
+    """:meth:`db.store.Store.best_for_shape`: :func:`best_match` of a dense shape."""
+    found = best_match(engine, gpu, d, dtype, causal, shape, exact=exact, family=family)
+    return found.result if found is not None else None
+
+
+def best_packed(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    packed: Packed,
+    heads: int,
+    kv_heads: int,
+) -> tuple[BestResult, tuple[int, ...]] | None:
+    """:meth:`db.store.Store.best_varlen` and ``best_varlen_shape``: :func:`best_match` of a
+    packed batch, with the lengths the answer was measured on."""
+    found = best_match(engine, gpu, d, dtype, causal, packed.shape(heads, kv_heads),
+                       packed=packed)  # fmt: skip
+    if found is None or found.seqlens is None:
+        return None
+    return found.result, found.seqlens
 
 
 def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
@@ -440,132 +500,33 @@ def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
         return out
 
 
-def gpus(engine: Engine) -> list[GpuSummary]:
-    """:meth:`db.store.Store.gpus`."""
-    ok = func.count(Measurement.id).filter(Measurement.status == MeasureStatus.OK.value)
-    query = (
-        select(Gpu, func.count(Measurement.id), ok)
-        .outerjoin(Problem, Problem.gpu_id == Gpu.id)
-        .outerjoin(Measurement, Measurement.problem_id == Problem.id)
-        .group_by(Gpu.id)
-        .order_by(Gpu.name, Gpu.compute_capability)
-    )
+def varlen_winners(
+    engine: Engine, gpu: str, families: Sequence[str] | None = None
+) -> list[tuple[BestResult, tuple[int, ...]]]:
+    """:meth:`db.store.Store.varlen_winners`: the fastest verified config of every varlen
+    problem of one GPU (matched by its name key), among ``families`` when given, with the
+    lengths it was measured on, in problem-id order (the order :func:`best_match` breaks
+    ties between equal packed shapes in)."""
     with session_scope(engine) as s:
-        return [
-            GpuSummary(
-                name=g.name,
-                compute_capability=g.compute_capability,
-                sm_count=g.sm_count,
-                driver_version=g.driver_version,
-                cuda_version=g.cuda_version,
-                memory_bytes=g.memory_bytes,
-                smem_optin_bytes=g.smem_optin_bytes,
-                measurements=total,
-                ok_measurements=n_ok,
-            )
-            for g, total, n_ok in s.execute(query)
-        ]
-
-
-def results(
-    engine: Engine,
-    gpu: str | None = None,
-    d: int | None = None,
-    n: int | None = None,
-    *,
-    dtype: str | None = None,
-    causal: bool | None = None,
-    status: str | None = None,
-    offset: int = 0,
-    limit: int = 100,
-) -> ResultPage:
-    """:meth:`db.store.Store.results`: one count query, one page query."""
-    if offset < 0:
-        raise ValueError(f"offset must be >= 0, got {offset}")
-    if not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"limit must be in 1..{MAX_PAGE}, got {limit}")
-    conditions: list[ColumnElement[bool]] = []
-    if gpu is not None:
-        conditions.append(Gpu.name_key == normalize_gpu_name(gpu))
-    if d is not None:
-        conditions.append(Problem.d == d)
-    if n is not None:
-        conditions.append(Problem.n == n)
-    if dtype is not None:
-        conditions.append(Problem.dtype == dtype)
-    if causal is not None:
-        conditions.append(Problem.causal == causal)
-    if status is not None:
-        conditions.append(Measurement.status == status)
-    joined = (
-        select(Measurement, Problem, Gpu, Build)
-        .join(Problem, Problem.id == Measurement.problem_id)
-        .join(Gpu, Gpu.id == Problem.gpu_id)
-        .join(Build, Build.id == Measurement.build_id)
-        .where(*conditions)
-    )
-    with session_scope(engine) as s:
-        total = s.scalar(
-            select(func.count(Measurement.id))
-            .join(Problem, Problem.id == Measurement.problem_id)
+        rows = s.scalars(
+            select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
-            .where(*conditions)
-        )
-        rows = s.execute(
-            joined.order_by(
-                Gpu.name,
-                Problem.d,
-                Problem.n,
-                Problem.nk,
-                Problem.dtype,
-                Problem.causal,
-                Problem.batch,
-                Problem.heads,
-                Problem.kv_heads,
-                Measurement.median_ms.is_(None),
-                Measurement.median_ms,
-                Measurement.id,
+            .options(contains_eager(Problem.gpu))
+            .where(
+                Gpu.name_key == normalize_gpu_name(gpu),
+                Problem.seqlens != "",
+                has_ok_measurement(),
             )
-            .offset(offset)
-            .limit(limit)
-        )
-        items = [
-            ResultRow(
-                measurement_id=m.id,
-                gpu=g.name,
-                compute_capability=g.compute_capability,
-                d=p.d,
-                n=p.n,
-                nk=p.nk,
-                batch=p.batch,
-                heads=p.heads,
-                kv_heads=p.kv_heads,
-                dtype=p.dtype,
-                causal=p.causal,
-                config_name=b.config_name,
-                family=b.family,
-                config_key=b.config_key,
-                arch=b.arch,
-                source_hash=b.source_hash,
-                registers=b.registers,
-                spill_stores=b.spill_stores,
-                spill_loads=b.spill_loads,
-                status=m.status,
-                median_ms=m.median_ms,
-                p10_ms=m.p10_ms,
-                p90_ms=m.p90_ms,
-                tflops=m.tflops,
-                max_abs_err=m.max_abs_err,
-                rel_err=m.rel_err,
-                error=m.error,
-                trial_number=m.trial_number,
-                driver_version=m.driver_version,
-                cuda_version=m.cuda_version,
-                measured_at=m.created_at,
-            )
-            for m, p, g, b in rows
-        ]
-    return ResultPage(total=total or 0, offset=offset, limit=limit, items=items)
+            .order_by(Problem.id)
+        ).all()
+        out: list[tuple[BestResult, tuple[int, ...]]] = []
+        wanted: Sequence[str | None] = list(families) if families else [None]
+        for p in rows:
+            hits = [b for f in wanted if (b := best_of(s, [p], exact=True, family=f))]
+            lens = parse_seqlens(p.seqlens)
+            if hits and lens:
+                out.append((min(hits, key=lambda b: b.median_ms), lens))
+        return out
 
 
 def has_ok_measurement() -> Any:

@@ -6,10 +6,10 @@ module-level functions split by job:
 
 - :mod:`db.writes`: the write side (``upsert_gpu``, ``record_build``, ``problem_id``,
   ``record_measurement``), each in its own write transaction;
-- :mod:`db.queries`: the read side (``best``, ``best_or_nearest``, ``best_for_shape``,
-  ``shape_winners``, ``results``, ``gpus``, ``measured_pairs``, ``outcome``,
-  ``spill_bytes``), read-only; :mod:`db.varlen_queries` its packed-batch part
-  (``best_varlen``, ``best_varlen_shape``, ``varlen_winners``);
+- :mod:`db.queries`: the lookups (``best``, ``best_or_nearest``, ``best_for_shape`` and its
+  packed-batch mode ``best_varlen``/``best_varlen_shape``, ``shape_winners``,
+  ``varlen_winners``, ``measured_pairs``, ``outcome``, ``spill_bytes``), read-only;
+- :mod:`db.listing`: the listings (``gpus``, ``results``), read-only;
 - :mod:`db.results`: the values the reads return (:class:`~db.results.BestResult`,
   :class:`~db.results.GpuSummary`, :class:`~db.results.ResultPage`,
   :class:`~db.results.ResultRow`, :class:`~db.results.StoredOutcome`, ``MAX_PAGE``).
@@ -27,10 +27,11 @@ from sqlalchemy import Engine
 
 from core.build_report import BuildReport
 from core.gpu_name import normalize_gpu_name
+from core.lookup import Packed
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult
 from core.shape import Shape
-from db import queries, varlen_queries, writes
+from db import listing, queries, writes
 from db.results import BestResult, GpuSummary, ResultPage, StoredOutcome
 from db.session import init_db, make_engine
 
@@ -252,6 +253,29 @@ class Store:
             self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family
         )
 
+    def best_match(
+        self,
+        gpu: str,
+        d: int,
+        dtype: str,
+        causal: bool,
+        shape: Shape,
+        *,
+        packed: Packed | None = None,
+        exact: bool = False,
+        family: str | None = None,
+    ) -> queries.Match | None:
+        """The one lookup of both modes: :meth:`best_for_shape` for a dense ``shape``
+        (``packed`` None), or, for a packed batch (``shape`` its ``packed.shape(heads,
+        kv_heads)``), the varlen problem measured on exactly ``packed.seqlens`` (when given)
+        and these heads, else the nearest tuned varlen problem (each compared as its count
+        of sequences at their mean length; ties: the first tuned). The answer carries the
+        lengths a packed one was measured on; None when nothing of the mode qualifies.
+        """
+        return queries.best_match(
+            self._engine, gpu, d, dtype, causal, shape, packed=packed, exact=exact, family=family
+        )
+
     def best_varlen(
         self,
         gpu: str,
@@ -267,8 +291,8 @@ class Store:
         count of sequences at their mean length, :func:`core.shape.varlen_shape`). Returns the
         result with the lengths it was measured on, or None when no varlen problem of this
         GPU, D, dtype and mask is tuned."""
-        return varlen_queries.best_varlen(
-            self._engine, gpu, d, dtype, causal, seqlens, heads, kv_heads
+        return queries.best_packed(
+            self._engine, gpu, d, dtype, causal, Packed.of(seqlens), heads, kv_heads
         )
 
     def best_varlen_shape(
@@ -291,8 +315,8 @@ class Store:
         Raises:
             ValueError: ``count`` or ``mean`` below 1.
         """
-        return varlen_queries.best_varlen_shape(
-            self._engine, gpu, d, dtype, causal, count, mean, heads, kv_heads
+        return queries.best_packed(
+            self._engine, gpu, d, dtype, causal, Packed(count, mean), heads, kv_heads
         )
 
     def varlen_winners(
@@ -301,7 +325,7 @@ class Store:
         """The winner of every tuned varlen problem of ``gpu`` (any D, dtype and mask), among
         ``families`` when given, with the lengths it was measured on, in problem-id order:
         what the exported header's packed-batch tables hold."""
-        return varlen_queries.varlen_winners(self._engine, gpu, families)
+        return queries.varlen_winners(self._engine, gpu, families)
 
     def shape_winners(self) -> list[tuple[BestResult, int]]:
         """The winner of every tuned problem (any shape, any family), each with its GPU's SM
@@ -314,7 +338,7 @@ class Store:
 
     def gpus(self) -> list[GpuSummary]:
         """Every GPU in the database with its measurement counts, by name."""
-        return queries.gpus(self._engine)
+        return listing.gpus(self._engine)
 
     def results(
         self,
@@ -341,7 +365,7 @@ class Store:
         Raises:
             ValueError: offset or limit out of range.
         """
-        return queries.results(
+        return listing.results(
             self._engine,
             gpu,
             d,

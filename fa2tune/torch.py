@@ -12,7 +12,8 @@ implementations: ``torch.compile(fullgraph=True)`` and CUDA-graph capture work).
 package never imports it, so fa2tune stays installable without torch. See docs/torch.md for
 how a config is chosen and when a call falls back to torch's own kernels.
 
-The implementation lives in :mod:`fa2tune.ops`. This module is named like the torch package
+The implementation lives in :mod:`fa2tune.ops`: both entries are one call path, a packed
+batch being that path with its ``cu_seqlens``. This module is named like the torch package
 but cannot shadow it: imports are absolute, so ``import torch`` inside fa2tune means the
 real torch; only a script run from inside the ``fa2tune/`` directory (which puts that
 directory first on ``sys.path``) would find this file as ``torch``, and that is refused below
@@ -34,20 +35,16 @@ except ImportError as _exc:  # pragma: no cover - exercised on machines without 
         "fa2tune.torch needs PyTorch (pip install 'fa2tune[gpu]'); the rest of fa2tune does not"
     ) from _exc
 
-from fa2tune.ops import torch_op as _torch_op
-from fa2tune.ops import varlen_op as _varlen_op
 from fa2tune.ops.autotune import AutoTuner, autotune
 from fa2tune.ops.choice import FallbackWarning, Unsupported
-from fa2tune.ops.kernels import free_workspaces
-from fa2tune.ops.torch_op import attention, attention_op
-from fa2tune.ops.varlen_op import attention_varlen, attention_varlen_op
-
-
-def clear_caches() -> None:
-    """Forget every decision and warning of both ops (tests; kernels stay loaded)."""
-    _torch_op.clear_caches()
-    _varlen_op.clear_caches()
-
+from fa2tune.ops.torch_op import (
+    attention,
+    attention_op,
+    attention_varlen,
+    attention_varlen_op,
+    clear_caches,
+)
+from fa2tune.ops.workspace import free_workspaces
 
 __all__ = [
     "AutoTuner",

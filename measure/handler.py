@@ -216,9 +216,10 @@ class GpuJobHandler:
     def _varlen_case(
         self, kernel: LoadedKernel, job: BenchJob
     ) -> tuple[Callable[[], None], Callable[[], CheckResult], dict[str, Any]]:
-        """A packed batch's launch and check (measure.varlen): inputs and references cached
-        per problem like the dense ones, each sequence checked by the dense rule."""
-        from measure.varlen import bind_varlen, check_varlen, make_varlen_inputs
+        """A packed batch's launch (the loader's packed mode) and check (measure.varlen):
+        inputs and references cached per problem like the dense ones, each sequence checked
+        by the dense rule."""
+        from measure.varlen import check_varlen, make_varlen_inputs
         from measure.verify import poison
 
         problem, opts = job.problem, job.options
@@ -234,7 +235,7 @@ class GpuJobHandler:
             self._varlen_inputs.put(key, inputs)
         o, lse = inputs.outputs()
         poison(o, lse)
-        launch = bind_varlen(kernel, job.config, inputs, o, lse, self.stream)
+        launch = inputs.bind(kernel, job.config, o, lse, self.stream)
         extra: dict[str, Any] = {
             "seed": inputs.seed, "layout": "packed", "sequences": inputs.batch,
             "symbol": kernel.symbol,

@@ -1,16 +1,18 @@
 """Loading cubins and launching kernels through the CUDA driver API (``cuda.bindings``).
 
 Holds the driver calls (:func:`driver`, :func:`call`, :class:`CudaError`, context set-up and
-health), module loading (:class:`LoadedKernel`) and launching (:class:`BoundLaunch`, the
-family's launch geometry and ``host_prep``). Every kernel family's kernels take one by-value
+health), module loading (:class:`LoadedKernel`) and launching (:class:`BoundLaunch`,
+:meth:`LoadedKernel.bind_config`). Every kernel family's kernels take one by-value
 :class:`~measure.params.FaParams` first (the ABI of ``docs/architecture.md``, built from
 tensors by :func:`measure.params.make_params`), then whatever the family's ``host_prep``
 returns (the Hopper family: three ``CUtensorMap`` descriptors, :mod:`codegen.families.fa3.host`;
-docs/fa3_kernel.md). Grid and block come from the family registry (:mod:`codegen.families`:
-``fa2`` launches ``(ceil(nq / br), q_heads, batch)`` blocks of ``32 * warps`` threads) and the
+docs/fa3_kernel.md); grid and block are the family's (:mod:`measure.launch_args`) and the
 dynamic shared memory is the config's ``smem_bytes``, to which the kernel's limit is raised
-when it is loaded. Modules are loaded into torch's primary context so that torch tensors and
-our kernels share one address space and one stream.
+when it is loaded. A packed variable-length launch is the same path in its packed mode
+(``bind_config(..., packed=...)``): :func:`measure.params.packed_params`, then the
+:class:`~measure.params.FaVarlen`, then :func:`~measure.launch_args.packed_extra_args`.
+Modules are loaded into torch's primary context so that torch tensors and our kernels share
+one address space and one stream.
 
 Contract: every failing driver call raises :class:`CudaError` naming the call and the
 ``CUresult`` (``sticky`` says whether the context is lost). Neither torch nor
@@ -25,7 +27,7 @@ import ctypes
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from codegen.cuda_driver import STICKY_ERRORS as STICKY_ERRORS
 from codegen.cuda_driver import CudaError as CudaError
@@ -33,21 +35,21 @@ from codegen.cuda_driver import call as call
 from codegen.cuda_driver import check as check
 from codegen.cuda_driver import driver as driver
 from codegen.cuda_driver import error_name as _error_name
-from codegen.families.registry import HostPrep as RegistryHostPrep
 from core.family import AnyConfig
-from core.problem import Problem
-from core.shape import Shape
-from measure.params import FaParams, Layout, make_params
+from measure.launch_args import (
+    HostPrep,
+    extra_args,
+    grid_for,
+    host_prep,
+    launch_geometry,
+    packed_extra_args,
+)
+from measure.params import FaParams, FaVarlen, Layout, PackedSeqs, make_params, packed_params
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-
-Dim3: TypeAlias = tuple[int, int, int]
-
-#: A family's ``host_prep`` (:data:`codegen.families.HostPrep`, its registry entry's).
-HostPrep: TypeAlias = RegistryHostPrep
 
 
 def ensure_context(device: int) -> None:
@@ -332,6 +334,7 @@ class LoadedKernel:
         scale: float,
         layout: Layout,
         stream_handle: int,
+        packed: PackedSeqs | None = None,
     ) -> BoundLaunch | ChainedLaunch:
         """Everything one launch of ``config``'s kernel on these tensors needs, bound.
 
@@ -341,11 +344,19 @@ class LoadedKernel:
         batch in z), the batch is cut into slices that fit and each slice is bound on its own:
         the result launches them in order (batch 70,000 runs; without this the driver refuses).
 
+        With ``packed`` (a ``_vl`` config; q ``[total_q, Hq, D]``, k and v
+        ``[total_k, Hkv, D]``, lse ``[Hq, total_q]``, ``layout`` unused): the arguments of
+        :func:`~measure.params.packed_params`, then :func:`packed_extra_args`; more sequences
+        than the grid's z allows run as launches over slices of the offsets.
+
         Raises:
             ValueError: on tensors the ABI does not take (see :func:`make_params` and the
-                family's ``host_prep``), or heads alone past the grid limit.
+                family's ``host_prep``), or heads alone past the grid limit; ``packed`` with
+                a config that is not a varlen one.
             CudaError: when the family's preparation fails in the driver.
         """
+        if packed is not None:
+            return self._bind_packed(config, q, k, v, o, lse, scale, packed, stream_handle)
         batch = int(q.shape[0])
         step = _batch_slice(config, q, k, layout, batch)
         if step >= batch:
@@ -380,6 +391,37 @@ class LoadedKernel:
         )  # fmt: skip
         return self.bind(params, grid, block, config.smem_bytes, stream_handle, extra)
 
+    def _bind_packed(
+        self,
+        config: AnyConfig,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        o: torch.Tensor,
+        lse: torch.Tensor | None,
+        scale: float,
+        packed: PackedSeqs,
+        stream_handle: int,
+    ) -> BoundLaunch | ChainedLaunch:
+        if not getattr(config, "varlen", False):
+            raise ValueError(
+                f"{config.name} is not a varlen config (the _vl kernels take cu_seqlens)"
+            )
+        params, _ = packed_params(q, k, v, o, lse, scale, packed)
+        extra = packed_extra_args(config, q, k, v)
+        launches = []
+        for b0 in range(0, packed.count, GRID_YZ_LIMIT):
+            part = packed.part(b0, min(GRID_YZ_LIMIT, packed.count - b0))
+            args = FaParams.from_buffer_copy(params)
+            args.batch = part.count
+            varlen = FaVarlen(part.cu_seqlens_q, part.cu_seqlens_k, int(q.shape[0]), 0)
+            grid, block = launch_geometry(config, args.nq, args.q_heads, part.count, nk=args.nk,
+                                          kv_heads=args.kv_heads)  # fmt: skip
+            launches.append(
+                self.bind(args, grid, block, config.smem_bytes, stream_handle, (varlen, *extra))
+            )
+        return launches[0] if len(launches) == 1 else ChainedLaunch(launches)
+
     def unload(self) -> None:
         """Unload the module (idempotent); errors are logged, not raised."""
         module, self._module = getattr(self, "_module", None), None
@@ -393,58 +435,22 @@ class LoadedKernel:
             log.debug("cuModuleUnload(%s): %s", self.symbol, exc)
 
 
-def launch_geometry(
-    config: AnyConfig,
-    nq: int,
-    q_heads: int,
-    batch: int,
-    *,
-    nk: int | None = None,
-    kv_heads: int | None = None,
-) -> tuple[Dim3, Dim3]:
-    """``(grid, block)`` of ``config``'s kernel on a call's shape: its family's geometry.
-
-    ``fa2``: grid ``(ceil(nq / br), q_heads, batch)``, block ``(32 * warps, 1, 1)``;
-    ``fa3``: grid ``(ceil(nq / block_m), q_heads, batch)``, block ``((block_m/64 + 1) * 128,
-    1, 1)``; ``splitkv``: grid ``(row tiles * kv_heads * batch, splits)`` (it needs ``nk`` and
-    ``kv_heads``, which default to ``nq`` and ``q_heads``).
-    """
-    from codegen.families import family_of
-
-    fam = family_of(config)
-    shape = Shape(
-        nq, nq if nk is None else nk, batch, q_heads, q_heads if kv_heads is None else kv_heads
-    )
-    return fam.grid(config, shape), fam.block(config)
-
-
-def grid_for(config: AnyConfig, problem: Problem) -> tuple[Dim3, Dim3]:
-    """Launch geometry of ``config`` on ``problem``: ``(grid, block)`` (:func:`launch_geometry`)."""
-    return launch_geometry(
-        config, problem.n, problem.heads, problem.batch, nk=problem.n_keys,
-        kv_heads=problem.n_kv_heads,
-    )  # fmt: skip
-
-
-def host_prep(family: str) -> HostPrep | None:
-    """The host preparation of ``family`` (its registry entry's callable); None when it has none.
-
-    Raises:
-        UnknownFamilyError: no such family.
-    """
-    from codegen.families import family as family_named
-
-    return family_named(family).host_prep
-
-
-def extra_args(
-    config: AnyConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout
-) -> tuple[Any, ...]:
-    """The kernel arguments after ``FaParams`` for one launch of ``config`` on these tensors.
-
-    Empty for a family without ``host_prep`` (``fa2``); otherwise what the family's
-    ``host_prep(config, q, k, v, layout)`` returns (``fa3``: the TMA descriptors of Q, K and
-    V, :func:`codegen.families.fa3.host.fa3_tensor_maps`).
-    """
-    prep = host_prep(config.family)
-    return () if prep is None else tuple(prep(config, q, k, v, layout))
+__all__ = [
+    "GRID_YZ_LIMIT",
+    "BoundLaunch",
+    "ChainedLaunch",
+    "CudaError",
+    "HostPrep",
+    "LoadedKernel",
+    "call",
+    "check",
+    "context_healthy",
+    "driver",
+    "ensure_context",
+    "extra_args",
+    "grid_for",
+    "host_prep",
+    "launch_geometry",
+    "packed_extra_args",
+    "synchronize",
+]

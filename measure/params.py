@@ -5,6 +5,12 @@ Every kernel family's kernels take one ``FaParams`` first (the ABI of
 Q, K, V and O in elements, the sizes and the softmax scale. :func:`make_params` checks the
 tensors in either layout (:data:`LAYOUTS`: ``bnhd`` or ``bhnd``) and fills one in.
 
+A packed variable-length launch (a ``_vl`` config) is the same launch in its packed mode: the
+tensors are ``[total, heads, D]``, :class:`PackedSeqs` describes the sequences (offsets on
+the device, the longest lengths), and :func:`packed_params` makes the ``FaParams`` (the
+packed tensors seen as one batch of ``total`` rows, batch strides 0, ``batch`` the number of
+sequences) and the :class:`FaVarlen` the kernels take second.
+
 Contract: the struct's size, alignment and field offsets are asserted at import, so a drifting
 field list fails on any machine, not on the GPU; :func:`make_params` refuses (``ValueError``)
 every tensor set the kernels cannot take (shape, dtype, device, a non-contiguous head
@@ -16,6 +22,7 @@ launching are :mod:`measure.loader`'s.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from core.elements import ELEMENTS
@@ -183,3 +190,84 @@ def make_params(
         nk,
         float(scale),
     )
+
+
+class FaVarlen(ctypes.Structure):
+    """The varlen kernels' second argument (``codegen/templates/fa_params.cuh``)."""
+
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("total_q", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
+assert ctypes.sizeof(FaVarlen) == 24 and ctypes.alignment(FaVarlen) == 8
+
+
+@dataclass(frozen=True)
+class PackedSeqs:
+    """A packed launch's sequences, as the kernels take them beside the packed tensors.
+
+    Attributes:
+        cu_seqlens_q, cu_seqlens_k: device pointers to the int32 offsets (``count + 1``
+            entries each; sequence ``i``'s rows are ``[cu[i], cu[i + 1])``).
+        count: number of sequences.
+        max_seqlen_q, max_seqlen_k: the longest lengths (the grid covers ``max_seqlen_q``
+            rows per sequence).
+    """
+
+    cu_seqlens_q: int
+    cu_seqlens_k: int
+    count: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    def part(self, first: int, count: int) -> PackedSeqs:
+        """Sequences ``first .. first + count - 1``: the same offset arrays from a later entry
+        (offsets are absolute row numbers)."""
+        return PackedSeqs(self.cu_seqlens_q + 4 * first, self.cu_seqlens_k + 4 * first, count,
+                          self.max_seqlen_q, self.max_seqlen_k)  # fmt: skip
+
+
+def packed_params(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor | None,
+    scale: float,
+    seqs: PackedSeqs,
+) -> tuple[FaParams, FaVarlen]:
+    """The two kernel arguments of a packed launch.
+
+    Args:
+        q: ``[total_q, Hq, D]``; k, v: ``[total_k, Hkv, D]``; o: like q.
+        lse: contiguous float32 ``[Hq, total_q]``, or None (not written).
+        scale: softmax scale.
+        seqs: the sequences.
+
+    Raises:
+        ValueError: o not shaped like q; lse not a contiguous float32 ``[Hq, total_q]``;
+            anything :func:`make_params` refuses of the packed tensors seen as one batch.
+    """
+    import torch
+
+    if tuple(o.shape) != tuple(q.shape):
+        raise ValueError(f"o shape {tuple(o.shape)} != q shape {tuple(q.shape)}")
+    total_q = int(q.shape[0])
+    want = (int(q.shape[1]), total_q)
+    if lse is not None and (
+        lse.dtype != torch.float32 or tuple(lse.shape) != want or not lse.is_contiguous()
+    ):
+        raise ValueError(f"lse must be a contiguous float32 [heads, total_q] = {want} tensor")
+    params = make_params(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), o.unsqueeze(0), None, scale, "bnhd"
+    )
+    params.lse = lse.data_ptr() if lse is not None else None
+    params.batch = seqs.count
+    params.nq, params.nk = seqs.max_seqlen_q, seqs.max_seqlen_k
+    for name in ("q", "k", "v", "o"):
+        setattr(params, f"{name}_batch_stride", 0)
+    return params, FaVarlen(seqs.cu_seqlens_q, seqs.cu_seqlens_k, total_q, 0)

@@ -1,12 +1,10 @@
-"""Packed variable-length batches: inputs, the varlen kernels' arguments and their check.
+"""Packed variable-length batches: the measure stage's inputs and check for them.
 
 A varlen call packs every sequence's rows one after another (``[total, heads, D]``) and says
 where each starts with cumulative offsets (``cu_seqlens``, int32, ``batch + 1`` entries), as
-FlashAttention-2's varlen forward takes them. The kernels (``_vl`` configs, see
-``codegen/templates/fa2_fwd.cuh`` and ``fa3_fwd.cuh``) take :class:`~measure.params.FaParams`
-with the longest lengths and ``batch`` = the number of sequences, then a :class:`FaVarlen`;
-the Hopper family's then its three TMA descriptors over the packed tensors
-(:func:`measure.tma.fa3_varlen_tensor_maps`).
+FlashAttention-2's varlen forward takes them. Its launch is the loader's in packed mode
+(:meth:`measure.loader.LoadedKernel.bind_config` with :attr:`VarlenInputs.packed`, the
+kernels' arguments from :func:`measure.params.packed_params`); this module makes the inputs.
 
 The check reuses the dense rule (:func:`measure.verify.check_output`) one sequence at a time:
 each sequence's rows are a ``[1, len, heads, D]`` view of the packed tensors, with its own
@@ -15,15 +13,13 @@ float32 reference and SDPA yardstick. torch is imported when used.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.problem import Problem
-from measure.loader import GRID_YZ_LIMIT, BoundLaunch, ChainedLaunch, LoadedKernel, launch_geometry
-from measure.params import FaParams, make_params
+from measure.params import PackedSeqs
 from measure.reference import (
     InputSet,
     _measure_sdpa_error,
@@ -38,23 +34,11 @@ if TYPE_CHECKING:
     import torch
 
     from core.family import AnyConfig
+    from measure.loader import BoundLaunch, ChainedLaunch, LoadedKernel
+
 
 #: Longest sequence and most sequences a varlen call takes (int32 offsets, grid z).
 MAX_TOTAL_ROWS = 2**31 - 1
-
-
-class FaVarlen(ctypes.Structure):
-    """The varlen kernels' second argument (``codegen/templates/fa_params.cuh``)."""
-
-    _fields_ = [
-        ("cu_seqlens_q", ctypes.c_void_p),
-        ("cu_seqlens_k", ctypes.c_void_p),
-        ("total_q", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
-    ]
-
-
-assert ctypes.sizeof(FaVarlen) == 24 and ctypes.alignment(FaVarlen) == 8
 
 
 def check_seqlens(seqlens_q: Sequence[int], seqlens_k: Sequence[int]) -> None:
@@ -132,6 +116,30 @@ class VarlenInputs:
         pairs = zip(self.seqlens_q, self.seqlens_k, strict=True)
         f = sum(4.0 * self.heads * nq * nk * self.d for nq, nk in pairs)
         return f / 2 if self.causal else f
+
+    @property
+    def packed(self) -> PackedSeqs:
+        """The sequences as a packed launch takes them (the offsets' device pointers)."""
+        return PackedSeqs(self.cu_q.data_ptr(), self.cu_k.data_ptr(), self.batch,
+                          max(self.seqlens_q), max(self.seqlens_k))  # fmt: skip
+
+    def bind(
+        self,
+        kernel: LoadedKernel,
+        config: AnyConfig,
+        o: torch.Tensor,
+        lse: torch.Tensor | None,
+        stream_handle: int,
+    ) -> BoundLaunch | ChainedLaunch:
+        """One launch of the varlen ``config`` on these inputs writing ``o`` (and ``lse``):
+        :meth:`~measure.loader.LoadedKernel.bind_config` in its packed mode.
+
+        Raises:
+            ValueError: ``config`` is not a varlen config, or see
+                :func:`measure.params.packed_params` and the family's ``host_prep``.
+        """
+        return kernel.bind_config(config, self.q, self.k, self.v, o, lse, self.scale, "bnhd",
+                                  stream_handle, packed=self.packed)  # fmt: skip
 
     def outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh O (like q) and LSE ``[heads, total_q]`` float32 buffers."""
@@ -211,39 +219,6 @@ def sequence_inputs(inputs: VarlenInputs, i: int, sdpa_ref: bool) -> InputSet:
     return seq
 
 
-def varlen_params(
-    inputs: VarlenInputs, o: torch.Tensor, lse: torch.Tensor | None
-) -> tuple[FaParams, FaVarlen]:
-    """The two kernel arguments of a varlen launch on ``inputs`` writing ``o`` and ``lse``.
-
-    Raises:
-        ValueError: o not shaped like q; lse not a contiguous float32 ``[heads, total_q]``;
-            anything :func:`measure.params.make_params` refuses.
-    """
-    import torch
-
-    if tuple(o.shape) != tuple(inputs.q.shape):
-        raise ValueError(f"o shape {tuple(o.shape)} != q shape {tuple(inputs.q.shape)}")
-    want = (inputs.heads, inputs.total_q)
-    if lse is not None and (
-        lse.dtype != torch.float32 or tuple(lse.shape) != want or not lse.is_contiguous()
-    ):
-        raise ValueError(f"lse must be a contiguous float32 [heads, total_q] = {want} tensor")
-    # The packed tensors are one "sequence" of total rows to make_params's checks.
-    params = make_params(
-        inputs.q.unsqueeze(0), inputs.k.unsqueeze(0), inputs.v.unsqueeze(0), o.unsqueeze(0),
-        None, inputs.scale, "bnhd",
-    )  # fmt: skip
-    params.lse = lse.data_ptr() if lse is not None else None
-    params.batch = inputs.batch
-    params.nq = max(inputs.seqlens_q)
-    params.nk = max(inputs.seqlens_k)
-    for name in ("q", "k", "v", "o"):
-        setattr(params, f"{name}_batch_stride", 0)
-    extra = FaVarlen(inputs.cu_q.data_ptr(), inputs.cu_k.data_ptr(), inputs.total_q, 0)
-    return params, extra
-
-
 def check_varlen(o: torch.Tensor, lse: torch.Tensor | None, inputs: VarlenInputs) -> CheckResult:
     """The dense rule on every sequence; the first failing one is named.
 
@@ -265,47 +240,3 @@ def check_varlen(o: torch.Tensor, lse: torch.Tensor | None, inputs: VarlenInputs
     max_abs, rel = worst
     msg = f"{inputs.batch} sequences, max |O - ref| = {max_abs:.3e}"
     return CheckResult(True, max_abs, rel if math.isfinite(rel) else math.nan, msg)
-
-
-def bind_varlen(
-    kernel: LoadedKernel,
-    config: AnyConfig,
-    inputs: VarlenInputs,
-    o: torch.Tensor,
-    lse: torch.Tensor | None,
-    stream_handle: int,
-) -> BoundLaunch | ChainedLaunch:
-    """One launch of the varlen ``config`` on ``inputs``, bound (as
-    :meth:`~measure.loader.LoadedKernel.bind_config` for dense calls).
-
-    More sequences than the grid's z allows run as several launches, each over a slice of the
-    offsets (they are absolute row numbers, so a slice is the same arrays from a later entry).
-    An fa3 config's launches also take the TMA descriptors of the packed tensors, the same
-    for every slice.
-
-    Raises:
-        ValueError: ``config`` is not a varlen config, or see :func:`varlen_params` (and, for
-            fa3, :func:`measure.tma.fa3_varlen_tensor_maps`).
-    """
-    if not getattr(config, "varlen", False):
-        raise ValueError(f"{config.name} is not a varlen config (the _vl kernels take cu_seqlens)")
-    params, extra = varlen_params(inputs, o, lse)
-    maps: tuple[Any, ...] = ()
-    if config.family == "fa3":
-        from codegen.families.fa3.host import fa3_varlen_tensor_maps
-
-        maps = fa3_varlen_tensor_maps(config, inputs.q, inputs.k, inputs.v)
-    launches = []
-    for b0 in range(0, inputs.batch, GRID_YZ_LIMIT):
-        count = min(GRID_YZ_LIMIT, inputs.batch - b0)
-        part = FaParams.from_buffer_copy(params)
-        part.batch = count
-        part_extra = FaVarlen(extra.cu_seqlens_q + 4 * b0, extra.cu_seqlens_k + 4 * b0,
-                              extra.total_q, 0)  # fmt: skip
-        grid, block = launch_geometry(
-            config, part.nq, part.q_heads, count, nk=part.nk, kv_heads=part.kv_heads
-        )
-        launches.append(
-            kernel.bind(part, grid, block, config.smem_bytes, stream_handle, (part_extra, *maps))
-        )
-    return launches[0] if len(launches) == 1 else ChainedLaunch(launches)

@@ -14,12 +14,12 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime
 
+from codegen.dispatch_table import header_varlen_families
 from codegen.export import TunedPoint, render_header
-from codegen.export_varlen import VarlenPoint, header_varlen_families
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
-from core.shape import Shape, ShapeError, varlen_shape
+from core.shape import Shape, ShapeError
 from db.results import MAX_PAGE, BestResult
 from db.store import Store
 
@@ -134,15 +134,17 @@ def tuned_shape_results(
     return results
 
 
-def point_from_best(best: BestResult) -> TunedPoint:
-    """A :class:`~codegen.export.TunedPoint` from the store's :class:`~db.store.BestResult`."""
+def point_from_best(best: BestResult, seqlens: tuple[int, ...] | None = None) -> TunedPoint:
+    """A :class:`~codegen.export.TunedPoint` from the store's :class:`~db.store.BestResult`;
+    with ``seqlens``, of the packed problem measured on those lengths."""
     return TunedPoint(
         d=best.d,
         dtype=best.config.dtype,
         causal=best.causal,
         n=best.n,
         nk=best.nk,
-        batch=best.batch,
+        batch=best.batch if seqlens is None else len(seqlens),
+        seqlens=seqlens,
         heads=best.heads,
         kv_heads=best.kv_heads,
         config=best.config,
@@ -208,8 +210,7 @@ def export_header(
     # exporter keeps the first of equal shapes, as Store.best_varlen breaks ties);
     # render_header filters them by ds and dtypes.
     packed = [
-        VarlenPoint(point_from_best(b), lens, varlen_shape(lens, b.heads, b.kv_heads))
-        for b, lens in store.varlen_winners(gpu, header_varlen_families())
+        point_from_best(b, lens) for b, lens in store.varlen_winners(gpu, header_varlen_families())
     ]
     name = results[0].gpu if results else known[0].name
     log.info(
@@ -222,8 +223,7 @@ def export_header(
     )
     return render_header(
         name,
-        [point_from_best(b) for b in results],
-        varlen=packed,
+        [*(point_from_best(b) for b in results), *packed],
         ds=ds,
         dtypes=dtypes,
         generated_at=generated_at,

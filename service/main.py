@@ -33,7 +33,7 @@ from service.deps import SlowEndpoints
 from service.fastpath import BestFastPath
 from service.index import IndexHolder
 from service.params import strict_query
-from service.routers import best, export, gpus, health, results, varlen
+from service.routers import best, export, gpus, health, results
 from service.schemas import ErrorOut, ValidationErrorOut
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def create_app(
     app.state.store = store
     app.state.index = holder
     app.state.slow = slow
-    for module in (health, best, varlen, gpus, results, export):
+    for module in (health, best, gpus, results, export):
         app.include_router(module.router)
     app.fast_path_holder = holder if fast_path else None
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]

@@ -35,10 +35,11 @@ NAME_PATTERN = f"^[^{_CONTROLS}]*{_NOT_BLANK}[^{_CONTROLS}]*$"
 NO_CONTROL_PATTERN = f"^[^{_CONTROLS}]*$"
 
 
-#: The only integer spelling a query takes: ASCII digits (pydantic's lax mode also reads
-#: "4_096", "+4096", " 4096" and "4096.0", and one value must not have several spellings
-#: that answer alike: a cache key or a log line would tell them apart).
-_PLAIN_INT = re.compile(r"[0-9]{1,19}")
+#: The only integer spelling a query takes: ASCII digits, a minus sign for a negative value
+#: (refused by its range, with the range's message). pydantic's lax mode also reads "4_096",
+#: "+4096", " 4096" and "4096.0", and one value must not have several spellings that answer
+#: alike: a cache key or a log line would tell them apart.
+_PLAIN_INT = re.compile(r"-?[0-9]{1,19}")
 #: The boolean spellings a query takes (any letter case for true/false); pydantic's lax mode
 #: also reads "yes", "on", "t", "y".
 _PLAIN_BOOLS = {"true": True, "false": False, "1": True, "0": False}
@@ -46,7 +47,7 @@ _PLAIN_BOOLS = {"true": True, "false": False, "1": True, "0": False}
 
 def _plain_int(value: object) -> object:
     if isinstance(value, str) and not _PLAIN_INT.fullmatch(value):
-        raise ValueError("must be a plain decimal integer (digits 0-9 only)")
+        raise ValueError("must be a plain decimal integer (digits 0-9, maybe after a minus)")
     return value
 
 

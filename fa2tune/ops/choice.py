@@ -1,35 +1,42 @@
 """Which kernel config serves one attention call, and why a call is not served (torch-free).
 
-The rule is ``fa2tune best``'s: the results shipped with the package plus the local database
-(``FA2TUNE_DB_URL``), asked through :meth:`db.store.Store.best_for_shape` for this GPU's name,
-head dim, dtype, mask and the call's whole :class:`~core.shape.Shape`: the config measured at
-exactly this shape (source ``exact``), else the one measured at the nearest tuned shape
-(``nearest``). With nothing tuned for the GPU, head dim, dtype and mask (or a tuned config
-whose family does not build for this GPU) a family's default config serves (``default``):
-the split-KV family's for decode-like calls (few packed query rows that would leave most SMs
-idle with one block per 128 query rows), FlashAttention-2's otherwise.
+One rule for both modes of a call (a :class:`Call`: dense, or a packed variable-length batch
+with a :class:`~core.lookup.Packed` descriptor), ``fa2tune best``'s: the results
+shipped with the package plus the local database (``FA2TUNE_DB_URL``), asked through the
+store's one lookup (:meth:`db.store.Store.best_match`) for this GPU's name, head dim, dtype,
+mask and the call's shape: the config measured at exactly this shape (source ``exact``),
+else the one measured at the nearest tuned shape of the same mode (``nearest``; a packed
+batch is known here only as its count of sequences at a mean length, so it is never exact).
+With nothing tuned (or a tuned config whose family does not build for this GPU) a default
+serves (``default``): for a dense call the split-KV family's for decode-like calls (few packed
+query rows that would leave most SMs idle with one block per 128 query rows),
+FlashAttention-2's otherwise; for a packed batch FlashAttention-2's default's varlen twin.
+
+A packed call is known by what its tensors' shapes and the caller's ints say, never by its
+offsets (reading them would wait for the GPU): the number of sequences and the mean query
+length, bucketed (:func:`mean_bucket`), which with the device, dtype, head dim, heads and
+effective mask is the op's decision key (:func:`decision_key`).
 
 Nothing here imports torch: the op (:mod:`fa2tune.ops.torch_op`) turns tensors into plain
-values and asks :func:`choose_config` and :func:`call_reason`, so these rules are tested on
-machines without torch or a GPU.
+values and asks :func:`choose` and :func:`call_reason`, so these rules are tested on machines
+without torch or a GPU.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from codegen.families import family_of
-from codegen.families.fa2 import space as fa2_space
-from codegen.families.fa3 import space as fa3_space
-from codegen.families.splitkv import space as splitkv_space
+from codegen.families import FAMILIES, family, family_of
+from codegen.targets import SUPPORTED_ARCHS
 from core.config import HEAD_DIMS_RULE, Dtype
+from core.fa2_config import Fa2Config
 from core.family import AnyConfig
+from core.lookup import Packed
 from core.problem import Problem
-from core.shape import NOMINAL_BLOCK_ROWS, Shape
-from core.splitkv_config import SplitKvConfig
+from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal
 from db.store import Store
 
 log = logging.getLogger(__name__)
@@ -41,18 +48,26 @@ Source = Literal["exact", "nearest", "default"]
 #: Who answered: the local database (with the shipped results) or a running fa2tune service.
 Origin = Literal["local", "service"]
 
-#: Head dims some family has kernels for (fa2's, fa3's and split-KV's).
+#: Head dims some family has kernels for (the registry's families').
 SUPPORTED_HEAD_DIMS: tuple[int, ...] = tuple(
-    sorted({*fa2_space.VALID_HEAD_DIMS, *fa3_space.HEAD_DIMS, *splitkv_space.HEAD_DIMS})
+    sorted({d for f in FAMILIES.values() for d in f.head_dims})
 )
+
+#: Head dims a packed call can be served at: FlashAttention-2's (its default's varlen twin
+#: serves every one; the Hopper family's head dims are among them).
+VARLEN_HEAD_DIMS: tuple[int, ...] = family("fa2").head_dims
+
+#: Most packed rows the kernels' int32 offsets address (as measure.varlen.MAX_TOTAL_ROWS).
+MAX_TOTAL_ROWS = 2**31 - 1
 
 #: torch dtype names (``str(torch.float16)`` without ``torch.``) -> the store's dtype names.
 DTYPE_NAMES: dict[str, Dtype] = {"float16": "fp16", "bfloat16": "bf16"}
 
 
-def unsupported_head_dim(d: int) -> str:
-    """The reason given for a head dim no family has."""
-    return f"head dim {d} is not supported (supported: {HEAD_DIMS_RULE})"
+def unsupported_head_dim(d: int, packed: bool = False) -> str:
+    """The reason given for a head dim no family has (for packed batches when ``packed``)."""
+    what = " for packed batches" if packed else ""
+    return f"head dim {d} is not supported{what} (supported: {HEAD_DIMS_RULE})"
 
 
 class Unsupported(RuntimeError):
@@ -78,7 +93,8 @@ class Choice:
     Attributes:
         config: the kernel config (any family).
         source: ``exact``, ``nearest`` or ``default``.
-        measured: the shape the config was measured at (None for a default).
+        measured: the shape the config was measured at (None for a default; a packed
+            problem's count of sequences at their mean length).
         origin: who answered: ``local`` (shipped results and the local database, or a
             default) or ``service`` (a running fa2tune service, ``FA2TUNE_SERVICE_URL``).
     """
@@ -100,6 +116,47 @@ class Choice:
         return f"{asked.describe()} -> {self.config.name} ({self.source}{where})"
 
 
+@dataclass(frozen=True)
+class Call:
+    """What a decision depends on: the device and the call's shape, dtype, mask and mode.
+
+    Attributes:
+        shape: the call's shape; a packed batch's is ``packed.shape(heads, kv_heads)``.
+        causal: the effective mask (:func:`core.shape.effective_causal`'s rule).
+        packed: the packed batch's descriptor (count, bucketed mean), None for a dense call.
+    """
+
+    device: int
+    gpu: str
+    sm_count: int
+    compute_capability: str
+    shape: Shape
+    dtype: Dtype
+    causal: bool
+    d: int
+    packed: Packed | None = None
+
+    def problem(self) -> Problem:
+        """The tuning problem of a dense call (what ``fa2tune tune`` would tune)."""
+        s = self.shape
+        return Problem(
+            gpu=self.gpu, d=self.d, n=s.nq, nk=s.nk, batch=s.batch, heads=s.heads,
+            kv_heads=s.kv_heads, dtype=self.dtype, causal=self.causal,
+        )  # fmt: skip
+
+    @property
+    def tag(self) -> tuple[int, str, int, bool, Shape]:
+        """The key the op's decisions are forgotten by when a tuning job ends."""
+        return (self.device, self.dtype, self.d, self.causal, self.shape)
+
+    def describe(self, line: str, layout: str) -> str:
+        """One line for FA2TUNE_PRINT_CHOICE: the call, then ``line`` (the choice's)."""
+        mask = "causal" if self.causal else "full"
+        p = self.packed
+        how = layout if p is None else f"packed {p.count} sequences, mean ~{p.mean}"
+        return f"{self.gpu} {self.dtype} {mask} D={self.d} {how}: {line}"
+
+
 def arch_of(compute_capability: str) -> str | None:
     """The build target of a GPU (``"9.0"`` -> ``"sm_90"``); None when fa2tune has none."""
     try:
@@ -107,58 +164,117 @@ def arch_of(compute_capability: str) -> str | None:
     except ValueError:
         return None
     arch = f"sm_{major}{minor}"
-    return arch if arch in fa2_space.SUPPORTED_ARCHS else None
-
-
-def _decode_like(shape: Shape, d: int, dtype: Dtype, causal: bool, sm_count: int) -> bool:
-    """Whether split-KV's default beats FA2's here: the split-KV family serves the shape (few
-    packed query rows per KV head) and one block per 128 query rows would not fill the GPU."""
-    problem = Problem(
-        gpu="", d=d, n=shape.nq, nk=shape.nk, batch=shape.batch, heads=shape.heads,
-        kv_heads=shape.kv_heads, dtype=dtype, causal=causal,
-    )  # fmt: skip
-    blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
-    return splitkv_space.serves(problem) and blocks < max(sm_count, 1)
+    return arch if arch in SUPPORTED_ARCHS else None
 
 
 def default_config(
     d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int
 ) -> AnyConfig | None:
-    """The config that serves an untuned call, or None when no family has head dim ``d``.
+    """The config that serves an untuned dense call, or None when no family has head dim ``d``.
 
-    Split-KV's default for decode-like calls (see :func:`_decode_like`) and for head dims
-    only split-KV has; FlashAttention-2's default otherwise.
+    Split-KV's default for decode-like calls (the split-KV family serves the shape, few packed
+    query rows per KV head, and one block per 128 query rows would not fill the GPU) and for
+    head dims only split-KV has; FlashAttention-2's default otherwise. Both from the family
+    registry.
     """
-    in_splitkv = d in splitkv_space.HEAD_DIMS
-    if in_splitkv and _decode_like(shape, d, dtype, causal, sm_count):
-        return splitkv_space.default_config(d, dtype, causal)
-    if d in fa2_space.VALID_HEAD_DIMS:
-        return fa2_space.fa2_default_config(d, dtype, causal)
+    fa2, splitkv = family("fa2"), family("splitkv")
+    in_splitkv = d in splitkv.head_dims
+    problem = Problem(
+        gpu="", d=d, n=shape.nq, nk=shape.nk, batch=shape.batch, heads=shape.heads,
+        kv_heads=shape.kv_heads, dtype=dtype, causal=causal,
+    )  # fmt: skip
+    blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
+    if in_splitkv and splitkv.serves(problem) and blocks < max(sm_count, 1):
+        return splitkv.default(d, dtype, causal)
+    if d in fa2.head_dims:
+        return fa2.default(d, dtype, causal)
     if in_splitkv:
-        return splitkv_space.default_config(d, dtype, causal)
+        return splitkv.default(d, dtype, causal)
     return None
 
 
-def builds_here(config: AnyConfig, compute_capability: str) -> bool:
-    """Whether ``config``'s family builds for a GPU of this compute capability."""
-    return family_of(config).arch_for(compute_capability) is not None
+def default_varlen_config(d: int, dtype: Dtype, causal: bool) -> AnyConfig:
+    """FlashAttention-2's default config for ``d`` as a packed-sequence (``_vl``) kernel.
+
+    Raises:
+        ValueError: ``d`` is not a FlashAttention-2 head dim.
+    """
+    config = family("fa2").default(d, dtype, causal)
+    assert isinstance(config, Fa2Config)  # the fa2 family's default is its own config type
+    return replace(config, varlen=True)
 
 
-def check_supported(dtype: str, d: int, compute_capability: str) -> None:
-    """Refuse what no family serves: a dtype, a head dim or a GPU fa2tune builds nothing for.
+def check_supported(dtype: str, d: int, compute_capability: str, *, packed: bool = False) -> None:
+    """Refuse what no family serves: a dtype, a head dim (of a packed batch's kernels with
+    ``packed``) or a GPU fa2tune builds nothing for.
 
     Raises:
         Unsupported: naming which.
     """
     if dtype not in DTYPE_NAMES.values():
         raise Unsupported(f"dtype {dtype} is not fp16 or bf16")
-    if d not in SUPPORTED_HEAD_DIMS:
-        raise Unsupported(unsupported_head_dim(d))
+    if d not in (VARLEN_HEAD_DIMS if packed else SUPPORTED_HEAD_DIMS):
+        raise Unsupported(unsupported_head_dim(d, packed))
     if arch_of(compute_capability) is None:
         raise Unsupported(
             f"no fa2tune build for compute capability {compute_capability} "
-            f"(builds: {', '.join(fa2_space.SUPPORTED_ARCHS)})"
+            f"(builds: {', '.join(SUPPORTED_ARCHS)})"
         )
+
+
+def choose(store: Store | None, call: Call) -> Choice:
+    """The config for a call of either mode on this GPU: the store's answer (exact, else the
+    nearest tuned shape of the call's mode) when its family builds here, else the default.
+
+    Args:
+        store: the database to ask (shipped results already loaded), or None for the default
+            only (no database could be opened, or ``off`` mode).
+        call: the call (``compute_capability``: a tuned config whose family does not build
+            for it is passed over; fa3 needs exactly 9.0).
+
+    Raises:
+        Unsupported: an unsupported head dim or dtype, a GPU fa2tune builds nothing for, or
+            no default that builds here.
+    """
+    packed = call.packed
+    cc = call.compute_capability
+    check_supported(call.dtype, call.d, cc, packed=packed is not None)
+    # The default first (pure, cheap), so that the store's answer is the last thing asked.
+    default = (
+        default_varlen_config(call.d, call.dtype, call.causal)
+        if packed is not None
+        else default_config(call.d, call.dtype, call.causal, call.shape, call.sm_count)
+    )
+    if default is not None and family_of(default).arch_for(cc) is None:
+        default = None
+    found = None
+    if store is not None:
+        try:
+            found = store.best_match(call.gpu, call.d, call.dtype, call.causal, call.shape,
+                                     packed=packed)  # fmt: skip
+        except Exception as exc:  # a broken database must not break the model: defaults
+            log.warning("fa2tune.torch: database lookup failed, using defaults: %s", exc)
+    if found is not None:
+        best, config = found.result, found.result.config
+        mode_fits = bool(getattr(config, "varlen", False)) == (packed is not None)
+        if mode_fits and family_of(config).arch_for(cc) is not None:
+            return Choice(config, "exact" if best.exact else "nearest", found.measured)
+    if default is None:
+        raise Unsupported(
+            f"no varlen kernel builds for compute capability {cc}"
+            if packed is not None
+            else f"no kernel family serves head dim {call.d} on compute capability {cc}"
+        )
+    return Choice(default, "default")
+
+
+def default_choice(call: Call) -> Choice:
+    """The default of :func:`choose` (what serves when nothing tuned can).
+
+    Raises:
+        Unsupported: no family serves the head dim on this GPU.
+    """
+    return choose(None, call)
 
 
 def choose_config(
@@ -172,56 +288,16 @@ def choose_config(
     *,
     compute_capability: str = "9.0",
 ) -> Choice:
-    """The config for a call on this GPU (``fa2tune best``'s rule, then a default).
-
-    Args:
-        store: the database to ask (shipped results already loaded), or None for defaults
-            only (no database could be opened).
-        gpu: the GPU's name as the driver reports it (``"NVIDIA H200"``).
-        sm_count: its SM count (the default's decode-like test).
-        shape: the call's shape.
-        dtype: ``"fp16"`` or ``"bf16"``.
-        causal: bottom-right aligned causal mask.
-        d: head dim.
-        compute_capability: the GPU's (``"9.0"``): a tuned config whose family does not build
-            for it is passed over (fa3 needs exactly 9.0).
+    """:func:`choose` for a dense call given by its values (``fa2tune best``'s rule, then a
+    default); ``causal`` is taken as given.
 
     Raises:
         Unsupported: an unsupported head dim or dtype, or a GPU fa2tune builds nothing for.
     """
     check_supported(dtype, d, compute_capability)
     typed: Dtype = "fp16" if dtype == "fp16" else "bf16"
-    if store is not None:
-        try:
-            found = store.best_for_shape(gpu, d, typed, causal, shape)
-        except Exception as exc:  # a broken database must not break the model: defaults
-            log.warning("fa2tune.torch: database lookup failed, using defaults: %s", exc)
-            found = None
-        if found is not None and builds_here(found.config, compute_capability):
-            measured = Shape(found.n, found.nk, found.batch, found.heads, found.kv_heads)
-            return Choice(found.config, "exact" if found.exact else "nearest", measured)
-    config = default_config(d, typed, causal, shape, sm_count)
-    if config is None or not builds_here(config, compute_capability):
-        raise Unsupported(f"no kernel family serves head dim {d} on compute capability "
-                          f"{compute_capability}")  # fmt: skip
-    return Choice(config, "default")
-
-
-def splitkv_workspace_sizes(config: SplitKvConfig, shape: Shape) -> tuple[int, int]:
-    """``(counters, partial rows)`` of a split-KV launch's workspace: one int32 counter per
-    row tile and ``tiles * splits * rows`` float32 rows of partial O (``d`` each) and LSE (1
-    each); ``(0, 0)`` with one split (the kernel then touches no workspace).
-
-    From :meth:`SplitKvConfig.workspace_bytes`, so the formula lives in one place: with
-    ``splits`` and ``rows`` known, ``bytes = tiles * 4 * (splits * rows * (d + 1) + 1)``.
-    """
-    total = config.workspace_bytes(shape.nq, shape.heads, shape.kv_heads, shape.batch, shape.nk)
-    splits = config.splits_for(shape.nk)
-    per_tile = 4 * (splits * config.rows * (config.d + 1) + 1)
-    tiles, rest = divmod(total, per_tile)
-    if rest:  # pragma: no cover - workspace_bytes changed its layout
-        raise AssertionError(f"{config.name}: {total} workspace bytes are not whole row tiles")
-    return tiles, tiles * splits * config.rows
+    call = Call(0, gpu, sm_count, compute_capability, shape, typed, causal, d)
+    return choose(store, call)
 
 
 def call_reason(
@@ -231,6 +307,7 @@ def call_reason(
     d: int,
     ndim: int = 4,
     requires_grad: bool = False,
+    packed: bool = False,
 ) -> str | None:
     """Why a call's tensors cannot go to the kernels (None when they can, as far as tensors
     alone tell: the GPU, the build and the strides are checked later).
@@ -239,20 +316,115 @@ def call_reason(
         device_type: ``q.device.type`` (``"cuda"``, ``"cpu"``).
         dtype: the torch dtype's name (``"float16"``, ``"float32"``).
         d: head dim.
-        ndim: the tensors' number of dimensions.
+        ndim: the tensors' number of dimensions (dense calls: 4).
         requires_grad: gradients are recorded for the call (the kernels are forward-only).
+        packed: a packed batch (3-d tensors; the packed kernels' head dims).
     """
     if device_type != "cuda":
         return f"tensors on {device_type}, not on a CUDA device"
-    if ndim != 4:
+    if not packed and ndim != 4:
         return f"{ndim}-d tensors (the kernels take 4-d)"
     if dtype not in DTYPE_NAMES:
         return f"dtype {dtype} (the kernels take float16 and bfloat16)"
-    if d not in SUPPORTED_HEAD_DIMS:
-        return unsupported_head_dim(d)
+    if d not in (VARLEN_HEAD_DIMS if packed else SUPPORTED_HEAD_DIMS):
+        return unsupported_head_dim(d, packed)
     if requires_grad:
         return "gradients are recorded (the kernels are forward-only)"
     return None
+
+
+def mean_bucket(total_q: int, count: int) -> int:
+    """The mean query length of a packed batch, rounded to the nearest power of two (by
+    ratio: 1, 2, 4, ...; 0 rows count as 1).
+
+    Why a bucket and not the mean itself: in a serving loop ``total_q`` changes on nearly
+    every call, and a decision per exact mean would ask the store (and maybe build a kernel)
+    far too often. The store's nearness is by ratio (tuned lengths are spaced geometrically,
+    :func:`core.shape.shape_distance`), so means within one power-of-two bucket almost always
+    pick the same tuned problem anyway; asking with the bucket's own value (not the first
+    call's mean) makes the decision a function of the key alone, whichever call came first.
+    """
+    mean = total_q // count if count > 0 else 0
+    if mean <= 1:
+        return 1
+    low = 1 << (mean.bit_length() - 1)
+    return 2 * low if mean * mean >= 2 * low * low else low  # split at low * sqrt(2)
+
+
+def effective_varlen_causal(causal: bool, max_seqlen_q: int) -> bool:
+    """A causal packed batch whose longest sequence has one query row is served unmasked:
+    the mask is bottom-right aligned per sequence, so one row sees every key of its sequence
+    (:func:`core.shape.effective_causal`'s rule; no rows at all count as one)."""
+    return effective_causal(causal, max(max_seqlen_q, 1))
+
+
+def decision_key(
+    device: object,
+    dtype: object,
+    d: int,
+    heads: int,
+    kv_heads: int,
+    causal: bool,
+    count: int,
+    total_q: int,
+    max_seqlen_q: int,
+) -> tuple[object, ...]:
+    """The key the op caches a packed call's decision by: (device, dtype, D, Hq, Hkv,
+    effective causal, number of sequences, :func:`mean_bucket`). The number of sequences is
+    kept exact (it is bounded by a server's batch size, so it adds few keys); the launch
+    geometry, which also depends on ``max_seqlen_q``, is worked out per call and is not part
+    of the key."""
+    return (device, dtype, d, heads, kv_heads, effective_varlen_causal(causal, max_seqlen_q),
+            count, mean_bucket(total_q, count))  # fmt: skip
+
+
+def check_varlen_shapes(
+    q_shape: tuple[int, ...],
+    k_shape: tuple[int, ...],
+    v_shape: tuple[int, ...],
+    cu_q_shape: tuple[int, ...],
+    cu_k_shape: tuple[int, ...],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+) -> None:
+    """Refuse packed calls no attention implementation takes (a caller's error, never a
+    fallback): what the shapes and the caller's ints say, nothing read from the device.
+
+    Raises:
+        ValueError: q, k, v not 3-d ``[total, heads, D]``; k and v of different shapes; head
+            dims that differ; q heads not a multiple of kv heads; offsets not 1-d with
+            ``num_seqs + 1 >= 2`` entries each, or different counts for q and k; a negative
+            max length, or ``max_seqlen_q`` 0 with query rows to compute; more rows than
+            int32 offsets address.
+    """
+    dims = (len(q_shape), len(k_shape), len(v_shape))
+    if dims != (3, 3, 3):
+        raise ValueError(f"q, k, v must be 3-d packed [total, heads, D], got {dims} dims")
+    if tuple(k_shape) != tuple(v_shape):
+        raise ValueError(f"k shape {tuple(k_shape)} != v shape {tuple(v_shape)}")
+    _, hq, d = q_shape
+    _, hk, dk = k_shape
+    if d != dk or hk < 1 or hq % hk:
+        raise ValueError(
+            f"q {tuple(q_shape)} and k {tuple(k_shape)} do not match: same head dim, and q "
+            "heads a multiple of kv heads"
+        )
+    for name, shape in (("cu_seqlens_q", cu_q_shape), ("cu_seqlens_k", cu_k_shape)):
+        if len(shape) != 1 or shape[0] < 2:
+            raise ValueError(
+                f"{name} must be 1-d with num_seqs + 1 >= 2 entries, got shape {tuple(shape)}"
+            )
+    if cu_q_shape[0] != cu_k_shape[0]:
+        raise ValueError(
+            f"cu_seqlens_q has {cu_q_shape[0]} entries but cu_seqlens_k {cu_k_shape[0]} "
+            "(num_seqs + 1 each)"
+        )
+    if max_seqlen_q < 0 or max_seqlen_k < 0:
+        raise ValueError(f"max_seqlen_q {max_seqlen_q}, max_seqlen_k {max_seqlen_k}: negative")
+    if max_seqlen_q == 0 and q_shape[0] > 0:
+        raise ValueError(f"max_seqlen_q is 0 but q has {q_shape[0]} rows")
+    if max(q_shape[0], k_shape[0]) > MAX_TOTAL_ROWS:
+        raise ValueError(f"more than {MAX_TOTAL_ROWS} packed rows (int32 offsets)")
 
 
 _store_lock = threading.Lock()

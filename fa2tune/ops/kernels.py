@@ -12,18 +12,10 @@ and a call patches the five pointers and the scale and calls ``cuLaunchKernel``.
 family's TMA descriptors (which hold the Q, K and V addresses) are encoded once per pointer
 triple and stride pattern, the last 64 kept.
 
-Split-KV's workspace (:class:`SplitKvWorkspace`): one float32 partial O and LSE per (row tile,
-split) and an int counter per row tile that must be zero before a launch; the kernel's last
-block of a tile resets its counter, so counters that were zero stay zero. Outside CUDA-graph
-capture both live in grow-only buffers per (device, stream) (:func:`_stream_workspace`),
-allocated with the driver, the counters zeroed once: launches on one stream run in order and
-a launch reads its partials only inside itself, so every launch on the stream can reuse them,
-as splitkv_launch.cuh's ``launch()`` does, and a call allocates nothing (a ``torch.empty``
-per call cost ~10 µs of host time). :func:`free_workspaces` gives them back. During capture a
-call allocates one tensor from the graph's private pool and zeroes its counter region, so a
-captured graph owns its workspace. With one split the kernel touches no workspace (null
-pointers, as the header's launcher passes). The worker's NaN poisoning of partials is left
-out.
+A packed batch's decision is a :class:`PackedLauncher` (:func:`make_launcher` picks): the
+loader's packed mode, its grid from each call's longest query length and number of
+sequences, the offsets and lengths patched per call. Split-KV's workspace is
+:mod:`fa2tune.ops.workspace`'s.
 
 Imports torch: only :mod:`fa2tune.ops.torch_op` imports this module.
 """
@@ -35,14 +27,17 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
 from codegen.build import NvccNotFoundError, build_configs
+from codegen.families import family_of
 from core.family import AnyConfig
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
-from fa2tune.ops.choice import Unsupported, arch_of, splitkv_workspace_sizes
+from fa2tune.ops.choice import Call, Choice, Unsupported, arch_of
+from fa2tune.ops.workspace import SplitKvWorkspace
 from measure.loader import (
     GRID_YZ_LIMIT,
     BoundLaunch,
@@ -52,8 +47,17 @@ from measure.loader import (
     ensure_context,
     host_prep,
     launch_geometry,
+    packed_extra_args,
 )
-from measure.params import ALIGN_BYTES, FaParams, Layout, make_params
+from measure.params import (
+    ALIGN_BYTES,
+    FaParams,
+    FaVarlen,
+    Layout,
+    PackedSeqs,
+    make_params,
+    packed_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,25 @@ def device_info(index: int) -> DeviceInfo:
     return info
 
 
+class CuSeqlens(NamedTuple):
+    """A packed call's sequences as the op takes them: int32 offsets on q's device
+    (``num_seqs + 1`` entries each) and the longest lengths."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+def make_launcher(kernel: LoadedKernel, choice: Choice, call: Call) -> Launcher | PackedLauncher:
+    """The launcher of one decision: :class:`Launcher` for a dense call (its geometry is the
+    call's), :class:`PackedLauncher` for a packed one (its grid is worked out per call)."""
+    if call.packed is None:
+        return Launcher(kernel, choice.config, choice.source, call.shape, call.tag)
+    s = call.shape
+    return PackedLauncher(kernel, choice.config, choice.source, s.heads, s.kv_heads)
+
+
 def load_kernel(config: AnyConfig, device: DeviceInfo) -> LoadedKernel:
     """``config``'s kernel on ``device``: built on first use, loaded once per process.
 
@@ -140,103 +163,6 @@ def load_kernel(config: AnyConfig, device: DeviceInfo) -> LoadedKernel:
         log.debug("loaded %s on cuda:%d from %s", config.name, device.index, report.cubin)
         _loaded[key] = kernel
         return kernel
-
-
-class SplitKvWorkspace:
-    """Split-KV's workspace for one call shape (sizes: :func:`~fa2tune.ops.choice.
-    splitkv_workspace_sizes`) and the buffers a call uses."""
-
-    __slots__ = ("counters", "d", "partial_rows")
-
-    def __init__(self, config: SplitKvConfig, shape: Shape) -> None:
-        self.d = config.d
-        #: int32 counters, one per row tile (0: one split, no workspace at all); float32
-        #: rows of partial O (d each) and LSE (1 each).
-        self.counters, self.partial_rows = splitkv_workspace_sizes(config, shape)
-
-    @property
-    def needed(self) -> bool:
-        return self.counters > 0
-
-    def captured(self, device: torch.device) -> tuple[int, int, torch.Tensor]:
-        """``(counters pointer, partials pointer, owner)`` for a launch being captured into a
-        CUDA graph:
-        one allocation from the graph's pool, counters first (rounded to 16 bytes so the
-        float4 partials stay aligned), counters zeroed; the graph owns its workspace and
-        replays on any stream. ``owner`` must live until the launch has been queued."""
-        head = -(-self.counters // 4) * 4
-        ws = torch.empty(head + self.partial_rows * (self.d + 1), dtype=torch.float32,
-                         device=device)  # fmt: skip
-        ws[:head].zero_()
-        base = ws.data_ptr()
-        return base, base + 4 * head, ws
-
-    def stream_args(self, device: int, stream: int) -> tuple[int, int]:
-        """``(counters pointer, partials pointer)`` of ``stream``'s buffers, big enough for
-        this shape (:func:`_stream_workspace`)."""
-        return _stream_workspace(device, stream, self.counters, self.partial_rows * (self.d + 1))
-
-    def args(self, counters_ptr: int, partials_ptr: int) -> tuple[ctypes.c_void_p, ...]:
-        """The kernel's three workspace arguments (partial O, partial LSE, counters)."""
-        lse_ptr = partials_ptr + 4 * self.partial_rows * self.d
-        return (ctypes.c_void_p(partials_ptr), ctypes.c_void_p(lse_ptr),
-                ctypes.c_void_p(counters_ptr))  # fmt: skip
-
-
-_ws_lock = threading.Lock()
-# (device index, stream) -> [counters pointer, counters, partials pointer, floats] of that
-# stream's split-KV workspace: grow-only, shared by every split-KV launch on the stream.
-# Allocated with the driver, outside torch's allocator: a buffer kept across calls must not
-# come from a private memory pool (torch.compile's CUDA-graph trees run warm-up calls in one
-# and may recycle its blocks).
-_workspaces: dict[tuple[int, int], list[int]] = {}
-
-
-def _stream_workspace(device: int, stream: int, counters: int, floats: int) -> tuple[int, int]:
-    """``(counters pointer, partials pointer)`` of ``stream``'s workspace: at least
-    ``counters`` int32 counters, all zero, and ``floats`` float32s of scratch."""
-    entry = _workspaces.get((device, stream))
-    if entry is not None and entry[1] >= counters and entry[3] >= floats:
-        return entry[0], entry[2]
-    from measure.loader import call
-
-    with _ws_lock:
-        old = _workspaces.get((device, stream)) or [0, 0, 0, 0]
-        new = list(old)
-        if old[1] < counters:
-            new[1] = max(counters, 4096, 2 * old[1])
-            new[0] = int(call("cuMemAlloc", 4 * new[1]))
-            call("cuMemsetD32Async", new[0], 0, new[1], stream)  # before the stream's launches
-        if old[3] < floats:
-            new[3] = max(floats, 1 << 16, old[3] + old[3] // 2)
-            new[2] = int(call("cuMemAlloc", 4 * new[3]))
-        if old[0] != new[0] or old[2] != new[2]:
-            if old[1] or old[3]:  # the old buffers may still be read by queued launches
-                call("cuStreamSynchronize", stream)
-            for before, after in ((old[0], new[0]), (old[2], new[2])):
-                if before and before != after:
-                    call("cuMemFree", before)
-        _workspaces[(device, stream)] = new
-        return new[0], new[2]
-
-
-def free_workspaces() -> int:
-    """Give every stream's split-KV workspace back to the driver (each device synchronised
-    first: a stream may have been destroyed since); the next split-KV call allocates again.
-    Returns the bytes freed."""
-    from measure.loader import call
-
-    freed = 0
-    with _ws_lock:
-        for (device, _), (counters_ptr, counters, partials_ptr, floats) in _workspaces.items():
-            torch.cuda.synchronize(device)
-            with torch.cuda.device(device):
-                for ptr in (counters_ptr, partials_ptr):
-                    if ptr:
-                        call("cuMemFree", ptr)
-            freed += 4 * (counters + floats)
-        _workspaces.clear()
-    return freed
 
 
 #: Bound launches with their TMA descriptors kept per stride pattern (fa3), by pointers.
@@ -319,8 +245,9 @@ class Launcher:
         lse: torch.Tensor | None,
         scale: float,
         layout: Layout,
+        seqs: CuSeqlens | None = None,
     ) -> None:
-        """Launch once into ``o`` (and ``lse``).
+        """Launch once into ``o`` (and ``lse``); ``seqs`` is a packed call's (None here).
 
         Raises:
             ValueError: tensors the ABI does not take (strides, alignment): the caller falls
@@ -401,4 +328,160 @@ class Launcher:
                 variant = _Variant(params)
                 if len(self._variants) < 16:  # a few patterns per shape; odd ones stay slow
                     self._variants[key] = variant
+        return variant
+
+
+#: Bound launches kept per stride pattern of a packed launcher: by (stream, grid x), or, for a
+#: family with extra arguments (fa3's TMA descriptors hold the pointers and the packed row
+#: counts), by pointers, rows, stream and grid x.
+_BOUND_CACHE = 64
+
+
+class _PackedVariant:
+    """One stride pattern of a packed launcher: the checked kernel argument, the packed-batch
+    argument (both patched per call) and bound launches that point at them."""
+
+    __slots__ = ("bound", "params", "varlen")
+
+    def __init__(self, params: FaParams) -> None:
+        self.params = params
+        self.varlen = FaVarlen(None, None, 0, 0)
+        self.bound: dict[tuple[int, ...], BoundLaunch] = {}
+
+
+class PackedLauncher:
+    """One packed decision: a loaded ``_vl`` kernel, its config, and its launches (the
+    loader's packed mode, :meth:`measure.loader.LoadedKernel.bind_config` with ``packed``,
+    with its per-call work kept small).
+
+    Per stride pattern of (q, k, v) (and whether each has 0, 1 or more rows),
+    :func:`measure.params.packed_params`'s checks run once and its :class:`FaParams` is
+    kept. A call patches pointers, longest lengths, the number of sequences and the scale
+    into it and into one :class:`FaVarlen`, and calls a bound launch (a family without extra
+    arguments: per stream and grid; one with them, whose descriptors hold the pointers and
+    the packed row counts: per pointers, packed rows, stream and grid, holding
+    :func:`measure.loader.packed_extra_args`), the last :data:`_BOUND_CACHE` kept. More
+    sequences than the grid's z allows run as launches over slices of the offsets.
+
+    Attributes:
+        kernel, config, source: what serves the decision and where the choice came from.
+    """
+
+    __slots__ = ("_block", "_extra", "_heads", "_kv_heads", "_lock", "_smem", "_variants",
+                 "config", "kernel", "source")  # fmt: skip
+
+    def __init__(
+        self, kernel: LoadedKernel, config: AnyConfig, source: str, heads: int, kv_heads: int
+    ) -> None:
+        self.kernel = kernel
+        self.config = config
+        self.source = source
+        self._heads = heads
+        self._kv_heads = kv_heads
+        # A family whose packed kernels take extra arguments (TMA descriptors) after FaVarlen.
+        self._extra = family_of(config).varlen_host_prep is not None
+        self._block = launch_geometry(config, 1, heads, 1, nk=1, kv_heads=kv_heads)[1]
+        self._smem = config.smem_bytes
+        self._lock = threading.Lock()
+        self._variants: dict[tuple[object, ...], _PackedVariant] = {}
+
+    def _grid(self, max_seqlen_q: int, max_seqlen_k: int, count: int) -> tuple[int, int, int]:
+        grid, _ = launch_geometry(self.config, max_seqlen_q, self._heads, count,
+                                  nk=max(max_seqlen_k, 1), kv_heads=self._kv_heads)  # fmt: skip
+        return grid
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        o: torch.Tensor,
+        lse: torch.Tensor | None,
+        scale: float,
+        layout: Layout,
+        seqs: CuSeqlens | None = None,
+    ) -> None:
+        """Launch once into ``o`` (and ``lse``), on the current stream of q's device
+        (:class:`Launcher`'s call with the sequences; ``layout`` is unused: packed).
+
+        Raises:
+            ValueError: tensors the ABI does not take (strides, alignment, empty k): the
+                caller falls back or re-raises.
+            CudaError: the driver refused the launch.
+        """
+        assert seqs is not None  # the op passes a packed call's sequences
+        cu_q, cu_k, max_seqlen_q, max_seqlen_k = seqs
+        stream = current_stream(q.device)
+        total_q, total_k = int(q.shape[0]), int(k.shape[0])
+        count = int(cu_q.shape[0]) - 1
+        if self._heads > GRID_YZ_LIMIT:
+            raise ValueError(f"{self._heads} heads: past the grid's y limit {GRID_YZ_LIMIT}")
+        qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+        # Row counts 0, 1 and more than 1 are told apart: a one-row tensor's row stride is
+        # never checked, and no keys at all is refused (make_params).
+        pattern = (q.stride(), k.stride(), v.stride(), min(total_q, 2), min(total_k, 2))
+        variant = self._variants.get(pattern)
+        if variant is None or (qp | kp | vp | op) % ALIGN_BYTES:
+            variant = self._variant(q, k, v, o, pattern)  # raises ValueError
+        if not cu_q.is_contiguous():
+            cu_q = cu_q.contiguous()  # the kernel reads entries b and b + 1 of a flat array
+        if not cu_k.is_contiguous():
+            cu_k = cu_k.contiguous()
+        cqp, ckp = cu_q.data_ptr(), cu_k.data_ptr()
+        maps: tuple[Any, ...] = ()
+        with self._lock:
+            p = variant.params
+            p.q, p.k, p.v, p.o = qp, kp, vp, op
+            p.lse = lse.data_ptr() if lse is not None else None
+            p.softmax_scale = scale
+            p.nq, p.nk = max_seqlen_q, max_seqlen_k
+            vl = variant.varlen
+            vl.cu_seqlens_q, vl.cu_seqlens_k, vl.total_q = cqp, ckp, total_q
+            if count > GRID_YZ_LIMIT:  # rare: launches over slices of the offsets
+                if self._extra:
+                    maps = self._maps(q, k, v)
+                for b0 in range(0, count, GRID_YZ_LIMIT):
+                    n = min(GRID_YZ_LIMIT, count - b0)
+                    part = FaParams.from_buffer_copy(p)
+                    part.batch = n
+                    part_vl = FaVarlen(cqp + 4 * b0, ckp + 4 * b0, total_q, 0)
+                    grid = self._grid(max_seqlen_q, max_seqlen_k, n)
+                    self.kernel.bind(part, grid, self._block, self._smem, stream,
+                                     (part_vl, *maps))()  # fmt: skip
+                return
+            p.batch = count
+            grid = self._grid(max_seqlen_q, max_seqlen_k, count)
+            key = (qp, kp, vp, total_q, total_k, stream, grid[0]) if self._extra else (
+                stream, grid[0])  # fmt: skip
+            bound = variant.bound.get(key)
+            if bound is None:
+                if self._extra:
+                    maps = self._maps(q, k, v)  # may raise ValueError
+                bound = self.kernel.bind(p, grid, self._block, self._smem, stream, (vl, *maps))
+                if len(variant.bound) >= _BOUND_CACHE:
+                    del variant.bound[next(iter(variant.bound))]
+                variant.bound[key] = bound
+            bound()
+
+    def _maps(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[Any, ...]:
+        return packed_extra_args(self.config, q, k, v)
+
+    def _variant(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        o: torch.Tensor,
+        pattern: tuple[object, ...],
+    ) -> _PackedVariant:
+        """:func:`packed_params`'s checks on the packed tensors; the checked argument is kept
+        for the pattern (pointers, lengths and scale are patched per call)."""
+        seqs = PackedSeqs(0, 0, 1, 1, 1)
+        params, _ = packed_params(q, k, v, o, None, 1.0, seqs)  # raises ValueError on bad input
+        with self._lock:
+            variant = self._variants.get(pattern)
+            if variant is None:
+                variant = _PackedVariant(params)
+                if len(self._variants) < 16:  # a few patterns per decision; odd ones stay slow
+                    self._variants[pattern] = variant
         return variant

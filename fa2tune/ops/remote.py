@@ -9,19 +9,31 @@ body that is not a config) is :class:`ServiceUnavailable`: the caller warns once
 local choice.
 
 Standard library only (:mod:`urllib`): the base install has no HTTP client.
+:func:`service_choice` is what :func:`fa2tune.ops.selection.select` asks: the answer if its
+family builds here, with the state that keeps a dead URL from being asked again soon.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
+from codegen.families import family_of
 from core.family import config_from_name
 from core.shape import Shape
-from fa2tune.ops.choice import Choice
+from fa2tune.ops.choice import Call, Choice
+
+log = logging.getLogger("fa2tune.torch")
+
+#: After the service failed to answer, it is not asked again for this long (s): a dead URL
+#: must not cost every new shape a timeout.
+SERVICE_RETRY_S = 60.0
 
 
 class ServiceUnavailable(RuntimeError):
@@ -89,3 +101,40 @@ def ask_service(
     except (urllib.error.URLError, OSError, ValueError) as exc:  # refused, timeout, bad JSON
         raise ServiceUnavailable(f"GET {url}: {exc}") from None
     return parse_best(body, d, dtype, causal)
+
+
+_service_lock = threading.Lock()
+_service_down: dict[str, float] = {}  # URL -> when it last failed (monotonic)
+_service_warned: set[str] = set()
+
+
+def service_choice(call: Call, url: str, timeout_s: float) -> Choice | None:
+    """The service's choice for a dense call, or None: nothing tuned there (404), a config
+    whose family does not build here, or no answer (warned once per URL; the URL is then not
+    asked again for :data:`SERVICE_RETRY_S`)."""
+    with _service_lock:
+        failed = _service_down.get(url)
+        if failed is not None and time.monotonic() - failed < SERVICE_RETRY_S:
+            return None
+    try:
+        choice = ask_service(url, call.gpu, call.d, call.dtype, call.causal, call.shape,
+                             timeout_s=timeout_s)  # fmt: skip
+    except ServiceUnavailable as exc:
+        with _service_lock:
+            _service_down[url] = time.monotonic()
+            first = url not in _service_warned
+            _service_warned.add(url)
+        if first:
+            log.warning("fa2tune.torch: the fa2tune service at %s did not answer (%s); "
+                        "choosing from local results", url, exc)  # fmt: skip
+        return None
+    if choice is not None and family_of(choice.config).arch_for(call.compute_capability) is None:
+        return None
+    return choice
+
+
+def reset_service_state() -> None:
+    """Forget failed services and warnings (tests)."""
+    with _service_lock:
+        _service_down.clear()
+        _service_warned.clear()

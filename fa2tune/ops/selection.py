@@ -1,65 +1,33 @@
-"""One call shape's decision, from every source in order (torch-free).
+"""One call's decision, from every source in order (torch-free).
 
-:func:`select` is what the op asks the first time it sees a call shape:
+:func:`select` is what the op asks the first time it sees a call's key, for a dense call and
+a packed batch alike (a :class:`~fa2tune.ops.choice.Call`, ``packed`` set for the latter):
 
 1. a running fa2tune service, when ``FA2TUNE_SERVICE_URL`` is set (:mod:`fa2tune.ops.remote`;
    unreachable: one warning, then the local choice; a 404 is "nothing tuned there"): its
    answer for exactly this shape serves;
-2. the shipped results and the local database (:func:`~fa2tune.ops.choice.choose_config`:
-   the exact shape, else the nearest tuned shape, else a family's default); a shape tuned
-   exactly here beats the service's nearest shape, which beats the local nearest or default;
+2. the shipped results and the local database (:func:`~fa2tune.ops.choice.choose`: the exact
+   shape, else the nearest tuned shape, else a default); a shape tuned exactly here beats the
+   service's nearest shape, which beats the local nearest or default;
 3. then, in ``on_first_call`` mode (:mod:`fa2tune.ops.autotune`), a shape not measured
    exactly starts one background tuning job; the choice above serves meanwhile.
 
-In ``off`` mode none of this runs: every shape gets its family's default config, with no
-database opened and no service asked (a baseline, or a process that must not read results).
+A packed batch asks only the local results (the service and first-use tuning take whole
+length lists, which the op does not read). In ``off`` mode none of this runs: every call gets
+its default config, with no database opened and no service asked (a baseline, or a process
+that must not read results).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from dataclasses import dataclass
 
-from core.config import Dtype
-from core.problem import Problem
 from core.shape import Shape
 from fa2tune.ops import autotune
-from fa2tune.ops.choice import Choice, builds_here, check_supported, choose_config, open_store
+from fa2tune.ops.choice import Call, Choice, check_supported, choose, open_store
+from fa2tune.ops.remote import reset_service_state, service_choice
 
-log = logging.getLogger("fa2tune.torch")
-
-#: After the service failed to answer, it is not asked again for this long (s): a dead URL
-#: must not cost every new shape a timeout.
-SERVICE_RETRY_S = 60.0
-
-
-@dataclass(frozen=True)
-class Call:
-    """What a decision depends on: the device and the call's shape, dtype and mask."""
-
-    device: int
-    gpu: str
-    sm_count: int
-    compute_capability: str
-    shape: Shape
-    dtype: Dtype
-    causal: bool
-    d: int
-
-    def problem(self) -> Problem:
-        """The tuning problem of this call (what ``fa2tune tune`` would tune)."""
-        s = self.shape
-        return Problem(
-            gpu=self.gpu, d=self.d, n=s.nq, nk=s.nk, batch=s.batch, heads=s.heads,
-            kv_heads=s.kv_heads, dtype=self.dtype, causal=self.causal,
-        )  # fmt: skip
-
-    @property
-    def tag(self) -> tuple[int, str, int, bool, Shape]:
-        """The key the op's decisions are forgotten by when a tuning job ends."""
-        return (self.device, self.dtype, self.d, self.causal, self.shape)
+__all__ = ["Call", "Selected", "job_tag", "reset_service_state", "select"]
 
 
 def job_tag(job: autotune.TuneJob) -> tuple[int, str, int, bool, Shape]:
@@ -81,39 +49,10 @@ class Selected:
         return line + ("; tuning it in the background" if self.tuning else "")
 
 
-_service_lock = threading.Lock()
-_service_down: dict[str, float] = {}  # URL -> when it last failed (monotonic)
-_service_warned: set[str] = set()
-
-
-def _from_service(call: Call, url: str, timeout_s: float) -> Choice | None:
-    from fa2tune.ops.remote import ServiceUnavailable, ask_service
-
-    with _service_lock:
-        failed = _service_down.get(url)
-        if failed is not None and time.monotonic() - failed < SERVICE_RETRY_S:
-            return None
-    try:
-        choice = ask_service(url, call.gpu, call.d, call.dtype, call.causal, call.shape,
-                             timeout_s=timeout_s)  # fmt: skip
-    except ServiceUnavailable as exc:
-        with _service_lock:
-            _service_down[url] = time.monotonic()
-            first = url not in _service_warned
-            _service_warned.add(url)
-        if first:
-            log.warning("fa2tune.torch: the fa2tune service at %s did not answer (%s); "
-                        "choosing from local results", url, exc)  # fmt: skip
-        return None
-    if choice is not None and not builds_here(choice.config, call.compute_capability):
-        return None
-    return choice
-
-
 def select(call: Call) -> Selected:
     """The config for ``call`` (service, then local results, then a default; only the
-    default in ``off`` mode) and, in ``on_first_call`` mode, a tuning job for a shape not
-    tuned exactly.
+    default in ``off`` mode) and, in ``on_first_call`` mode, a tuning job for a dense shape
+    not tuned exactly.
 
     Raises:
         Unsupported: no family serves the dtype, head dim or GPU.
@@ -121,36 +60,24 @@ def select(call: Call) -> Selected:
     from core.settings import get_settings
 
     settings = get_settings()
-    check_supported(call.dtype, call.d, call.compute_capability)
-    if autotune.current().mode == "off":
-        return Selected(choose_config(
-            None, call.gpu, call.sm_count, call.shape, call.dtype, call.causal, call.d,
-            compute_capability=call.compute_capability,
-        ))  # fmt: skip
+    dense = call.packed is None
+    check_supported(call.dtype, call.d, call.compute_capability, packed=not dense)
+    problem = call.problem() if dense else None  # what first-use tuning would tune
+    off = autotune.current().mode == "off"
     remote = None
-    if settings.service_url:
-        remote = _from_service(call, settings.service_url, settings.service_timeout_s)
+    if settings.service_url and dense and not off:
+        remote = service_choice(call, settings.service_url, settings.service_timeout_s)
     choice = remote
     if remote is None or remote.source != "exact":
-        local = choose_config(
-            open_store(), call.gpu, call.sm_count, call.shape, call.dtype, call.causal, call.d,
-            compute_capability=call.compute_capability,
-        )  # fmt: skip
+        local = choose(None if off else open_store(), call)
         # The service's nearest shape serves unless this shape was tuned here (first-use
         # tuning writes to the local database).
         if remote is None or local.source == "exact":
             choice = local
     assert choice is not None
     tuning = False
-    if choice.source != "exact":
+    if choice.source != "exact" and problem is not None and not off:
         tuning = autotune.current().consider(
-            call.problem(), call.device, settings.db_url, settings.cache_dir
+            problem, call.device, settings.db_url, settings.cache_dir
         )
     return Selected(choice, tuning)
-
-
-def reset_service_state() -> None:
-    """Forget failed services and warnings (tests)."""
-    with _service_lock:
-        _service_down.clear()
-        _service_warned.clear()

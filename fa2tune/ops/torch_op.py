@@ -1,52 +1,81 @@
-"""``torch.ops.fa2tune.attention``: the custom op, its fake implementation and the fallback.
+"""``torch.ops.fa2tune.attention`` and ``attention_varlen``: the op, its fake implementations
+and the fallback, one call path for dense calls and packed variable-length batches.
 
-The op's real implementation (:func:`forward`) looks the call up in a dict keyed by (device,
-dtype, Q and K shapes, mask, layout); the first call of a key decides (config choice,
-build, load: :func:`_decide`) and every later call only allocates the output and launches.
-No store query, logging or warning runs on that path. Calls the kernels cannot serve run on
-``torch.nn.functional.scaled_dot_product_attention`` (:func:`sdpa_fallback`) with a warning
-once per reason, or raise :class:`~fa2tune.ops.choice.Unsupported` with ``fallback=False``.
+The op's real implementation (:func:`run`) looks the call up in a dict of decisions; the
+first call of a key decides (config choice, build, load: :func:`_decide`) and every later call
+only checks what it must, allocates the output and launches. No store query, logging or
+warning runs on that path. The mode is an argument of the one path: a dense call
+(``q`` ``[B, Nq, Hq, D]`` or ``[B, Hq, Nq, D]``) is keyed by (device, dtype, Q and K shapes,
+mask, layout); a packed batch (``seqs``: ``cu_seqlens`` and the longest lengths, as
+``flash_attn_varlen_func`` takes them; ``q`` ``[total_q, Hq, D]``, causal bottom-right aligned
+per sequence) by :func:`~fa2tune.ops.choice.decision_key`, its arguments checked on every
+call (shapes, dtypes and devices only: the offsets are never read on the host) and its grid
+worked out per call from ``max_seqlen_q`` and the number of sequences. Calls the kernels
+cannot serve run on torch (:mod:`fa2tune.ops.fallback`) with a warning once per reason, or
+raise :class:`~fa2tune.ops.choice.Unsupported` with ``fallback=False``; bad arguments raise
+ValueError either way.
 
-The op is registered with :func:`torch.library.custom_op` and a fake implementation, so
-``torch.compile(fullgraph=True)`` traces it as one node, and FakeTensor / meta tensors get
-the output's shape and dtype without a GPU. The output is always a fresh contiguous tensor of
-Q's shape; the LSE is ``[B, Hq, Nq]`` float32, or an empty float32 tensor when not asked for.
+The two entries are registered with :func:`torch.library.custom_op` and fake
+implementations, so ``torch.compile(fullgraph=True)`` traces each as one node, and FakeTensor /
+meta tensors get the outputs' shapes and dtypes without a GPU. The output is always a fresh
+contiguous tensor of Q's shape; the LSE is ``[B, Hq, Nq]`` (packed: ``[Hq, total_q]``) float32,
+or an empty float32 tensor when not asked for.
 
-Imports torch (and registers the op) at import: :mod:`fa2tune.torch` imports it.
+Imports torch (and registers the ops) at import: :mod:`fa2tune.torch` imports it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import operator
 import sys
 import threading
 import warnings
 from dataclasses import replace
+from typing import Any
 
 import torch
 
+from core.lookup import Packed
 from core.settings import get_settings
 from core.shape import Shape, effective_causal
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import (
     DTYPE_NAMES,
+    Call,
     FallbackWarning,
     Unsupported,
     call_reason,
-    choose_config,
+    check_varlen_shapes,
+    decision_key,
+    default_choice,
+    effective_varlen_causal,
+    mean_bucket,
 )
-from fa2tune.ops.kernels import Launcher, device_info, load_kernel
-from fa2tune.ops.selection import Call, job_tag, reset_service_state, select
+from fa2tune.ops.fallback import no_lse, sdpa_fallback, varlen_fallback
+from fa2tune.ops.kernels import (
+    CuSeqlens,
+    Launcher,
+    PackedLauncher,
+    device_info,
+    load_kernel,
+    make_launcher,
+)
+from fa2tune.ops.selection import job_tag, reset_service_state, select
 from measure.loader import CudaError
 from measure.params import LAYOUTS, Layout
 
 log = logging.getLogger("fa2tune.torch")
 
-#: (device index, dtype, q shape, k shape, causal, layout) -> a launcher, or why not.
-_decisions: dict[tuple[object, ...], Launcher | str] = {}
+#: A dense call's (device, dtype, q shape, k shape, causal, layout), or a packed call's
+#: decision_key(...) -> a launcher, or why the key falls back.
+_decisions: dict[tuple[object, ...], Launcher | PackedLauncher | str] = {}
 _decide_lock = threading.Lock()
 _warned: set[str] = set()
+
+_FALLBACK = "fa2tune.torch: running on SDPA instead of a tuned kernel: "
+_PACKED_FALLBACK = "fa2tune.torch: attention_varlen running on torch instead of a tuned kernel: "
 
 
 def _dims(t: torch.Tensor, layout: Layout) -> tuple[int, int, int, int]:
@@ -55,15 +84,13 @@ def _dims(t: torch.Tensor, layout: Layout) -> tuple[int, int, int, int]:
     return (b, x, y, d) if layout == "bnhd" else (b, y, x, d)
 
 
-def lse_shape(q: torch.Tensor, layout: Layout) -> tuple[int, int, int]:
-    """``[B, Hq, Nq]``: the LSE's shape (the op's real and fake implementations)."""
+def lse_shape(q: torch.Tensor, layout: Layout, packed: bool = False) -> tuple[int, ...]:
+    """The LSE's shape (the op's real and fake implementations): ``[B, Hq, Nq]``, or a packed
+    batch's ``[Hq, total_q]``."""
+    if packed:
+        return (q.shape[1], q.shape[0])
     b, nq, h, _ = _dims(q, layout)
     return (b, h, nq)
-
-
-def no_lse(q: torch.Tensor) -> torch.Tensor:
-    """The empty float32 tensor returned in the LSE's place when it was not asked for."""
-    return q.new_empty((0,), dtype=torch.float32)
 
 
 # torch.cuda.current_device() without its Python wrapper (the device is initialised by then).
@@ -93,14 +120,50 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str)
         )
 
 
-def _warn_once(reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(
-            f"fa2tune.torch: running on SDPA instead of a tuned kernel: {reason}",
-            FallbackWarning,
-            stacklevel=4,
-        )
+def check_varlen_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+) -> None:
+    """Refuse calls no implementation takes (metadata only: never reads device memory).
+
+    Raises:
+        ValueError: see :func:`~fa2tune.ops.choice.check_varlen_shapes`; q, k and v of
+            different dtypes or devices; offsets that are not int32 on q's device.
+    """
+    check_varlen_shapes(
+        tuple(q.shape), tuple(k.shape), tuple(v.shape), tuple(cu_seqlens_q.shape),
+        tuple(cu_seqlens_k.shape), max_seqlen_q, max_seqlen_k,
+    )  # fmt: skip
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {cu.dtype}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device}, q on {q.device}: same device needed")
+
+
+def _max_len(name: str, value: Any) -> int:
+    """A max length as a Python int (a tensor would need a device sync: refused)."""
+    if isinstance(value, (torch.Tensor, bool)):
+        raise ValueError(f"{name} must be a Python int, got {type(value).__name__}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a Python int, got {type(value).__name__}") from None
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, FallbackWarning, stacklevel=4)
 
 
 def _show_choice(line: str) -> None:
@@ -114,21 +177,35 @@ def _show_choice(line: str) -> None:
     log.info("%s", line)
 
 
-def _decide(q: torch.Tensor, k: torch.Tensor, causal: bool, layout: Layout) -> Launcher | str:
-    """The launcher for this call's key, or the reason it falls back (first call of a key)."""
-    reason = call_reason(
-        device_type=q.device.type, dtype=str(q.dtype).removeprefix("torch."), d=int(q.shape[-1])
-    )
+def _decide(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool,
+    layout: Layout,
+    packed: Packed | None = None,
+) -> Launcher | PackedLauncher | str:
+    """The launcher for this call's key, or the reason it falls back (first call of a key).
+
+    ``packed``: a packed batch's count of sequences and bucketed mean length (the key's);
+    ``causal`` is then the effective mask already."""
+    d = int(q.shape[-1])
+    torch_dtype = str(q.dtype).removeprefix("torch.")
+    reason = call_reason(device_type=q.device.type, dtype=torch_dtype, d=d,
+                         packed=packed is not None)  # fmt: skip
     if reason is not None:
         return reason
-    b, nq, h, d = _dims(q, layout)
-    _, nk, hk, _ = _dims(k, layout)
-    causal = effective_causal(causal, nq)  # one causal row sees every key: served unmasked
+    if packed is None:
+        b, nq, h, d = _dims(q, layout)
+        _, nk, hk, _ = _dims(k, layout)
+        causal = effective_causal(causal, nq)  # one causal row sees every key: served unmasked
+        shape = Shape(nq, nk, b, h, hk)
+    else:
+        shape = packed.shape(int(q.shape[1]), int(k.shape[1]))
     device = device_info(q.device.index if q.device.index is not None else 0)
     call = Call(
         device=device.index, gpu=device.name, sm_count=device.sm_count,
-        compute_capability=device.compute_capability, shape=Shape(nq, nk, b, h, hk),
-        dtype=DTYPE_NAMES[str(q.dtype).removeprefix("torch.")], causal=causal, d=d,
+        compute_capability=device.compute_capability, shape=shape,
+        dtype=DTYPE_NAMES[torch_dtype], causal=causal, d=d, packed=packed,
     )  # fmt: skip
     try:
         selected = select(call)
@@ -139,18 +216,15 @@ def _decide(q: torch.Tensor, k: torch.Tensor, causal: bool, layout: Layout) -> L
             if choice.source == "default":
                 raise
             # A tuned config that does not build or load here: the default may still do.
-            log.warning("fa2tune.torch: %s; trying the default config", first.reason)
-            choice = choose_config(
-                None, call.gpu, call.sm_count, call.shape, call.dtype, causal, d,
-                compute_capability=call.compute_capability,
-            )  # fmt: skip
+            what = "default varlen config" if packed is not None else "default config"
+            log.warning("fa2tune.torch: %s; trying the %s", first.reason, what)
+            choice = default_choice(call)
             kernel = load_kernel(choice.config, device)
     except Unsupported as exc:
         return exc.reason
     if get_settings().print_choice:
-        _show_choice(f"{device.name} {call.dtype} {'causal' if causal else 'full'} D={d} "
-                     f"{layout}: {replace(selected, choice=choice).describe(call)}")  # fmt: skip
-    return Launcher(kernel, choice.config, choice.source, call.shape, call.tag)
+        _show_choice(call.describe(replace(selected, choice=choice).describe(call), layout))
+    return make_launcher(kernel, choice, call)
 
 
 def _forget_tuned(job: autotune.TuneJob) -> None:
@@ -165,7 +239,101 @@ def _forget_tuned(job: autotune.TuneJob) -> None:
 autotune.add_listener(_forget_tuned)
 
 
-def sdpa_fallback(
+def _decision(
+    key: tuple[object, ...],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool,
+    layout: Layout,
+    packed: Packed | None,
+) -> Launcher | PackedLauncher | str:
+    """The cached decision of ``key``, made under the lock by its first call."""
+    with _decide_lock:
+        entry = _decisions.get(key)
+        if entry is None:
+            entry = _decide(q, k, causal, layout, packed)
+            _decisions[key] = entry
+        return entry
+
+
+def run(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    layout: str,
+    return_lse: bool,
+    fallback: bool,
+    seqs: CuSeqlens | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(o, lse)``, ``lse`` None when not asked for: the eager path and the ops' body, for a
+    dense call, or a packed batch with its sequences ``seqs`` (``layout`` then unused).
+
+    Raises:
+        ValueError: bad arguments (:func:`check_shapes`, :func:`check_varlen_args`).
+        Unsupported: the call cannot be served and ``fallback`` is False.
+        CudaError: the driver refused the launch.
+    """
+    entry: Launcher | PackedLauncher | str | None
+    if seqs is None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        lay: Layout = "bhnd" if layout == "bhnd" else "bnhd"
+        key: tuple[object, ...] = (q.device, q.dtype, q.shape, k.shape, causal, lay)
+        entry = _decisions.get(key)
+        if entry is None:
+            check_shapes(q, k, v, layout)
+            entry = _decision(key, q, k, causal, lay, None)
+        message = _FALLBACK
+    else:
+        lay = "bnhd"
+        max_q, max_k = _max_len("max_seqlen_q", seqs.max_q), _max_len("max_seqlen_k", seqs.max_k)
+        if max_q is not seqs.max_q or max_k is not seqs.max_k:  # an int subclass, say
+            seqs = CuSeqlens(seqs.cu_q, seqs.cu_k, max_q, max_k)
+        check_varlen_args(q, k, v, seqs.cu_q, seqs.cu_k, seqs.max_q, seqs.max_k)
+        total_q, count = int(q.shape[0]), int(seqs.cu_q.shape[0]) - 1
+        if total_q == 0:  # nothing to compute (and a grid of no blocks is not launchable)
+            lse0 = q.new_empty(lse_shape(q, lay, True), dtype=torch.float32) if return_lse else None
+            return q.new_empty(q.shape), lse0
+        key = decision_key(q.device, q.dtype, int(q.shape[2]), int(q.shape[1]),
+                           int(k.shape[1]), causal, count, total_q, seqs.max_q)  # fmt: skip
+        entry = _decisions.get(key)
+        if entry is None:
+            packed = Packed(count, mean_bucket(total_q, count))
+            entry = _decision(key, q, k, effective_varlen_causal(causal, seqs.max_q), lay, packed)
+        message = _PACKED_FALLBACK
+    if (
+        not isinstance(entry, str)
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+    ):
+        entry = "gradients are recorded (the kernels are forward-only)"
+    if isinstance(entry, str):
+        if not fallback:
+            raise Unsupported(entry)
+        _warn_once(message + entry)
+        return _on_torch(q, k, v, causal, scale, lay, return_lse, seqs)
+    # Contiguous, q's dtype and device; empty_like is about half new_empty's host time
+    # (torch 2.11, H200 host) and gives a contiguous tensor for a contiguous q.
+    o = torch.empty_like(q) if q.is_contiguous() else q.new_empty(q.shape)
+    lse = (q.new_empty(lse_shape(q, lay, seqs is not None), dtype=torch.float32)
+           if return_lse else None)  # fmt: skip
+    try:
+        if q.device.index == _current_device():
+            entry(q, k, v, o, lse, scale, lay, seqs)
+        else:  # the kernel lives in that device's context: make it current for the launch
+            with torch.cuda.device(q.device):
+                entry(q, k, v, o, lse, scale, lay, seqs)
+    except ValueError as exc:  # strides, alignment (or a packed call's empty k)
+        if not fallback:
+            raise Unsupported(str(exc)) from exc
+        _warn_once(message + f"tensor layout the kernels do not take ({exc})")
+        return _on_torch(q, k, v, causal, scale, lay, return_lse, seqs)
+    return o, lse
+
+
+def _on_torch(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -173,45 +341,13 @@ def sdpa_fallback(
     scale: float,
     layout: Layout,
     return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's semantics on torch alone: SDPA, or float32 math where SDPA differs.
-
-    The kernels' causal mask is bottom-right aligned (key ``j`` seen by query ``i`` iff
-    ``j <= i + nk - nq``) and a row that sees no key gives O = 0, LSE = -inf; SDPA's
-    ``is_causal`` is top-left aligned. So a causal call with ``nq != nk`` gets an explicit
-    mask, and calls asking for the LSE (SDPA does not return it) or with rows that see no key
-    are computed in float32 here.
-    """
-    qh, kh, vh = (t if layout == "bhnd" else t.transpose(1, 2) for t in (q, k, v))
-    if any(s % 8 for t in (qh, kh, vh) for s in t.stride()[:-1]):
-        # SDPA's fused kernels gave wrong results on such strides (16-byte rows they assume;
-        # seen with torch 2.11): a dense copy costs little next to a fallback's math.
-        qh, kh, vh = qh.contiguous(), kh.contiguous(), vh.contiguous()
-    h, nq = int(qh.shape[1]), int(qh.shape[2])
-    nk = int(kh.shape[2])
-    group = h // int(kh.shape[1])
-    if group > 1:
-        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
-    mask = None
-    if causal and nq != nk:
-        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(diagonal=nk - nq)
-    if not return_lse and not (causal and nq > nk):
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, is_causal=causal and mask is None, scale=scale
-        )
-        lse = no_lse(q)
-    else:
-        s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * scale
-        if causal:
-            visible = mask if mask is not None else torch.ones(
-                nq, nk, dtype=torch.bool, device=q.device).tril()  # fmt: skip
-            s = s.masked_fill(~visible, float("-inf"))
-        lse_full = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - lse_full.unsqueeze(-1)).nan_to_num(0.0)  # dead rows: -inf - -inf
-        o = torch.matmul(p, vh.float()).to(q.dtype)
-        lse = lse_full.contiguous() if return_lse else no_lse(q)
-    out = o if layout == "bhnd" else o.transpose(1, 2)
-    return out.contiguous(), lse
+    seqs: CuSeqlens | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The call on torch alone (:mod:`fa2tune.ops.fallback`), in its mode."""
+    if seqs is None:
+        return sdpa_fallback(q, k, v, causal, scale, layout, return_lse)
+    return varlen_fallback(q, k, v, seqs.cu_q, seqs.cu_k, seqs.max_q, seqs.max_k, causal, scale,
+                           return_lse)  # fmt: skip
 
 
 def forward(
@@ -224,7 +360,7 @@ def forward(
     return_lse: bool,
     fallback: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's real implementation: ``(o, lse)``, ``lse`` empty when not asked for.
+    """The dense op's real implementation: ``(o, lse)``, ``lse`` empty when not asked for.
 
     Raises:
         Unsupported: the call cannot be served and ``fallback`` is False.
@@ -232,60 +368,6 @@ def forward(
     """
     o, lse = run(q, k, v, causal, scale, layout, return_lse, fallback)
     return o, (lse if lse is not None else no_lse(q))
-
-
-def run(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float,
-    layout: str,
-    return_lse: bool,
-    fallback: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`forward` without the empty LSE tensor when none is asked for (the eager path of
-    ``fa2tune.torch.attention``: an allocation fewer per call)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    lay: Layout = "bhnd" if layout == "bhnd" else "bnhd"
-    device = q.device
-    key = (device, q.dtype, q.shape, k.shape, causal, lay)
-    entry = _decisions.get(key)
-    if entry is None:
-        check_shapes(q, k, v, layout)
-        with _decide_lock:
-            entry = _decisions.get(key)
-            if entry is None:
-                entry = _decide(q, k, causal, lay)
-                _decisions[key] = entry
-    if (
-        not isinstance(entry, str)
-        and torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or v.requires_grad)
-    ):
-        entry = "gradients are recorded (the kernels are forward-only)"
-    if isinstance(entry, str):
-        if not fallback:
-            raise Unsupported(entry)
-        _warn_once(entry)
-        return sdpa_fallback(q, k, v, causal, scale, lay, return_lse)
-    # Contiguous, q's dtype and device; empty_like is about half new_empty's host time
-    # (torch 2.11, H200 host) and gives a contiguous tensor for a contiguous q.
-    o = torch.empty_like(q) if q.is_contiguous() else q.new_empty(q.shape)
-    lse = q.new_empty(lse_shape(q, lay), dtype=torch.float32) if return_lse else None
-    try:
-        if device.index == _current_device():
-            entry(q, k, v, o, lse, scale, lay)
-        else:  # the kernel lives in that device's context: make it current for the launch
-            with torch.cuda.device(device):
-                entry(q, k, v, o, lse, scale, lay)
-    except ValueError as exc:  # strides or alignment this call's tensors have
-        if not fallback:
-            raise Unsupported(str(exc)) from exc
-        _warn_once(f"tensor layout the kernels do not take ({exc})")
-        return sdpa_fallback(q, k, v, causal, scale, lay, return_lse)
-    return o, lse
 
 
 # Without torch installed (mypy on a CPU machine) the decorators are untyped.
@@ -322,6 +404,49 @@ def _attention_fake(
     return q.new_empty(q.shape), lse
 
 
+@torch.library.custom_op(  # type: ignore[untyped-decorator,unused-ignore]
+    "fa2tune::attention_varlen", mutates_args=()
+)
+def attention_varlen_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+    fallback: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.fa2tune.attention_varlen``: ``(o, lse)``, ``lse`` empty when not asked for
+    (see :func:`run`)."""
+    seqs = CuSeqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    o, lse = run(q, k, v, causal, scale, "bnhd", return_lse, fallback, seqs)
+    return o, (lse if lse is not None else no_lse(q))
+
+
+@attention_varlen_op.register_fake  # type: ignore[untyped-decorator,unused-ignore]
+def _attention_varlen_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+    fallback: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.dim() != 3:
+        raise ValueError(f"q must be 3-d packed [total, heads, D], got {q.dim()} dims")
+    lse = q.new_empty(lse_shape(q, "bnhd", True), dtype=torch.float32) if return_lse else no_lse(q)
+    return q.new_empty(q.shape), lse
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -348,12 +473,82 @@ def attention(
     return (o, lse) if return_lse else o
 
 
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+    fallback: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention forward over a packed batch of variable-length sequences, on the varlen
+    config tuned nearest this batch for this GPU (see docs/torch.md): :func:`attention`'s
+    path with the sequences.
+
+    Args:
+        q: ``[total_q, Hq, D]``; k, v: ``[total_k, Hkv, D]`` (``Hq % Hkv == 0``), fp16 or
+            bf16 on a CUDA device for the kernels (anything else falls back).
+        cu_seqlens_q, cu_seqlens_k: int32 ``[num_seqs + 1]`` cumulative offsets on q's device
+            (sequence ``i``'s rows are ``[cu[i], cu[i + 1])``); not read on the host.
+        max_seqlen_q, max_seqlen_k: the longest query and key lengths, Python ints (the grid
+            covers ``max_seqlen_q`` rows per sequence: a smaller value leaves rows unwritten).
+        causal: bottom-right aligned per sequence (query ``i`` sees key ``j`` iff
+            ``j <= i + nk - nq``; a row that sees no key gives O = 0, LSE = -inf).
+        scale: softmax scale, ``1 / sqrt(D)`` by default.
+        return_lse: also return the float32 LSE ``[Hq, total_q]``.
+        fallback: run what the kernels cannot serve on torch (warning once per reason);
+            False raises :class:`~fa2tune.ops.choice.Unsupported` instead.
+
+    Returns:
+        ``o`` ``[total_q, Hq, D]`` (fresh, contiguous), or ``(o, lse)``.
+
+    Raises:
+        ValueError: bad arguments (shapes, offsets' dtype, device or length, heads).
+        Unsupported: with ``fallback=False``, a call the kernels cannot serve.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
+        # Traced (torch.compile) or a tensor subclass (FakeTensor): through the dispatcher.
+        o, lse = torch.ops.fa2tune.attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+            return_lse, fallback,
+        )  # fmt: skip
+        return (o, lse) if return_lse else o
+    # Eager: the dispatcher's custom-op machinery costs more than the launch itself.
+    seqs = CuSeqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    o, lse_or_none = run(q, k, v, causal, float(scale), "bnhd", return_lse, fallback, seqs)
+    if not return_lse:
+        return o
+    return o, (lse_or_none if lse_or_none is not None else no_lse(q))
+
+
 def clear_caches() -> None:
-    """Forget every decision and warning (tests; kernels stay loaded)."""
+    """Forget every decision and warning of both entries (tests; kernels stay loaded)."""
     with _decide_lock:
         _decisions.clear()
         _warned.clear()
     reset_service_state()
 
 
-__all__ = ["CudaError", "Unsupported", "attention", "attention_op", "clear_caches", "forward"]
+__all__ = [
+    "CudaError",
+    "Unsupported",
+    "attention",
+    "attention_op",
+    "attention_varlen",
+    "attention_varlen_op",
+    "check_shapes",
+    "check_varlen_args",
+    "clear_caches",
+    "forward",
+    "run",
+    "sdpa_fallback",
+    "varlen_fallback",
+]

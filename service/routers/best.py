@@ -1,4 +1,9 @@
-"""``/v1/best``: the fastest correct config for a shape, from the in-memory index."""
+"""``/v1/best`` and ``/v1/best/varlen``: the fastest correct config for a shape or a packed batch.
+
+A dense shape is answered from the in-memory index; a packed batch of sequences from the
+store (varlen problems are few and their lengths are part of the question, so they are not in
+the index), by the one lookup both modes share (:mod:`db.queries`), in a worker thread.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,14 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 
-from core.shape_request import ShapeParamError, resolve_shape
-from service.deps import IndexDep
+from core.shape_request import (
+    SEQLENS_PATTERN,
+    ShapeParamError,
+    no_varlen_results,
+    resolve_shape,
+    resolve_varlen,
+)
+from service.deps import IndexDep, StoreDep
 from service.index import NotTunedError
 from service.params import (
     BatchQuery,
@@ -23,7 +34,7 @@ from service.params import (
     OptionalSeqLenQuery,
     PlainBool,
 )
-from service.schemas import BestOut, ErrorOut, ValidationErrorOut
+from service.schemas import BestOut, ErrorOut, ValidationErrorOut, VarlenBestOut
 
 router = APIRouter(prefix="/v1", tags=["best"])
 
@@ -87,9 +98,7 @@ async def best(
         shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
     except ShapeParamError as exc:
         kind = "missing" if exc.param == "n" and n is None else "value_error"
-        raise RequestValidationError(
-            [{"type": kind, "loc": ("query", exc.param), "msg": str(exc), "input": exc.value}]
-        ) from None
+        raise _invalid(exc.param, str(exc), exc.value, kind) from None
     try:
         if shape is None:
             assert n is not None  # resolve_shape requires n or nq
@@ -100,3 +109,60 @@ async def best(
     except NotTunedError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
     return Response(content=answer.body(), media_type="application/json")
+
+
+@router.get(
+    "/best/varlen",
+    response_model=VarlenBestOut,
+    summary="Best varlen config for a packed batch",
+    responses={
+        status.HTTP_404_NOT_FOUND: {
+            "model": ErrorOut,
+            "description": "no varlen problem of this GPU, head dim, dtype and mask is tuned",
+        },
+        status.HTTP_422_UNPROCESSABLE_CONTENT: {"model": ValidationErrorOut},
+    },
+)
+def best_varlen(
+    store: StoreDep,
+    gpu: GpuQuery,
+    d: HeadDimQuery,
+    seqlens: Annotated[
+        str,
+        Query(
+            description="each sequence's length, comma-separated (the packed batch's "
+            "cu_seqlens differences); each 1..2^31-1, their sum too",
+            examples=["100,4000,1822"],
+            # Published only: core.shape_request checks it, with the same plain message as
+            # `fa2tune best --seqlens` rather than "String should match pattern".
+            json_schema_extra={"pattern": SEQLENS_PATTERN},
+        ),
+    ],
+    dtype: DtypeQuery = "fp16",
+    causal: CausalQuery = False,
+    heads: HeadsQuery = None,
+    kv_heads: KvHeadsQuery = None,
+) -> VarlenBestOut:
+    """The fastest correct varlen (``_vl``) config measured on these lengths, else on the
+    nearest tuned varlen batch: each batch is compared as its count of sequences at their
+    mean length, by the distance of ``/v1/best`` (``distance``; ``measured_seqlens`` says
+    which batch answered). ``heads`` defaults to 16 and ``kv_heads`` to ``heads``."""
+    try:
+        asked = resolve_varlen(seqlens, heads, kv_heads)
+    except ShapeParamError as exc:
+        value = seqlens if exc.param == "seqlens" else exc.value
+        raise _invalid(exc.param, str(exc), value) from None
+    name = gpu.strip()
+    found = store.best_varlen(name, d, dtype, causal, asked.seqlens, asked.heads, asked.kv_heads)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, no_varlen_results(name, d, dtype, causal))
+    best, measured = found
+    return VarlenBestOut.of(best, asked.seqlens, measured)
+
+
+def _invalid(
+    param: str, message: str, value: object, kind: str = "value_error"
+) -> RequestValidationError:
+    return RequestValidationError(
+        [{"type": kind, "loc": ("query", param), "msg": message, "input": value}]
+    )

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.export import TunedPoint, _c_string, render_header
+from codegen.cpp_text import c_string as _c_string
+from codegen.export import TunedPoint, render_header
 from codegen.families.fa2.space import fa2_default_config
 from core.gpu_name import normalize_gpu_name
 

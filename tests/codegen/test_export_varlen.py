@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from codegen.dispatch_table import header_varlen_families, varlen_twin
 from codegen.export import TunedPoint, render_header
-from codegen.export_varlen import VarlenPoint, header_varlen_families, varlen_twin
 from codegen.families import FA2, FA3, HeaderPart
 from codegen.families.fa2.space import fa2_default_config
 from codegen.families.fa3.host import dims_and_strides
@@ -287,17 +287,18 @@ def test_fa2_only_varlen_results_leave_fa3_out(tmp_path: Path) -> None:
 
 
 def test_varlen_points_are_filtered_and_checked() -> None:
-    point = TunedPoint(128, "fp16", True, 4000, FAST, batch=4, heads=32, kv_heads=8)
-    packed = VarlenPoint(point, LONG, varlen_shape(LONG, 32, 8))
-    text = render_header("NVIDIA H200", [], varlen=[packed], ds=[64], dtypes=["fp16"])
+    packed = TunedPoint(128, "fp16", True, 4000, FAST, batch=4, heads=32, kv_heads=8,
+                        seqlens=LONG)  # fmt: skip
+    assert packed.shape == varlen_shape(LONG, 32, 8)
+    text = render_header("NVIDIA H200", [packed], ds=[64], dtypes=["fp16"])
     assert FAST.name not in text and "kVarlenTunedCount = 0;" in text  # D=128 not asked for
-    text = render_header("NVIDIA H200", [], varlen=[packed], ds=[128], dtypes=["fp16"])
+    text = render_header("NVIDIA H200", [packed], ds=[128], dtypes=["fp16"])
     assert FAST.name in text and "kVarlenTunedCount = 1;" in text
-    dense = replace(point, config=make_config(128, "fp16", True))
+    assert "kTunedCount = 0;" in text  # a packed point is no dense entry
     with pytest.raises(ValueError, match="not a varlen"):
-        VarlenPoint(dense, LONG, varlen_shape(LONG, 32, 8))
+        replace(packed, config=make_config(128, "fp16", True))
     with pytest.raises(ValueError, match="counts the sequences"):
-        VarlenPoint(point, LONG, varlen_shape(SHORT, 32, 8))
+        replace(packed, seqlens=SHORT)
     dense_only = HeaderPart(template="t.cuh", traits=str, kernel="k", launcher="l")
     with pytest.raises(ValueError, match="no varlen kernels"):
         dense_only.instantiations("x", varlen=True)

@@ -5,7 +5,7 @@ win every problem), compiled with nvcc into a small shared library (one extern "
 around fa2tune_forward_varlen and fa2tune_config_name_varlen) twice: for sm_90a + sm_80,
 where the Hopper family's kernels run, and for plain sm_90 + sm_80, where they are stubs.
 It is called through ctypes with the kernel arguments measure/varlen.py builds
-(varlen_params: the ABI's ground truth) plus total_k in FaVarlen.reserved, as the header's
+(packed_params: the ABI's ground truth) plus total_k in FaVarlen.reserved, as the header's
 API asks. Every sequence is checked against its float32 reference with the dense rule
 (check_varlen). On an H200 the sm_90a build must run the shipped fa3 winner and the plain
 sm_90 build the fa2 fallback (the default's varlen twin: no tuned entry can run there);
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from codegen.export_varlen import varlen_twin
+from codegen.dispatch_table import varlen_twin
 from codegen.families.fa2.space import fa2_default_config
 from core.config import Dtype
 from core.gpu_name import normalize_gpu_name
@@ -142,9 +142,9 @@ def _call(
     (synchronised): its status and the config it named."""
     import torch
 
-    from measure.varlen import varlen_params
+    from measure.params import packed_params
 
-    params, extra = varlen_params(inputs, o, lse)
+    params, extra = packed_params(inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, inputs.packed)
     extra.reserved = total_k  # the header's ABI: total_k = cu_seqlens_k[num_seqs]
     name = ctypes.c_char_p()
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

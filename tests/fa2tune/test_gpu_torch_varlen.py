@@ -38,7 +38,7 @@ from core import settings as settings_module
 from core.problem import Problem
 from core.settings import get_settings, override_settings
 from db.store import Store
-from fa2tune.ops.varlen_choice import default_varlen_config
+from fa2tune.ops.choice import default_varlen_config
 from tests.support.factories import H200, ok_result, seed_measurement
 from tests.support.gpu import gpu_skip_reason
 
@@ -92,7 +92,7 @@ def seeded_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Any, An
     import torch
 
     from codegen.build import build_configs
-    from fa2tune.ops import choice, varlen_op
+    from fa2tune.ops import choice, torch_op
     from fa2tune.ops.choice import arch_of
 
     url = f"sqlite:///{tmp_path_factory.mktemp('torchvarlen') / 'fa2tune.db'}"
@@ -116,21 +116,21 @@ def seeded_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Any, An
     saved = dict(settings_module._overrides)
     override_settings(db_url=url)
     choice.reset_store()
-    varlen_op.clear_caches()
+    torch_op.clear_caches()
     yield picks
     choice.reset_store()
-    varlen_op.clear_caches()
+    torch_op.clear_caches()
     settings_module._overrides.clear()
     settings_module._overrides.update(saved)
 
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings() -> Iterator[None]:
-    from fa2tune.ops import varlen_op
+    from fa2tune.ops import torch_op
 
-    varlen_op._warned.clear()
+    torch_op._warned.clear()
     yield
-    varlen_op._warned.clear()
+    torch_op._warned.clear()
 
 
 def _inputs(dtype: str, causal: bool, lens_k: list[int] | None = None, seed: int = 0) -> Any:
@@ -154,12 +154,12 @@ def _poison(rows: int, heads: int, d: int, dtype: Any) -> None:
 
 
 def _launcher(q: Any, k: Any, causal: bool, cu_q: Any, max_q: int) -> Any:
-    from fa2tune.ops import varlen_op
-    from fa2tune.ops.varlen_choice import decision_key
+    from fa2tune.ops import torch_op
+    from fa2tune.ops.choice import decision_key
 
     key = decision_key(q.device, q.dtype, int(q.shape[2]), int(q.shape[1]), int(k.shape[1]),
                        causal, int(cu_q.numel()) - 1, int(q.shape[0]), max_q)  # fmt: skip
-    return varlen_op._decisions[key]
+    return torch_op._decisions[key]
 
 
 def _reference(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, causal: bool) -> tuple[Any, Any]:
@@ -245,19 +245,19 @@ def test_decisions_are_cached_per_key(
     another bucket asks again; no call reads the offsets on the host."""
     import torch
 
-    from fa2tune.ops import autotune, varlen_op
+    from fa2tune.ops import autotune, torch_op
     from fa2tune.torch import attention_varlen
     from measure.varlen import check_varlen, make_varlen_inputs
 
-    varlen_op.clear_caches()
+    torch_op.clear_caches()
     asked: list[Any] = []
-    real = varlen_op.select_varlen
+    real = torch_op.select
 
     def counting(call: Any) -> Any:
         asked.append(call)
         return real(call)
 
-    monkeypatch.setattr(varlen_op, "select_varlen", counting)
+    monkeypatch.setattr(torch_op, "select", counting)
     autotune.reset()
     try:
         autotune.autotune("off")  # FA2's fp16 causal twin (built by the fixture) serves
@@ -270,8 +270,8 @@ def test_decisions_are_cached_per_key(
             assert check_varlen(o, None, inputs).ok
     finally:
         autotune.reset()
-        varlen_op.clear_caches()  # off-mode decisions must not serve the tests after this
-    assert [(c.count, c.mean) for c in asked] == [(4, 256), (4, 1024)]
+        torch_op.clear_caches()  # off-mode decisions must not serve the tests after this
+    assert [(c.packed.count, c.packed.mean) for c in asked] == [(4, 256), (4, 1024)]
 
 
 def test_more_sequences_than_the_grid_allows(seeded_db: dict[Any, Any]) -> None:
@@ -279,7 +279,7 @@ def test_more_sequences_than_the_grid_allows(seeded_db: dict[Any, Any]) -> None:
     output is its key's value row (softmax over one key is 1)."""
     import torch
 
-    from fa2tune.ops import autotune, varlen_op
+    from fa2tune.ops import autotune, torch_op
     from fa2tune.torch import attention_varlen
 
     n = 70_000
@@ -297,7 +297,7 @@ def test_more_sequences_than_the_grid_allows(seeded_db: dict[Any, Any]) -> None:
         torch.cuda.synchronize()
     finally:
         autotune.reset()
-        varlen_op.clear_caches()
+        torch_op.clear_caches()
     want = v.repeat_interleave(HEADS // KV_HEADS, dim=1)
     assert not o.isnan().any()
     assert torch.allclose(o.float(), want.float(), atol=1e-2)
@@ -411,7 +411,7 @@ def test_bad_strides_fall_back_to_torchs_varlen_kernel(
     bottom-right as here; with the LSE, the per-sequence path."""
     import torch
 
-    from fa2tune.ops import varlen_op
+    from fa2tune.ops import fallback
     from fa2tune.torch import FallbackWarning, Unsupported, attention_varlen
 
     inputs = _inputs("fp16", True, LENS_K["other"], seed=10)
@@ -428,7 +428,7 @@ def test_bad_strides_fall_back_to_torchs_varlen_kernel(
         def not_here(*_: Any) -> Any:
             raise AssertionError("torch's varlen kernel should have served this call")
 
-        monkeypatch.setattr(varlen_op, "_per_sequence", not_here)
+        monkeypatch.setattr(fallback, "_per_sequence", not_here)
     with pytest.warns(FallbackWarning, match="tensor layout"):
         o = attention_varlen(*args, causal=True)
     torch.cuda.synchronize()

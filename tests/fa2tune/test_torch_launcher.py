@@ -1,4 +1,4 @@
-"""The op's per-call launch path (:class:`fa2tune.ops.kernels.Launcher`) without a GPU.
+"""The op's per-call launch paths (:mod:`fa2tune.ops.kernels` launchers) without a GPU.
 
 A fake kernel records what each ``cuLaunchKernel`` would get (the ``FaParams`` bytes as
 patched at launch time, the extra pointer arguments, the stream); CPU tensors stand in for
@@ -69,6 +69,7 @@ def _make_params(q: Any, k: Any, v: Any, o: Any, lse: Any, scale: float, layout:
 @pytest.fixture
 def kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     from fa2tune.ops import kernels as module
+    from fa2tune.ops import workspace
 
     streams = iter(range(100, 10_000))
     state = {"stream": next(streams), "capturing": False}
@@ -76,7 +77,7 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(module, "current_stream", lambda device: state["stream"])
     monkeypatch.setattr(module, "_capturing", lambda: state["capturing"])
     monkeypatch.setattr(
-        module, "_stream_workspace", lambda device, stream, n, floats: (COUNTERS, PARTIALS)
+        workspace, "_stream_workspace", lambda device, stream, n, floats: (COUNTERS, PARTIALS)
     )
     module.test_state = state  # type: ignore[attr-defined]
     return module
@@ -181,7 +182,7 @@ def test_fa3_descriptors_cached_per_pointer_triple(kernels: Any) -> None:
 def test_stream_workspace_grows_and_is_reused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per (device, stream) buffers: allocated once, counters zeroed once, reused while big
     enough; growing synchronises the stream before the old buffer is freed."""
-    from fa2tune.ops import kernels as module
+    from fa2tune.ops import workspace as module
     from measure import loader
 
     calls: list[tuple[Any, ...]] = []
@@ -205,3 +206,58 @@ def test_stream_workspace_grows_and_is_reused(monkeypatch: pytest.MonkeyPatch) -
     calls.clear()
     c3, p3 = module._stream_workspace(0, 6, 16, 10)  # another stream: buffers of its own
     assert c3 not in (c1, c2) and p3 not in (p1, p2) and "cuStreamSynchronize" not in calls[0]
+
+
+def _packed_params(q: Any, k: Any, v: Any, o: Any, lse: Any, scale: float, seqs: Any) -> Any:
+    """measure.params.packed_params for CPU tensors (the packed rows as one batch)."""
+    params = _make_params(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), o.unsqueeze(0), None,
+                          scale, "bnhd")  # fmt: skip
+    params.batch, params.nq, params.nk = seqs.count, seqs.max_seqlen_q, seqs.max_seqlen_k
+    for name in ("q", "k", "v", "o"):
+        setattr(params, f"{name}_batch_stride", 0)
+    return params, mp.FaVarlen(seqs.cu_seqlens_q, seqs.cu_seqlens_k, int(q.shape[0]), 0)
+
+
+def test_packed_launches_patch_offsets_and_lengths(
+    kernels: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packed decision (the one op path with cu_seqlens): per call the pointers, offsets,
+    longest lengths and number of sequences are patched into one bound launch per (stream,
+    grid x); more sequences than the grid's z allows run over slices of the offsets."""
+    from dataclasses import replace
+
+    from measure.loader import GRID_YZ_LIMIT
+
+    monkeypatch.setattr(kernels, "packed_params", _packed_params)
+    kernel = FakeKernel()
+    config = replace(fa2_default_config(64, "fp16", True), varlen=True)
+    launcher = kernels.PackedLauncher(kernel, config, "default", 4, 2)
+    q = torch.randn(300, 4, 64, dtype=torch.float16)
+    k = torch.randn(500, 2, 64, dtype=torch.float16)
+    o = torch.empty_like(q)
+    cu_q, cu_k = (
+        torch.tensor([0, 100, 300], dtype=torch.int32),
+        torch.tensor([0, 200, 500], dtype=torch.int32),
+    )
+    launcher(q, k, k, o, None, 0.125, "bnhd", kernels.CuSeqlens(cu_q, cu_k, 200, 300))
+    launcher(q, k, k, o, None, 0.5, "bnhd", kernels.CuSeqlens(cu_q, cu_k, 210, 300))
+    first, second = kernel.log
+    assert first["bound"] == second["bound"] and kernel.binds == 1  # same grid x (br=128)
+    assert (first["nq"], second["nq"], second["scale"]) == (200, 210, 0.5)
+    (vl,) = second["extra"]
+    assert (vl.cu_seqlens_q, vl.cu_seqlens_k, vl.total_q) == (cu_q.data_ptr(),
+                                                              cu_k.data_ptr(), 300)  # fmt: skip
+    launcher(q, k, k, o, None, 0.5, "bnhd", kernels.CuSeqlens(cu_q, cu_k, 1000, 300))
+    assert kernel.binds == 2  # another grid x: its own bound launch
+    n = GRID_YZ_LIMIT + 5
+    many = torch.arange(n + 1, dtype=torch.int32)
+    rows = torch.randn(n, 4, 64, dtype=torch.float16)
+    kv = torch.randn(n, 2, 64, dtype=torch.float16)
+    kernel.log.clear()
+    launcher(rows, kv, kv, torch.empty_like(rows), None, 0.5, "bnhd",
+             kernels.CuSeqlens(many, many, 1, 1))  # fmt: skip
+    assert len(kernel.log) == 2
+    assert [e["extra"][0].cu_seqlens_q for e in kernel.log] == [
+        many.data_ptr(),
+        many.data_ptr() + 4 * GRID_YZ_LIMIT,
+    ]

@@ -30,9 +30,9 @@ from fa2tune.ops.choice import (
     call_reason,
     choose_config,
     default_config,
-    splitkv_workspace_sizes,
     unsupported_head_dim,
 )
+from fa2tune.ops.workspace import splitkv_workspace_sizes
 from tests.support.factories import H200, make_config, ok_result, seed_measurement
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,6 @@
 """fa2tune.torch.attention_varlen's torch-free parts: the decision key, argument checks and
-the varlen config choice (Store.best_varlen_shape, the FA2 default's varlen twin).
+the choice of a packed call (the one choice path with a Packed descriptor: the store's
+best_match, the FA2 default's varlen twin).
 
 The op itself needs torch (tests/test_torch_varlen_cpu.py) and a GPU
 (tests/test_gpu_torch_varlen.py); the rules it applies run here without either.
@@ -17,22 +18,24 @@ import pytest
 from codegen.families.fa2.space import fa2_default_config
 from codegen.families.fa3.space import default_config as fa3_default
 from core.fa2_config import Fa2Config
+from core.lookup import Packed
 from core.problem import Problem
 from core.shape import Shape
 from db.store import Store
 from fa2tune.ops import autotune
-from fa2tune.ops.choice import Unsupported
-from fa2tune.ops.varlen_choice import (
-    VarlenCall,
+from fa2tune.ops.choice import (
+    Call,
+    Choice,
+    Unsupported,
+    call_reason,
     check_varlen_shapes,
-    choose_varlen_config,
+    choose,
     decision_key,
     default_varlen_config,
     effective_varlen_causal,
     mean_bucket,
-    select_varlen,
-    varlen_reason,
 )
+from fa2tune.ops.selection import select
 from tests.support.factories import H200, make_config, ok_result, seed_measurement
 
 GPU = H200.name
@@ -60,13 +63,24 @@ def _seed_varlen(
     seed_measurement(store, problem=problem, config=config, result=ok_result(ms, problem))
 
 
-def _call(count: int, mean: int, *, cc: str = "9.0", d: int = 128, **kw: Any) -> VarlenCall:
+def _call(count: int, mean: int, *, cc: str = "9.0", d: int = 128, **kw: Any) -> Call:
+    """A packed call of ``count`` sequences of mean length ``mean`` (16 heads)."""
+    packed = Packed(count, mean)
     fields: dict[str, Any] = dict(
         device=0, gpu=GPU, sm_count=132, compute_capability=cc, dtype="fp16", causal=False,
-        d=d, heads=16, kv_heads=16, count=count, mean=mean,
+        d=d, shape=packed.shape(16, 16), packed=packed,
     )  # fmt: skip
     fields.update(kw)
-    return VarlenCall(**fields)
+    return Call(**fields)
+
+
+def choose_varlen_config(store: Store | None, call: Call) -> Choice:
+    assert call.packed is not None  # these tests ask for packed calls only
+    return choose(store, call)
+
+
+def varlen_reason(*, device_type: str, dtype: str, d: int) -> str | None:
+    return call_reason(device_type=device_type, dtype=dtype, d=d, packed=True)
 
 
 def _vl(config: Any) -> Any:
@@ -180,7 +194,8 @@ def test_nearest_tuned_varlen_problem_by_count_and_mean(store: Store) -> None:
     assert near_short.measured == Shape(100, 100, 4, 16, 16)
     near_long = choose_varlen_config(store, _call(4, 4096))
     assert near_long.config == long and near_long.measured == Shape(4000, 4000, 4, 16, 16)
-    assert "packed 4 sequences" in _call(4, 4096).describe(near_long)
+    call = _call(4, 4096)
+    assert "packed 4 sequences" in call.describe(near_long.describe(call.shape), "bnhd")
     # Other head dim, dtype or mask: nothing tuned there.
     assert choose_varlen_config(store, _call(4, 128, d=64)).source == "default"
     assert choose_varlen_config(store, _call(4, 128, causal=True)).source == "default"
@@ -207,7 +222,7 @@ def test_unsupported_calls_raise(store: Store) -> None:
 
 def test_a_broken_store_gives_the_default(caplog: pytest.LogCaptureFixture) -> None:
     class Broken:
-        def best_varlen_shape(self, *args: object) -> None:
+        def best_match(self, *args: object, **kwargs: object) -> None:
             raise RuntimeError("database is locked")
 
     with caplog.at_level(logging.WARNING):
@@ -217,16 +232,16 @@ def test_a_broken_store_gives_the_default(caplog: pytest.LogCaptureFixture) -> N
 
 
 def test_off_mode_never_opens_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fa2tune.ops import varlen_choice
+    from fa2tune.ops import selection
 
     def no_store() -> None:
         raise AssertionError("off mode opened the store")
 
-    monkeypatch.setattr(varlen_choice, "open_store", no_store)
+    monkeypatch.setattr(selection, "open_store", no_store)
     autotune.reset()
     try:
         autotune.autotune("off", 5)
-        assert select_varlen(_call(4, 256)).source == "default"
+        assert select(_call(4, 256)).choice.source == "default"
     finally:
         autotune.reset()
 
@@ -244,3 +259,37 @@ def test_store_best_varlen_shape(store: Store) -> None:
     with pytest.raises(ValueError, match="0 sequences"):
         store.best_varlen_shape(GPU, 128, "fp16", False, 0, 100, 16, 16)
     assert isinstance(cfg, Fa2Config)
+
+
+def test_a_packed_call_asks_only_the_local_results(
+    store: Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """select serves both modes; a packed batch asks neither the service nor first-use
+    tuning (both take whole length lists), only the local results."""
+    from core import settings as settings_module
+    from core.settings import override_settings
+    from fa2tune.ops import selection
+
+    def no_service(*_: object) -> None:
+        raise AssertionError("a packed call asked the service")
+
+    def no_tuning(*_: object) -> bool:
+        raise AssertionError("a packed call started a tuning job")
+
+    cfg = _vl(make_config(br=64, bc=64))
+    _seed_varlen(store, (100, 130, 90, 80), cfg)
+    monkeypatch.setattr(selection, "service_choice", no_service)
+    monkeypatch.setattr(selection, "open_store", lambda: store)
+    saved = dict(settings_module._overrides)
+    override_settings(service_url="http://127.0.0.1:9", cache_dir=tmp_path / "build")
+    autotune.reset()
+    try:
+        autotune.autotune("on_first_call", 5)
+        monkeypatch.setattr(autotune.current(), "consider", no_tuning)
+        selected = select(_call(4, 128))
+    finally:
+        autotune.reset()
+        settings_module._overrides.clear()
+        settings_module._overrides.update(saved)
+    assert (selected.choice.source, selected.choice.config) == ("nearest", cfg)
+    assert not selected.tuning

@@ -55,7 +55,7 @@ def _check_varlen(configs: Sequence[AnyConfig], heads: int, kv_heads: int) -> li
     import torch
 
     from measure.loader import LoadedKernel, ensure_context
-    from measure.varlen import bind_varlen, check_varlen, make_varlen_inputs
+    from measure.varlen import check_varlen, make_varlen_inputs
     from measure.verify import poison
 
     ensure_context(torch.cuda.current_device())
@@ -76,7 +76,7 @@ def _check_varlen(configs: Sequence[AnyConfig], heads: int, kv_heads: int) -> li
                     for with_lse in (True, False):
                         o, lse = inputs.outputs()
                         poison(o, lse)
-                        launch = bind_varlen(kernel, cfg, inputs, o, lse if with_lse else None,
+                        launch = inputs.bind(kernel, cfg, o, lse if with_lse else None,
                                              stream)  # fmt: skip
                         launch()
                         launch()  # twice: nothing may depend on state a launch leaves
@@ -118,7 +118,7 @@ def test_varlen_past_the_grid_z_limit_runs_in_offset_slices(family: str) -> None
     import torch
 
     from measure.loader import LoadedKernel, ensure_context
-    from measure.varlen import bind_varlen, make_varlen_inputs, sequence_inputs
+    from measure.varlen import make_varlen_inputs, sequence_inputs
     from measure.verify import check_output, poison
 
     if family == "fa3":
@@ -134,7 +134,7 @@ def test_varlen_past_the_grid_z_limit_runs_in_offset_slices(family: str) -> None
     o, lse = inputs.outputs()
     poison(o, lse)
     stream = torch.cuda.current_stream().cuda_stream
-    bind_varlen(kernel, cfg, inputs, o, lse, stream)()
+    inputs.bind(kernel, cfg, o, lse, stream)()
     torch.cuda.synchronize()
     assert bool(torch.isfinite(o).all()) and bool(torch.isfinite(lse).all())
     # Sequences on both sides of the slice boundary against their reference.
@@ -252,7 +252,7 @@ def test_fa3_varlen_empty_sequences(causal: bool) -> None:
 
     from measure.loader import LoadedKernel, ensure_context
     from measure.reference import softmax_scale, torch_dtype
-    from measure.varlen import VarlenInputs, bind_varlen, cu_seqlens
+    from measure.varlen import VarlenInputs, cu_seqlens
     from measure.verify import poison
 
     _needs_sm90()
@@ -280,7 +280,7 @@ def test_fa3_varlen_empty_sequences(causal: bool) -> None:
             o, lse = inputs.outputs()
             poison(o, lse)
             stream = torch.cuda.current_stream().cuda_stream
-            launch = bind_varlen(kernel, cfg, inputs, o, lse, stream)
+            launch = inputs.bind(kernel, cfg, o, lse, stream)
             launch()
             launch()
             torch.cuda.synchronize()

@@ -234,6 +234,24 @@ def test_varlen_and_dense_descriptors_refuse_each_others_configs(
     assert stub_encoder == []
 
 
+def test_packed_launch_takes_the_varlen_descriptors(stub_encoder: list[tuple[Any, ...]]) -> None:
+    """The loader's packed mode asks the family's registry entry (varlen_host_prep) for the
+    packed tensors' arguments: the very descriptors fa3_varlen_tensor_maps encodes."""
+    from codegen.families.fa3.host import fa3_varlen_tensor_maps
+    from measure.loader import packed_extra_args
+
+    vl = replace(FA3_M192, varlen=True)
+    q = FakePacked((1455, 8, 64), dtype="torch.bfloat16", ptr=0x10000)
+    kv = FakePacked((2045, 2, 64), dtype="torch.bfloat16", ptr=0x20000)
+    maps = packed_extra_args(vl, q, kv, kv)  # type: ignore[arg-type]
+    assert [bytes(m)[0] for m in maps] == [1, 2, 3]
+    fa3_varlen_tensor_maps(vl, q, kv, kv)  # type: ignore[arg-type]
+    assert stub_encoder[:3] == stub_encoder[3:]  # the same dims, strides and boxes
+    assert packed_extra_args(replace(FA2, varlen=True), q, kv, kv) == ()  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="packed"):
+        packed_extra_args(vl, FakeTensor((1, 64, 2, 64)), kv, kv)  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------------------------------
 # The family registry in the loader
 

@@ -89,7 +89,7 @@ def test_varlen_render_uses_the_varlen_kernel() -> None:
     assert FA3.header.traits(VARLEN) == FA3.header.traits(DENSE)[:-1] + ", true>"
     source = (template_dir() / "fa3_fwd.cuh").read_text()
     assert "#define FA3_DEFINE_VARLEN_KERNEL(" in source
-    # FaVarlen's bytes come second, before the descriptors (measure/varlen.py binds so).
+    # FaVarlen's bytes come second, before the descriptors (the loader's packed mode binds so).
     assert "NAME(const FaParams p, const fa3::VarlenArgs vl," in source
 
 

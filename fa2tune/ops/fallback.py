@@ -1,0 +1,174 @@
+"""The op's semantics on torch alone: what runs when the kernels cannot serve a call.
+
+:func:`sdpa_fallback` serves a dense call (``torch.nn.functional.scaled_dot_product_attention``,
+or float32 math where SDPA's semantics differ), :func:`varlen_fallback` a packed batch
+(torch's own FlashAttention-2 varlen kernel where it applies, else one sequence at a time on
+:func:`sdpa_fallback`). Both keep the kernels' semantics: bottom-right aligned causal masks,
+O = 0 and LSE = -inf for rows that see no key.
+
+Imports torch: only :mod:`fa2tune.ops.torch_op` imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from measure.params import ALIGN_BYTES, Layout
+
+log = logging.getLogger("fa2tune.torch")
+
+
+def no_lse(q: torch.Tensor) -> torch.Tensor:
+    """The empty float32 tensor returned in the LSE's place when it was not asked for."""
+    return q.new_empty((0,), dtype=torch.float32)
+
+
+def sdpa_fallback(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    layout: Layout,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's semantics on torch alone: SDPA, or float32 math where SDPA differs.
+
+    The kernels' causal mask is bottom-right aligned (key ``j`` seen by query ``i`` iff
+    ``j <= i + nk - nq``) and a row that sees no key gives O = 0, LSE = -inf; SDPA's
+    ``is_causal`` is top-left aligned. So a causal call with ``nq != nk`` gets an explicit
+    mask, and calls asking for the LSE (SDPA does not return it) or with rows that see no key
+    are computed in float32 here.
+    """
+    qh, kh, vh = (t if layout == "bhnd" else t.transpose(1, 2) for t in (q, k, v))
+    if any(s % 8 for t in (qh, kh, vh) for s in t.stride()[:-1]):
+        # SDPA's fused kernels gave wrong results on such strides (16-byte rows they assume;
+        # seen with torch 2.11): a dense copy costs little next to a fallback's math.
+        qh, kh, vh = qh.contiguous(), kh.contiguous(), vh.contiguous()
+    h, nq = int(qh.shape[1]), int(qh.shape[2])
+    nk = int(kh.shape[2])
+    group = h // int(kh.shape[1])
+    if group > 1:
+        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+    mask = None
+    if causal and nq != nk:
+        mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(diagonal=nk - nq)
+    if not return_lse and not (causal and nq > nk):
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=mask, is_causal=causal and mask is None, scale=scale
+        )
+        lse = no_lse(q)
+    else:
+        s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * scale
+        if causal:
+            visible = mask if mask is not None else torch.ones(
+                nq, nk, dtype=torch.bool, device=q.device).tril()  # fmt: skip
+            s = s.masked_fill(~visible, float("-inf"))
+        lse_full = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse_full.unsqueeze(-1)).nan_to_num(0.0)  # dead rows: -inf - -inf
+        o = torch.matmul(p, vh.float()).to(q.dtype)
+        lse = lse_full.contiguous() if return_lse else no_lse(q)
+    out = o if layout == "bhnd" else o.transpose(1, 2)
+    return out.contiguous(), lse
+
+
+def _aten_flash_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether torch's own varlen kernel (``aten._flash_attention_forward``) can take the
+    call: present in this torch, fp16/bf16 CUDA tensors with a contiguous head dim that is a
+    multiple of 8 up to 256, an sm_80+ GPU, no gradients recorded."""
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
+        return False
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    d = int(q.shape[-1])
+    if d % 8 or d > 256 or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    available = getattr(torch.backends.cuda, "is_flash_attention_available", None)
+    if available is not None and not available():
+        return False
+    return tuple(torch.cuda.get_device_capability(q.device)) >= (8, 0)
+
+
+def _aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a dense copy when a row or head stride is not a multiple of 8 elements or the
+    pointer is not 16-byte aligned."""
+    if t.data_ptr() % ALIGN_BYTES or any(s % 8 for s in t.stride()[:-1]):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def _per_sequence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The op's semantics one sequence at a time on :func:`sdpa_fallback`
+    (SDPA, or float32 math for the LSE and rows that see no key). Reads the offsets on the
+    host (a sync). Rows no sequence covers get O = 0 and LSE = -inf.
+
+    Raises:
+        ValueError: offsets that do not start at 0, decrease or pass the packed tensors' rows.
+    """
+    total_q, total_k = int(q.shape[0]), int(k.shape[0])
+    bq = [int(x) for x in cu_q.tolist()]
+    bk = [int(x) for x in cu_k.tolist()]
+    for name, bounds, total in (("cu_seqlens_q", bq, total_q), ("cu_seqlens_k", bk, total_k)):
+        if bounds[0] != 0 or any(b > a for a, b in zip(bounds[1:], bounds, strict=False)):
+            raise ValueError(f"{name} must start at 0 and not decrease, got {bounds[:8]}...")
+        if bounds[-1] > total:
+            raise ValueError(f"{name} ends at {bounds[-1]}, past the {total} packed rows")
+    heads = int(q.shape[1])
+    o = q.new_zeros(q.shape)
+    lse = q.new_full((heads, total_q), float("-inf"), dtype=torch.float32) if return_lse else None
+    for i in range(len(bq) - 1):
+        s, e, ks, ke = bq[i], bq[i + 1], bk[i], bk[i + 1]
+        if e == s or ke == ks:  # no queries, or no keys: O = 0, LSE = -inf (as allocated)
+            continue
+        o_i, lse_i = sdpa_fallback(q[s:e].unsqueeze(0), k[ks:ke].unsqueeze(0),
+                                   v[ks:ke].unsqueeze(0), causal, scale, "bnhd",
+                                   return_lse)  # fmt: skip
+        o[s:e] = o_i[0]
+        if lse is not None:
+            lse[:, s:e] = lse_i[0]
+    return o, lse
+
+
+def varlen_fallback(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: float,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The op's semantics on torch alone: ``aten._flash_attention_forward`` (torch's
+    FlashAttention-2 varlen kernel, bottom-right causal as the kernels here) when it applies
+    and no LSE is asked for (its LSE layout differs between torch versions), else
+    :func:`_per_sequence` (reads the offsets on the host)."""
+    if not return_lse and _aten_flash_applies(q, k, v):
+        # Its vector loads assume 16-byte aligned rows: a dense copy of other tensors.
+        qa, ka, va = (_aligned_rows(t) for t in (q, k, v))
+        cq = cu_q if cu_q.is_contiguous() else cu_q.contiguous()
+        ck = cu_k if cu_k.is_contiguous() else cu_k.contiguous()
+        try:
+            out = torch.ops.aten._flash_attention_forward(
+                qa, ka, va, cq, ck, max_seqlen_q, max_seqlen_k, 0.0, causal, False,
+                scale=scale,
+            )  # fmt: skip
+            return out[0].contiguous(), None
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+            log.debug("aten._flash_attention_forward refused the call (%s): per sequence", exc)
+    return _per_sequence(q, k, v, cu_q, cu_k, causal, scale, return_lse)

@@ -1,0 +1,145 @@
+"""Split-KV's workspace for the torch op's launches (torch imported when used).
+
+Split-KV's workspace (:class:`SplitKvWorkspace`): one float32 partial O and LSE per (row tile,
+split) and an int counter per row tile that must be zero before a launch; the kernel's last
+block of a tile resets its counter, so counters that were zero stay zero. Outside CUDA-graph
+capture both live in grow-only buffers per (device, stream) (:func:`_stream_workspace`),
+allocated with the driver, the counters zeroed once: launches on one stream run in order and
+a launch reads its partials only inside itself, so every launch on the stream can reuse them,
+as splitkv_launch.cuh's ``launch()`` does, and a call allocates nothing (a ``torch.empty``
+per call cost ~10 µs of host time). :func:`free_workspaces` gives them back. During capture a
+call allocates one tensor from the graph's private pool and zeroes its counter region, so a
+captured graph owns its workspace. With one split the kernel touches no workspace (null
+pointers, as the header's launcher passes). The worker's NaN poisoning of partials is left
+out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import TYPE_CHECKING
+
+from core.shape import Shape
+from core.splitkv_config import SplitKvConfig
+
+if TYPE_CHECKING:
+    import torch
+
+
+def splitkv_workspace_sizes(config: SplitKvConfig, shape: Shape) -> tuple[int, int]:
+    """``(counters, partial rows)`` of a split-KV launch's workspace: one int32 counter per
+    row tile and ``tiles * splits * rows`` float32 rows of partial O (``d`` each) and LSE (1
+    each); ``(0, 0)`` with one split (the kernel then touches no workspace).
+
+    From :meth:`SplitKvConfig.workspace_bytes`, so the formula lives in one place: with
+    ``splits`` and ``rows`` known, ``bytes = tiles * 4 * (splits * rows * (d + 1) + 1)``.
+    """
+    total = config.workspace_bytes(shape.nq, shape.heads, shape.kv_heads, shape.batch, shape.nk)
+    splits = config.splits_for(shape.nk)
+    per_tile = 4 * (splits * config.rows * (config.d + 1) + 1)
+    tiles, rest = divmod(total, per_tile)
+    if rest:  # pragma: no cover - workspace_bytes changed its layout
+        raise AssertionError(f"{config.name}: {total} workspace bytes are not whole row tiles")
+    return tiles, tiles * splits * config.rows
+
+
+class SplitKvWorkspace:
+    """Split-KV's workspace for one call shape (sizes: :func:`splitkv_workspace_sizes`) and
+    the buffers a call uses."""
+
+    __slots__ = ("counters", "d", "partial_rows")
+
+    def __init__(self, config: SplitKvConfig, shape: Shape) -> None:
+        self.d = config.d
+        #: int32 counters, one per row tile (0: one split, no workspace at all); float32
+        #: rows of partial O (d each) and LSE (1 each).
+        self.counters, self.partial_rows = splitkv_workspace_sizes(config, shape)
+
+    @property
+    def needed(self) -> bool:
+        return self.counters > 0
+
+    def captured(self, device: torch.device) -> tuple[int, int, torch.Tensor]:
+        """``(counters pointer, partials pointer, owner)`` for a launch being captured into a
+        CUDA graph:
+        one allocation from the graph's pool, counters first (rounded to 16 bytes so the
+        float4 partials stay aligned), counters zeroed; the graph owns its workspace and
+        replays on any stream. ``owner`` must live until the launch has been queued."""
+        head = -(-self.counters // 4) * 4
+        import torch
+
+        ws = torch.empty(head + self.partial_rows * (self.d + 1), dtype=torch.float32,
+                         device=device)  # fmt: skip
+        ws[:head].zero_()
+        base = ws.data_ptr()
+        return base, base + 4 * head, ws
+
+    def stream_args(self, device: int, stream: int) -> tuple[int, int]:
+        """``(counters pointer, partials pointer)`` of ``stream``'s buffers, big enough for
+        this shape (:func:`_stream_workspace`)."""
+        return _stream_workspace(device, stream, self.counters, self.partial_rows * (self.d + 1))
+
+    def args(self, counters_ptr: int, partials_ptr: int) -> tuple[ctypes.c_void_p, ...]:
+        """The kernel's three workspace arguments (partial O, partial LSE, counters)."""
+        lse_ptr = partials_ptr + 4 * self.partial_rows * self.d
+        return (ctypes.c_void_p(partials_ptr), ctypes.c_void_p(lse_ptr),
+                ctypes.c_void_p(counters_ptr))  # fmt: skip
+
+
+_ws_lock = threading.Lock()
+# (device index, stream) -> [counters pointer, counters, partials pointer, floats] of that
+# stream's split-KV workspace: grow-only, shared by every split-KV launch on the stream.
+# Allocated with the driver, outside torch's allocator: a buffer kept across calls must not
+# come from a private memory pool (torch.compile's CUDA-graph trees run warm-up calls in one
+# and may recycle its blocks).
+_workspaces: dict[tuple[int, int], list[int]] = {}
+
+
+def _stream_workspace(device: int, stream: int, counters: int, floats: int) -> tuple[int, int]:
+    """``(counters pointer, partials pointer)`` of ``stream``'s workspace: at least
+    ``counters`` int32 counters, all zero, and ``floats`` float32s of scratch."""
+    entry = _workspaces.get((device, stream))
+    if entry is not None and entry[1] >= counters and entry[3] >= floats:
+        return entry[0], entry[2]
+    from measure.loader import call
+
+    with _ws_lock:
+        old = _workspaces.get((device, stream)) or [0, 0, 0, 0]
+        new = list(old)
+        if old[1] < counters:
+            new[1] = max(counters, 4096, 2 * old[1])
+            new[0] = int(call("cuMemAlloc", 4 * new[1]))
+            call("cuMemsetD32Async", new[0], 0, new[1], stream)  # before the stream's launches
+        if old[3] < floats:
+            new[3] = max(floats, 1 << 16, old[3] + old[3] // 2)
+            new[2] = int(call("cuMemAlloc", 4 * new[3]))
+        if old[0] != new[0] or old[2] != new[2]:
+            if old[1] or old[3]:  # the old buffers may still be read by queued launches
+                call("cuStreamSynchronize", stream)
+            for before, after in ((old[0], new[0]), (old[2], new[2])):
+                if before and before != after:
+                    call("cuMemFree", before)
+        _workspaces[(device, stream)] = new
+        return new[0], new[2]
+
+
+def free_workspaces() -> int:
+    """Give every stream's split-KV workspace back to the driver (each device synchronised
+    first: a stream may have been destroyed since); the next split-KV call allocates again.
+    Returns the bytes freed."""
+    import torch
+
+    from measure.loader import call
+
+    freed = 0
+    with _ws_lock:
+        for (device, _), (counters_ptr, counters, partials_ptr, floats) in _workspaces.items():
+            torch.cuda.synchronize(device)
+            with torch.cuda.device(device):
+                for ptr in (counters_ptr, partials_ptr):
+                    if ptr:
+                        call("cuMemFree", ptr)
+            freed += 4 * (counters + floats)
+        _workspaces.clear()
+    return freed
