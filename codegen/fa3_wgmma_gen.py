@@ -6,7 +6,7 @@ it, the exporter inlines it); after editing this module, regenerate it with
 
     python -m codegen.fa3_wgmma_gen
 
-and tests/codegen/test_fa3_wgmma_gen.py checks that :func:`render` reproduces the committed file
+and tests/families/fa3/test_wgmma_gen.py checks that :func:`render` reproduces the committed file
 byte for byte. Sizes: every multiple of 16 from 16 to 256 (BlockN in 64..192 for S = Q K^T, D
 for O += P V). Standard library only.
 """

@@ -13,7 +13,7 @@ So ``"NVIDIA H200"``, ``"nvidia-h200"``, ``"H200"`` all give ``"h200"`` and ``"N
 A100-SXM4-80GB"`` gives ``"a100 sxm4 80gb"``. The rule is defined on ASCII alone so that the
 exported header's C++ (``fa2tune_detail::normalise_name`` in
 codegen/templates/gpu_name.cuh, which works on bytes) computes exactly the same key;
-tests/test_gpu_name.py compiles it and compares the two on a list of names.
+tests/core/test_gpu_name.py compiles it and compares the two on a list of names.
 
 The store keeps this key in ``gpus.name_key``: changing the rule changes which rows a lookup
 finds, so it changes together with the C++ and with a data migration of that column.

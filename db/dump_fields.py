@@ -203,7 +203,7 @@ def _gpu_name_pattern() -> str:
     return f"^(?:{first_word_not_nvidia}|{two_words})$"
 
 
-#: The published pattern of a GPU name; tests/test_ingest_strict.py checks that it accepts
+#: The published pattern of a GPU name; tests/db/test_ingest_strict.py checks that it accepts
 #: exactly what :func:`_gpu_name` accepts.
 GPU_NAME_PATTERN: Final = _gpu_name_pattern()
 

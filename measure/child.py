@@ -5,7 +5,7 @@ CUDA (through the handler), so whatever a kernel does to the context dies with i
 
 The handler is named by import path (``"package.module:attribute"``) and resolved here, in
 the child, so the protocol is testable without a GPU (the tests pass
-``"tests.fake_handlers:fake_handle"``). A handler is either a function
+``"tests.support.fake_handlers:fake_handle"``). A handler is either a function
 ``handle(job: BenchJob, ctx: WorkerContext) -> MeasureResult`` or a class constructed as
 ``cls(ctx)`` with ``handle(job: BenchJob) -> MeasureResult`` and optionally
 ``ready_info() -> dict``. A handler raises :class:`FatalJobError` to return a result and have

@@ -5,7 +5,7 @@ five query parameters) costs a few hundred microseconds of CPU, several times th
 answering from the in-memory index. This middleware answers the requests it can answer
 with certainty (every parameter plainly valid and the index has a result) and hands
 everything else, untouched, to the FastAPI route, which stays the single source of truth
-for validation messages, 404s and the OpenAPI documentation. ``tests/test_service.py``
+for validation messages, 404s and the OpenAPI documentation. ``tests/service/test_service.py``
 checks that both paths give identical responses.
 
 A request with ``n`` alone takes the per-N path it always took; one with any shape parameter

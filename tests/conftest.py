@@ -1,4 +1,12 @@
-"""Shared, generic fixtures: database URLs for SQLite and (when reachable) PostgreSQL."""
+"""Shared, generic fixtures: database URLs for SQLite and (when reachable) PostgreSQL, and a
+module's store and exported header built from what the module declares.
+
+``store`` (module scope) is a SQLite store filled once by the requesting module's
+``fill_store(store)`` (its rows: problems, configs, results; or shipped files);
+``seeded_store`` is the same store with what ``fill_store`` returned. ``header`` is
+``export_header(store, **HEADER)`` with the module's ``HEADER`` (the export's arguments).
+A package's conftest or a module overrides ``store`` where its tests need a fresh one each.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,15 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
+
+from db.store import Store
+from service.header import export_header
+from tests.support.service_data import make_store
 
 # Trust-auth server of the development machine and CI; override for another server.
 POSTGRES_URL = os.environ.get(
@@ -65,3 +78,29 @@ def db_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite-file":
         return str(request.getfixturevalue("sqlite_url"))
     return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture(scope="module")
+def seeded_store(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Store, Any]]:
+    """The module's store, filled by its ``fill_store(store)``, and what that returned."""
+    fill = getattr(request.module, "fill_store", None)
+    if fill is None:
+        pytest.fail(f"{request.module.__name__} uses the shared store but has no fill_store(store)")
+    store = make_store(tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]))
+    filled = fill(store)
+    yield store, filled
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def store(seeded_store: tuple[Store, Any]) -> Store:
+    """The module's store (see :func:`seeded_store`)."""
+    return seeded_store[0]
+
+
+@pytest.fixture(scope="module")
+def header(request: pytest.FixtureRequest, store: Store) -> str:
+    """The header exported from the module's store with the module's ``HEADER`` arguments."""
+    return export_header(store, **request.module.HEADER)

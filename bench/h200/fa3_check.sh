@@ -4,7 +4,7 @@
 # path BenchWorker/GpuJobHandler: build -> load -> verify -> time), then a short perf table
 # against SDPA flash and cuDNN (bench/hopper/fa3_check.py perf --set short).
 # Usage (repository root, 1x H200): bash bench/h200/fa3_check.sh          (~5-6 min)
-#   FULL=1        also the whole-space test (tests/test_gpu_fa3.py::test_every_config, slow)
+#   FULL=1        also the whole-space test (tests/families/fa3/test_gpu.py::test_every_config, slow)
 #   STAGES="..."  any of: env pytest perf micro main features sweep sass ncu
 #                 (default "env pytest perf"; the others are the harness's stages of the
 #                 2026-11-30 runs: correct --set main/features/sweep, SASS counts, ncu)
@@ -30,7 +30,7 @@ for st in $STAGES; do
            python3 -c "import cuda.bindings, sqlalchemy; print('cuda-bindings', cuda.bindings.__version__, 'sqlalchemy', sqlalchemy.__version__)"
          } > "$OUT/env.txt" 2>&1; cat "$OUT/env.txt" ;;
     pytest) ( time timeout 420 python3 -m pytest -m "$MARK" -q -p no:cacheprovider --durations=15 \
-                tests/test_measure_tma.py tests/test_fa3_compile.py tests/test_gpu_fa3.py ) > "$OUT/fa3_pytest.log" 2>&1
+                tests/families/fa3/test_host.py tests/families/fa3/test_compile.py tests/families/fa3/test_gpu.py ) > "$OUT/fa3_pytest.log" 2>&1
           echo "pytest rc=$?"; tail -40 "$OUT/fa3_pytest.log" ;;
     perf) [ "$main_rc" != 0 ] && { echo "skip perf: main failed ($main_rc)"; continue; }
           timeout 150 $CHECK perf --set "$PERF_SET" --n "$PERF_N" --jobs 16 --out "$OUT" --work $W > "$OUT/perf.log" 2>&1

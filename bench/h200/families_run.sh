@@ -28,10 +28,10 @@ if [ "$PHASE" = A ]; then
   tune fp16 1 &
   # Correctness tiers on GPU 0, the two families side by side (timing is not asserted).
   ( CUDA_VISIBLE_DEVICES=0 timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider -x \
-      tests/test_gpu_faults.py tests/test_gpu_kernels.py tests/test_worker_reference.py ) > $OUT/gpu_fa2.log 2>&1 &
+      tests/measure/test_gpu_faults.py tests/families/fa2/test_gpu.py tests/measure/test_worker_reference.py ) > $OUT/gpu_fa2.log 2>&1 &
   p2=$!
   ( CUDA_VISIBLE_DEVICES=0 timeout 400 python3 -m pytest -m "not slow" -q -p no:cacheprovider \
-      tests/test_measure_tma.py tests/test_fa3_compile.py tests/test_gpu_fa3.py ) > $OUT/gpu_fa3.log 2>&1 &
+      tests/families/fa3/test_host.py tests/families/fa3/test_compile.py tests/families/fa3/test_gpu.py ) > $OUT/gpu_fa3.log 2>&1 &
   p3=$!
   wait $p2 $p3
   [ -f bench/h200/header_check.sh ] && CUDA_VISIBLE_DEVICES=0 FA3=1 timeout 120 bash bench/h200/header_check.sh > $OUT/header_check.log 2>&1

@@ -5,8 +5,8 @@ OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FA2TUNE_CACHE_DIR=/tmp/fa2cache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu_tiers.log
-for t in ${TIERS:-tests/test_gpu_splitkv.py tests/test_gpu_torch_op.py}; do
-  name=$(basename $t .py)
+for t in ${TIERS:-tests/families/splitkv/test_gpu.py tests/fa2tune/test_gpu_torch_op.py}; do
+  name=$(echo "${t%.py}" | tr / _)  # tests/families/fa3/test_gpu.py: tests_families_fa3_test_gpu
   timeout ${TIER_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -W ignore -m "${TIER_MARK:-gpu}" $t > $OUT/$name.log 2>&1
   echo "$name: $(tail -1 $OUT/$name.log)" | tee -a $OUT/gpu_tiers.log
 done

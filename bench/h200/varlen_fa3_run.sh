@@ -18,16 +18,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > $
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 pt="python3 -m pytest -q -p no:cacheprovider -m gpu -W ignore::DeprecationWarning"
 if has tests; then
-  timeout ${TESTS_TIMEOUT:-420} $pt tests/test_gpu_varlen.py tests/test_gpu_header_varlen.py > $OUT/gpu_varlen.log 2>&1
+  timeout ${TESTS_TIMEOUT:-420} $pt tests/measure/test_gpu_varlen.py tests/codegen/test_gpu_header_varlen.py > $OUT/gpu_varlen.log 2>&1
   tail -25 $OUT/gpu_varlen.log
 fi
 if has fa3; then
-  timeout ${FA3_TIMEOUT:-300} $pt tests/test_gpu_fa3.py -k "not every_config" > $OUT/gpu_fa3.log 2>&1
+  timeout ${FA3_TIMEOUT:-300} $pt tests/families/fa3/test_gpu.py -k "not every_config" > $OUT/gpu_fa3.log 2>&1
   tail -5 $OUT/gpu_fa3.log
 fi
 if has torchtests; then
   timeout ${TORCH_TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
-    tests/test_torch_launcher.py tests/test_gpu_torch_op.py > $OUT/gpu_torch_op.log 2>&1
+    tests/fa2tune/test_torch_launcher.py tests/fa2tune/test_gpu_torch_op.py > $OUT/gpu_torch_op.log 2>&1
   tail -5 $OUT/gpu_torch_op.log
 fi
 if has torch; then

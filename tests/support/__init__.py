@@ -1,0 +1,1 @@
+"""Helpers the tests import by package path (``tests.support.factories`` ...); no tests here."""

@@ -1,0 +1,109 @@
+"""Warm starts (tuner.warm_start, ``fa2tune tune --warm-start``): a results file's fastest
+verified configs per problem, measured first by new studies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from core.fa2_config import Fa2Config
+from db.dump_format import TransferError
+from db.models import Build, Measurement
+from db.models import Problem as ProblemRow
+from db.session import session_scope
+from db.transfer import dump
+from fa2tune.cli import app
+from tests.support.replay import open_store, optuna_url, problems_for, synthetic_table, tiny_space
+from tuner.campaign import CampaignOptions
+from tuner.replay import run_replay_campaign
+from tuner.warm_start import WarmStart, load_warm_start, shape_key, with_warm_start
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _campaign(tmp_path: Path, ns: list[int], trials: int, warm: WarmStart | None) -> None:
+    problems = problems_for(ns)
+    with open_store(tmp_path) as store:
+        run_replay_campaign(
+            synthetic_table(problems, tiny_space),
+            CampaignOptions(sampler="tpe", trials=trials, warm_start=warm),
+            store=store,
+            storage_url=optuna_url(tmp_path),
+            problems=problems,
+        )
+
+
+def _rows(tmp_path: Path) -> list[tuple[int, int | None, str, str, float | None]]:
+    """(n, trial number, config, status, median) of every measurement."""
+    with open_store(tmp_path) as store, session_scope(store.engine) as s:
+        q = (
+            s.query(
+                ProblemRow.n, Measurement.trial_number, Build.config_name, Measurement.status,
+                Measurement.median_ms,
+            )
+            .join(Build, Build.id == Measurement.build_id)
+            .join(ProblemRow, ProblemRow.id == Measurement.problem_id)
+        )  # fmt: skip
+        return [tuple(r) for r in q]  # type: ignore[misc]
+
+
+def test_load_takes_the_fastest_verified_configs_in_order(tmp_path: Path) -> None:
+    _campaign(tmp_path, [512, 1024], trials=12, warm=None)
+    with open_store(tmp_path) as store:
+        dump(store, tmp_path / "results.json")
+    rows = _rows(tmp_path)
+    warm = load_warm_start(tmp_path / "results.json", top=3)
+    for p in problems_for([512, 1024]):
+        ok = sorted((ms, name) for n, _, name, st, ms in rows if n == p.n and st == "OK")
+        assert any(st == "WRONG_RESULT" for n, _, _, st, _ in rows if n == p.n)  # excluded
+        assert [c.name for c in warm.configs_for(p)] == [name for _, name in ok[:3]]
+    other = problems_for([2048])[0]
+    assert warm.configs_for(other) == ()
+
+
+def test_new_studies_measure_the_warm_configs_first(tmp_path: Path) -> None:
+    _, p1024 = problems_for([512, 1024])
+    space = [c for c in tiny_space() if c.rows_per_warp == 16]
+    first, second = space[-1], space[0]
+    warm = WarmStart("test", {shape_key(p1024): (first, second)})
+    _campaign(tmp_path, [512, 1024], trials=4, warm=warm)
+    rows = sorted(r for r in _rows(tmp_path) if r[0] == 1024 and r[1] is not None)
+    assert [r[2] for r in rows[:2]] == [first.name, second.name]
+    cold = sorted(r for r in _rows(tmp_path) if r[0] == 512 and r[1] is not None)
+    assert {first.name, second.name} != {r[2] for r in cold[:2]}
+
+
+def test_warm_configs_then_seeds_without_repeats() -> None:
+    (p,) = problems_for([1024])
+    a, b, c = tiny_space()[:3]
+    warm = WarmStart("test", {shape_key(p): (b, a)})
+    assert with_warm_start(warm, [a, c], p) == [b, a, c]
+    assert with_warm_start(None, [a, c], p) == [a, c]
+
+
+def test_bad_files_and_top(tmp_path: Path) -> None:
+    with pytest.raises(TransferError):
+        load_warm_start(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{", encoding="utf-8")
+    with pytest.raises(TransferError):
+        load_warm_start(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="at least 1"):
+        load_warm_start(tmp_path / "bad.json", top=0)
+
+
+def test_cli_refuses_a_bad_warm_start_file_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("[]", encoding="utf-8")
+    result = CliRunner().invoke(app, ["tune", "--warm-start", str(tmp_path / "bad.json")])
+    assert result.exit_code == 2
+    assert "--warm-start" in result.output and "Traceback" not in result.output
+
+
+def test_shipped_results_warm_start(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    warm = load_warm_start(root / "db" / "data" / "h200_results.json", top=5)
+    assert len(warm.configs) == 48
+    assert all(1 <= len(v) <= 5 for v in warm.configs.values())
+    assert all(isinstance(c, Fa2Config) for v in warm.configs.values() for c in v)
