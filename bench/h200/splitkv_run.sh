@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > $
 nvcc --version | tail -2 >> $logs/env.txt
 python3 -c "import torch; print('torch', torch.__version__, torch.version.cuda)" >> $logs/env.txt
 sel="not slow"; [ "${FULL:-0}" = 1 ] && sel="gpu"
-( time timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m "$sel" -q -p no:cacheprovider -x --durations=10 tests/test_splitkv.py tests/test_gpu_splitkv.py ) > $logs/gpu_tests_splitkv.log 2>&1
+( time timeout ${TEST_TIMEOUT:-300} python3 -m pytest -m "$sel" -q -p no:cacheprovider -x --durations=10 tests/families/splitkv/test_splitkv.py tests/families/splitkv/test_gpu.py ) > $logs/gpu_tests_splitkv.log 2>&1
 tail -25 $logs/gpu_tests_splitkv.log
 if [ "${BENCH:-1}" = 1 ]; then
   ( time timeout ${BENCH_TIMEOUT:-300} python3 bench/decode_bench.py --out $logs/decode ${BENCH_ARGS:-} ) > $logs/decode_bench.log 2>&1

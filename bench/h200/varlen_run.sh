@@ -8,7 +8,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/var
 status=0
 STAGES=${STAGES:-tests bench tier}
 if [[ " $STAGES " == *" tests "* ]]; then
-  python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu tests/test_gpu_varlen.py > "$OUT/gpu_varlen.log" 2>&1 || status=1
+  python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu tests/measure/test_gpu_varlen.py > "$OUT/gpu_varlen.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_varlen.log" | tee -a "$OUT/varlen_run.log"
 fi
 if [[ " $STAGES " == *" bench "* ]]; then
@@ -16,7 +16,7 @@ if [[ " $STAGES " == *" bench "* ]]; then
   tail -12 "$OUT/varlen_bench.log" | tee -a "$OUT/varlen_run.log"
 fi
 if [[ " $STAGES " == *" tier "* ]]; then
-  python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu tests/test_gpu_kernels.py > "$OUT/gpu_kernels.log" 2>&1 || status=1
+  python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu tests/families/fa2/test_gpu.py > "$OUT/gpu_kernels.log" 2>&1 || status=1
   tail -5 "$OUT/gpu_kernels.log" | tee -a "$OUT/varlen_run.log"
 fi
 exit $status

@@ -17,7 +17,7 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 fa2="python3 -m fa2tune.cli"
 if has header; then
   timeout ${HEADER_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider -m gpu \
-    -W ignore::DeprecationWarning tests/test_gpu_header_varlen.py > $OUT/gpu_header_varlen.log 2>&1
+    -W ignore::DeprecationWarning tests/codegen/test_gpu_header_varlen.py > $OUT/gpu_header_varlen.log 2>&1
   tail -5 $OUT/gpu_header_varlen.log
   STAGES="shipped fa3" OUT=$OUT timeout ${HEADER_CHECK_TIMEOUT:-240} bash bench/h200/header_check.sh \
     > $OUT/header_check.log 2>&1
