@@ -16,11 +16,12 @@ from typing import IO, Annotated, Any
 
 import typer
 import typer.core
+from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import make_url
 
 from codegen import commands as codegen_commands
-from core.settings import get_settings, override_settings
+from core.settings import Settings, get_settings, override_settings
 from db import commands as db_commands
 from db.session import DatabaseOpenError
 from measure import commands as measure_commands
@@ -97,6 +98,13 @@ def describe_error(exc: BaseException, db_url: str | None) -> str | None:
         return f"{where}: {_database_problem(exc)}"
     if alembic_error is not None and isinstance(exc, alembic_error):
         return f"{where}: schema migration failed: {_one_line(str(exc))}"
+    if isinstance(exc, ValidationError) and exc.title == Settings.__name__:
+        # A bad FA2TUNE_* variable: one line per setting, named as the user set it.
+        return "; ".join(
+            f"setting FA2TUNE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']} "
+            f"(got {e.get('input')!r})"
+            for e in exc.errors()
+        )
     if isinstance(exc, OverflowError):
         return f"value out of range: {_one_line(str(exc))}"
     if isinstance(exc, OSError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -12,6 +13,20 @@ import typer
 log = logging.getLogger(__name__)
 
 MAX_N = 2**31 - 1  # FaParams' lengths, batch and heads are int32
+
+
+def missing_gpu_packages() -> list[str]:
+    """The packages the GPU worker imports that this interpreter cannot find (torch,
+    cuda-bindings), by their pip names."""
+    missing = []
+    for module, package in (("torch", "torch"), ("cuda.bindings", "cuda-bindings")):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a dotted name whose parent package is absent
+            found = False
+        if not found:
+            missing.append(package)
+    return missing
 
 
 def bench(
@@ -88,6 +103,15 @@ def bench(
             f"fa2tune bench: --heads {heads} is not a multiple of --kv-heads {kv_heads}", err=True
         )
         raise typer.Exit(code=2)
+    missing = missing_gpu_packages() if handler is None else []
+    if missing:
+        # The worker child would die importing them and print its traceback; say it once.
+        typer.echo(
+            f"fa2tune bench: needs {' and '.join(missing)} on this machine (install the gpu "
+            "extra: pip install 'fa2tune[gpu]')",
+            err=True,
+        )
+        raise typer.Exit(code=1)
     try:
         report = run_bench(
             cfg,

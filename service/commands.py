@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -28,6 +29,27 @@ def _cannot_write(path: Path, exc: OSError) -> OSError:
     return OSError(f"cannot write {path}: {why}")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Bind ``host:port`` once the way the server will (``SO_REUSEADDR``), then let it go.
+
+    Raises:
+        OSError: the address cannot be bound (in use, not this machine's, no permission),
+            worded for the CLI's one error line.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            raise OSError(f"cannot listen on {host}:{port}: {why}") from None
+
+
 def serve(
     host: Annotated[
         str | None, typer.Option("--host", help="bind address (env FA2TUNE_HOST; 127.0.0.1)")
@@ -47,6 +69,9 @@ def serve(
 
     override_settings(host=host, port=port)
     settings = get_settings()
+    # Before the database is opened and migrated: a busy port is the user's to fix first, not
+    # an exit (status 3) after "startup complete".
+    check_port_free(settings.host, settings.port)
     app = create_app()
     shown = f"[{settings.host}]" if ":" in settings.host else settings.host
     log.info("fa2tune service on http://%s:%d (API docs: /docs)", shown, settings.port)

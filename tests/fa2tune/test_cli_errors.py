@@ -434,3 +434,48 @@ def test_bench_rejects_sizes_outside_the_kernel_limit(option: str, value: str, w
     name = make_config().name
     result = runner.invoke(app, ["bench", "--config", name, option, value])
     _usage_error(result, option, why)
+
+
+# ------------------------------------------------------------------ issue 26: first contact
+
+
+def test_bad_setting_in_the_environment_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # It was a 49-line pydantic traceback.
+    monkeypatch.setenv("FA2TUNE_PORT", "abc")
+    from core import settings
+
+    settings._from_environment.cache_clear()
+    try:
+        result = runner.invoke(app, ["--db", f"sqlite:///{tmp_path / 'x.db'}", *BEST])
+    finally:
+        monkeypatch.delenv("FA2TUNE_PORT")
+        settings._from_environment.cache_clear()
+    line = _one_line_failure(result, "FA2TUNE_PORT", "'abc'")
+    assert "valid integer" in line
+
+
+def test_serve_on_a_busy_port_fails_before_opening_the_database(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        db = tmp_path / "never.db"
+        result = runner.invoke(app, ["--db", f"sqlite:///{db}", "serve", "--port", str(port)])
+    _one_line_failure(result, f"cannot listen on 127.0.0.1:{port}")
+    assert not db.exists()  # it used to load the database, say "startup complete", exit 3
+
+
+def test_bench_without_the_gpu_packages_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from measure import commands as measure_commands
+
+    monkeypatch.setattr(measure_commands, "missing_gpu_packages", lambda: ["torch"])
+    result = runner.invoke(
+        app, ["bench", "--config", "fa2_d64_fp16_full_br64_bc64_w4_s1_swz", "--n", "128"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "needs torch" in result.stderr and "fa2tune[gpu]" in result.stderr
