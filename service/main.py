@@ -29,6 +29,7 @@ from core.version import __version__
 from db.dump_format import DumpFile
 from db.shipped import load_shipped_results
 from db.store import Store
+from service.dbfile import DatabaseFile
 from service.deps import SlowEndpoints
 from service.fastpath import BestFastPath
 from service.index import IndexHolder
@@ -131,7 +132,9 @@ def create_app(
                 # A bad bundled file must not keep the service down; what is there is served.
                 log.exception("loading the shipped results failed")
         await run_in_threadpool(holder.refresh)
-        watcher = asyncio.create_task(_watch(holder), name="fa2tune-index-refresh")
+        watcher = asyncio.create_task(
+            _watch(holder, app.state.dbfile), name="fa2tune-index-refresh"
+        )
         try:
             yield
         finally:
@@ -153,6 +156,7 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.store = store
+    app.state.dbfile = DatabaseFile(store.engine)
     app.state.index = holder
     app.state.slow = slow
     for module in (health, best, gpus, results, export):
@@ -172,10 +176,14 @@ def create_app(
     return app
 
 
-async def _watch(holder: IndexHolder) -> None:
+async def _watch(holder: IndexHolder, dbfile: DatabaseFile) -> None:
     while True:
         await asyncio.sleep(REFRESH_SECONDS)
         try:
+            state = dbfile.check()  # adopts a file put back at the path before the refresh
+            if not state.ok:
+                log.error("%s; writes are refused until a file is back", state.problem)
+                continue
             if await run_in_threadpool(holder.refresh_if_changed):
                 log.info("best-config index rebuilt: the database changed")
         except Exception:

@@ -155,6 +155,10 @@ _DUMP_BODY = {
             "description": "wrong token, or writes disabled (no token configured)",
         },
         status.HTTP_413_CONTENT_TOO_LARGE: {"model": ErrorOut},
+        status.HTTP_503_SERVICE_UNAVAILABLE: {
+            "model": ErrorOut,
+            "description": "the database is unavailable, or its SQLite file was deleted",
+        },
         status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: {
             "model": ErrorOut,
             "description": "a body declared as something other than JSON",
@@ -187,6 +191,13 @@ async def ingest_results(
     # time holds a body (and its parsed form, about 7x its size) in memory: the admission
     # limit of service.main.SlowGate.
     _require_json(request.headers.get("content-type"))
+    state = request.app.state.dbfile.check()
+    if not state.ok:  # never acknowledge rows written into an unlinked file
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"writes refused: {state.problem}",
+            headers={"Retry-After": "5"},
+        )
     body = await _read_limited(request, settings.ingest_max_bytes)
     try:
         dump: DumpFile = await run_in_threadpool(parse_dump, body)
