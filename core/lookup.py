@@ -103,6 +103,13 @@ class Pick:
     seqlens: tuple[int, ...] | None
 
 
+def served_mask(causal: bool, shape: Shape, packed: Packed | None = None) -> bool:
+    """The mask a lookup serves: a dense call's effective one
+    (:func:`core.shape.effective_causal`: one query row is served unmasked), a packed
+    batch's as given."""
+    return causal if packed is not None else effective_causal(causal, shape.nq)
+
+
 def pick(
     candidates: Sequence[Candidate],
     gpu: str,
@@ -126,7 +133,7 @@ def pick(
     qualifies.
     """
     key = normalize_gpu_name(gpu)
-    mask = causal if packed is not None else effective_causal(causal, shape.nq)
+    mask = served_mask(causal, shape, packed)
     lens = packed.seqlens if packed is not None else None
     compared: list[tuple[int, Shape, tuple[int, ...] | None]] = []
     for i, c in enumerate(candidates):

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
-from core.lookup import Candidate, Packed, pick
+from core.lookup import Candidate, Packed, pick, served_mask
 from core.problem import Problem as ProblemSpec
 from core.problem import parse_seqlens
 from core.records import MeasureStatus
@@ -104,13 +104,19 @@ def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
     )
 
 
+def _tflops(problem: Problem, m: Measurement) -> float:
+    """The throughput a ranking uses: this problem's FLOPs over this measurement's median."""
+    assert m.median_ms is not None  # only OK rows with a median are ranked
+    return problem_flops(problem) / (m.median_ms * 1e-3) / 1e12
+
+
 def _best_result(
     gpu: Gpu, problem: Problem, build: Build, m: Measurement, *, exact: bool, distance: float = 0.0
 ) -> BestResult:
     assert m.median_ms is not None  # only OK rows with a median are ranked
     # The throughput is the one the ranking used (this problem's FLOPs over this median), not
     # the row's recorded figure: whatever a store holds, one answer's figures agree.
-    tflops = problem_flops(problem) / (m.median_ms * 1e-3) / 1e12
+    tflops = _tflops(problem, m)
     return BestResult(
         config=config_from_params(build.family, build.d, build.dtype, build.causal, build.params),
         config_key=build.config_key,
@@ -355,8 +361,8 @@ def gpu_sm_count(s: Session, name_key: str) -> int:
 
 @cache
 def _fastest(packed: bool, family: str | None) -> Any:
-    """Every dense (or packed) problem of one D and dtype (the ``d`` and ``dtype`` bind
-    parameters), any GPU and mask, with its fastest verified measurement (of ``family``'s
+    """Every dense (or packed) problem of one GPU, D, dtype and mask (the ``gpu_key``, ``d``,
+    ``dtype`` and ``causal`` bind parameters) with its fastest verified measurement (of ``family``'s
     builds when given) and that build, in problem-id order, each with its GPU loaded.
 
     A select of (Problem, Measurement, Build) rows, built once per mode and family (typed
@@ -371,7 +377,11 @@ def _fastest(packed: bool, family: str | None) -> Any:
         )
         .join(Build, Build.id == Measurement.build_id)
         .join(Problem, Problem.id == Measurement.problem_id)
+        .join(Gpu, Gpu.id == Problem.gpu_id)
         .where(
+            # The GPU and mask pick applies, also in SQL: the window ranks only these rows.
+            Gpu.name_key == bindparam("gpu_key"),
+            Problem.causal == bindparam("causal"),
             Problem.d == bindparam("d"),
             Problem.dtype == bindparam("dtype"),
             Problem.seqlens != "" if packed else Problem.seqlens == "",
@@ -419,22 +429,29 @@ def best_match(
     :func:`core.lookup.pick`'s rule among them (GPU, mask, exact shape or nearest)."""
     with session_scope(engine) as s:
         query = _fastest(packed is not None, family)
-        rows = s.execute(query, {"d": d, "dtype": dtype}).all()
+        bound = {
+            "gpu_key": normalize_gpu_name(gpu),
+            "causal": served_mask(causal, shape, packed),
+            "d": d,
+            "dtype": dtype,
+        }
+        rows = s.execute(query, bound).all()
         counts: dict[str, list[int]] = {}
         for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
             counts.setdefault(name_key, []).append(count)
         sm_counts = {k: effective_sm_count(v) for k, v in counts.items()}
-        results = [_best_result(p.gpu, p, b, m, exact=False) for p, m, b in rows]
-    # The throughput rank of best_of: a result's TFLOP/s is its problem's FLOPs over its median.
-    candidates = [
-        Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
-                  p.seqlens, (-(r.tflops or 0.0), r.median_ms, r.measurement_id))
-        for (p, _, _), r in zip(rows, results, strict=True)
-    ]  # fmt: skip
-    found = pick(candidates, gpu, causal, shape, sm_counts, packed=packed, exact=exact)
-    if found is None:
-        return None
-    result = dataclasses.replace(results[found.index], exact=found.exact, distance=found.distance)
+        # The throughput rank of best_of: a result's TFLOP/s is its problem's FLOPs over its
+        # median. Only the winner becomes a BestResult (its config parsed, its row read out).
+        candidates = [
+            Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
+                      p.seqlens, (-_tflops(p, m), m.median_ms, m.id))
+            for p, m, _ in rows
+        ]  # fmt: skip
+        found = pick(candidates, gpu, causal, shape, sm_counts, packed=packed, exact=exact)
+        if found is None:
+            return None
+        p, m, b = rows[found.index]
+        result = _best_result(p.gpu, p, b, m, exact=found.exact, distance=found.distance)
     return Match(result, found.measured, found.seqlens)
 
 
