@@ -74,7 +74,7 @@ def _is_memory_sqlite(url: URL) -> bool:
     )
 
 
-def _sqlite_file(url: URL) -> Path | None:
+def sqlite_file(url: URL) -> Path | None:
     """The database file of a plain SQLite URL, or None for memory and ``file:`` URIs."""
     if _is_memory_sqlite(url):
         return None
@@ -189,7 +189,7 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
             kwargs.setdefault("poolclass", StaticPool)
             kwargs.setdefault("connect_args", {"check_same_thread": False})
         else:
-            path = _sqlite_file(parsed)
+            path = sqlite_file(parsed)
             if path is not None:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)

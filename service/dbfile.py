@@ -23,6 +23,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
+from db.session import sqlite_file
+
 log = logging.getLogger(__name__)
 
 
@@ -32,16 +34,6 @@ class FileState:
 
     ok: bool
     problem: str = ""
-
-
-def _sqlite_path(engine: Engine) -> Path | None:
-    url = engine.url
-    name = url.database
-    if url.get_backend_name() != "sqlite" or not name or name == ":memory:":
-        return None
-    if name.startswith("file:") or url.query.get("mode") == "memory":
-        return None  # URI filenames and shared in-memory databases: not watched
-    return Path(name).resolve()
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -61,7 +53,8 @@ class DatabaseFile:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self.path = _sqlite_path(engine)
+        file = sqlite_file(engine.url) if engine.url.get_backend_name() == "sqlite" else None
+        self.path = file.resolve() if file is not None else None
         self._identity = _identity(self.path) if self.path is not None else None
         self._lock = threading.Lock()
 
