@@ -72,6 +72,7 @@ class ParamSpec:
     search: str | None = None
     search_as: tuple[str, str] | Callable[[Any], SearchValue] | None = None
     search_order: tuple[str, ...] | None = None
+    variant: bool = False
     name: str = ""
 
     @property
@@ -131,6 +132,7 @@ def param(
     search: str | None = None,
     search_as: tuple[str, str] | Callable[[Any], SearchValue] | None = None,
     search_order: tuple[str, ...] | None = None,
+    variant: bool = False,
 ) -> Any:
     """Declare one family parameter as a dataclass field.
 
@@ -153,13 +155,27 @@ def param(
             function of the config (a derived parameter); default: the value (a choice: its
             word).
         search_order: the order of the choice values in a study (default: sorted).
+        variant: an attention variant's compile-time switch (:func:`variant_switch`).
     """
     spec = ParamSpec(
         token=token, optional=optional, missing_ok=missing_ok, suffix=suffix,
         instead_of=instead_of, traits=traits, macro=macro, search=search,
-        search_as=search_as, search_order=search_order,
+        search_as=search_as, search_order=search_order, variant=variant,
     )  # fmt: skip
     return field(default=default, metadata={_META: spec})
+
+
+#: The name token of each variant switch (:data:`core.variant.SWITCHES`), in field order.
+VARIANT_TOKENS: dict[str, str] = {"local": "loc", "softcap": "cap", "sinks": "snk"}
+
+
+def variant_switch(name: str) -> Any:
+    """Declare one attention-variant switch (``local``, ``softcap``, ``sinks``) of a family
+    config: an optional flag written at the end of the name (``_loc``, ``_cap``, ``_snk``),
+    the ``Traits``' last arguments, not searched (the problem decides it). A config with one
+    set is instantiated with its family's variant macro, and its kernel takes ``FaVariant``
+    as its last argument (:mod:`codegen.families.declared`)."""
+    return param(VARIANT_TOKENS[name], default=False, optional=True, suffix=True, variant=True)
 
 
 @dataclass(frozen=True)
@@ -296,7 +312,23 @@ class FamilyConfigBase:
         return name_key(self.name)
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """Every field, but the variant switches only when set (the dict forms of configs
+        stored before the variants stay what they were)."""
+        out = asdict(self)
+        for p in self.spec.params:
+            if p.variant and not out[p.name]:
+                del out[p.name]
+        return out
+
+    @property
+    def variant_switches(self) -> dict[str, bool]:
+        """The config's attention-variant switches by name (empty for a family without)."""
+        return {p.name: bool(getattr(self, p.name)) for p in self.spec.params if p.variant}
+
+    @property
+    def has_variant(self) -> bool:
+        """Whether the config is built with a variant switch (its kernel takes FaVariant)."""
+        return any(self.variant_switches.values())
 
     def params(self) -> dict[str, Any]:
         """The family's own parameters: every field but ``d``, ``dtype`` and ``causal``

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import ELEMENT_BYTES, tile_head_dim
-from core.config_common import FamilyConfigBase, family_config, param
+from core.config_common import FamilyConfigBase, family_config, param, variant_switch
 
 
 def _layout(config: Fa2Config) -> str:
@@ -39,6 +39,8 @@ class Fa2Config(FamilyConfigBase):
         swizzle: XOR-swizzled shared-memory layout instead of padding.
         varlen: takes packed variable-length sequences (cumulative offsets, a second kernel
             argument) instead of a dense batch; name suffix ``_vl``.
+        local, softcap, sinks: attention-variant switches (:func:`variant_switch`, semantics
+            in :mod:`core.variant`); name suffixes ``_loc``, ``_cap``, ``_snk``.
     """
 
     br: int = param("br{}", search="br")
@@ -54,6 +56,9 @@ class Fa2Config(FamilyConfigBase):
     varlen: bool = param(
         "vl", default=False, optional=True, suffix=True, macro="FA2_DEFINE_VARLEN_KERNEL"
     )
+    local: bool = variant_switch("local")
+    softcap: bool = variant_switch("softcap")
+    sinks: bool = variant_switch("sinks")
 
     @property
     def threads(self) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import ELEMENT_BYTES
-from core.config_common import FamilyConfigBase, family_config, param
+from core.config_common import FamilyConfigBase, family_config, param, variant_switch
 
 #: Columns of one 128-byte-swizzled TMA box of 2-byte elements; a tile row of D columns
 #: takes ceil(D / 64) boxes (D=96 zero-fills half of its second box).
@@ -45,6 +45,8 @@ class Fa3Config(FamilyConfigBase):
         longest_first: causal blocks start longest first across heads (over chunks of heads
             whose K/V fit in L2) rather than within each head; dense causal configs only;
             name suffix ``_lf`` (codegen/templates/fa3_fwd.cuh, "Launch order").
+        local, softcap, sinks: attention-variant switches
+            (:func:`~core.config_common.variant_switch`, semantics in :mod:`core.variant`).
     """
 
     block_m: int = param("m{}", default=128, search="fa3_block_m")
@@ -61,6 +63,9 @@ class Fa3Config(FamilyConfigBase):
         "lf", default=False, optional=True, macro="FA3_DEFINE_LONGEST_FIRST_KERNEL",
         search="fa3_order", search_as=("longest_first", "per_head"),
     )  # fmt: skip
+    local: bool = variant_switch("local")
+    softcap: bool = variant_switch("softcap")
+    sinks: bool = variant_switch("sinks")
 
     @property
     def consumer_warpgroups(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import ELEMENT_BYTES, tile_head_dim
-from core.config_common import FamilyConfigBase, family_config, param
+from core.config_common import FamilyConfigBase, family_config, param, variant_switch
 
 #: Bytes of float32.
 _F32 = 4
@@ -35,6 +35,8 @@ class SplitKvConfig(FamilyConfigBase):
         stages: depth of each warp's cp.async K/V ring.
         splits: most blocks that share one row tile's keys (a launch uses fewer when there
             are fewer key tiles); their partial results are merged by the last to finish.
+        local, softcap, sinks: attention-variant switches
+            (:func:`~core.config_common.variant_switch`, semantics in :mod:`core.variant`).
     """
 
     rows: int = param("r{}", default=16, search="skv_rows")
@@ -42,6 +44,9 @@ class SplitKvConfig(FamilyConfigBase):
     warps: int = param("w{}", default=4, search="skv_warps")
     stages: int = param("s{}", default=2, search="skv_stages")
     splits: int = param("k{}", default=16, search="skv_splits")
+    local: bool = variant_switch("local")
+    softcap: bool = variant_switch("softcap")
+    sinks: bool = variant_switch("sinks")
 
     @property
     def threads(self) -> int:

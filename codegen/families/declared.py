@@ -7,6 +7,12 @@ A parameter with its own ``macro`` picks that macro when set and is no macro arg
 optional parameter is left off the end of the ``Traits`` arguments at its default (those
 parameters are the template's last, defaulted ones, so other configs' aliases keep their
 text).
+
+A config with an attention-variant switch set (:func:`core.config_common.variant_switch`) is
+instantiated with the family's *variant macro* instead, whose arguments are every ``Traits``
+argument in order (the mode parameters such as ``varlen`` included, the switches last): one
+macro serves every combination, and its kernel takes ``FaVariant`` after the plain kernel's
+arguments.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ def _cpp(value: object) -> str:
     return cpp_bool(value) if isinstance(value, bool) else str(value)
 
 
-def cpp_args(config: FamilyConfigBase, *, traits: bool) -> list[str]:
+def cpp_args(config: FamilyConfigBase, *, traits: bool, every: bool = False) -> list[str]:
     """The C++ template arguments of ``config``: the ``Traits``' (``traits``) or the
-    instantiation macro's after the kernel name."""
+    instantiation macro's after the kernel name (``every``: the variant macro's, every
+    ``Traits`` argument)."""
     spec = config.spec
-    params = [p for p in spec.params if p.traits and (traits or p.macro is None)]
+    params = [
+        p for p in spec.params
+        if p.traits and (traits or every or (p.macro is None and not p.variant))
+    ]  # fmt: skip
     values = [getattr(config, p.name) for p in params]
     if traits:
         while params and params[-1].optional and values[-1] == spec.defaults[params[-1].name]:
@@ -36,14 +46,36 @@ def cpp_args(config: FamilyConfigBase, *, traits: bool) -> list[str]:
     return common + [_cpp(v) for v in values]
 
 
-def instantiation(config: FamilyConfigBase, include: str, macro: str) -> str:
+def instantiation(
+    config: FamilyConfigBase, include: str, macro: str, variant_macro: str | None = None
+) -> str:
     """The ``.cu`` text of one config: ``#include`` of the family's template and one macro
-    line (``macro``, or the macro of the first set parameter that declares one)."""
+    line (``macro``, or the macro of the first set parameter that declares one; a config
+    with a variant switch set: ``variant_macro`` over every Traits argument).
+
+    Raises:
+        ValueError: a config with a variant switch of a family without ``variant_macro``.
+    """
+    if config.has_variant:
+        if variant_macro is None:
+            raise ValueError(f"{config.name}: the {config.family} family has no variant kernels")
+        args = ", ".join([config.name, *cpp_args(config, traits=False, every=True)])
+        return f'#include "{include}"\n{variant_macro}({args})\n'
     chosen = next(
         (p.macro for p in config.spec.params if p.macro and getattr(config, p.name)), macro
     )
     args = ", ".join([config.name, *cpp_args(config, traits=False)])
     return f'#include "{include}"\n{chosen}({args})\n'
+
+
+def variant_reasons(config: FamilyConfigBase, built: Sequence[str]) -> list[str]:
+    """Why ``config``'s variant switches are outside its family's space: a switch set that
+    the family's kernels are not built with (``built``: the switches they take)."""
+    return [
+        f"the {config.family} family has no {name} kernels"
+        for name, on in config.variant_switches.items()
+        if on and name not in built
+    ]
 
 
 def traits(config: FamilyConfigBase, template: str) -> str:

@@ -36,6 +36,21 @@ struct FaVarlen {
 };
 static_assert(sizeof(FaVarlen) == 24 && alignof(FaVarlen) == 8, "FaVarlen is part of the ABI");
 
+// The run-time values of an attention variant, the last kernel argument of a config built
+// with one (its local, softcap or sinks switch; plain kernels keep their arguments). The
+// semantics are FlashAttention's (docs/variants.md); the compile-time switches say which
+// fields a kernel reads.
+struct FaVariant {
+  int32_t window_left;   // query i (key position pos = i + nk - nq) sees keys >= pos - left; -1: all
+  int32_t window_right;  // ... and keys <= pos + right; -1: all (a causal call passes 0)
+  int32_t chunk;         // > 0: only keys in pos's chunk [pos - pos mod chunk, + chunk); 0: none
+  float softcap;         // > 0: scores s (softmax-scaled) become softcap * tanh(s / softcap)
+  const float* sinks;    // [q_heads] fp32 logits joining every row's softmax denominator; or null
+};
+static_assert(sizeof(FaVariant) == 24 && alignof(FaVariant) == 8, "FaVariant is part of the ABI");
+static_assert(offsetof(FaVariant, softcap) == 12 && offsetof(FaVariant, sinks) == 16,
+              "FaVariant offsets");
+
 static_assert(sizeof(FaParams) == 160, "FaParams layout is part of the ABI");
 static_assert(alignof(FaParams) == 8, "FaParams alignment is part of the ABI");
 static_assert(offsetof(FaParams, q) == 0 && offsetof(FaParams, k) == 8 &&

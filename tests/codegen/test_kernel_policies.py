@@ -1,4 +1,4 @@
-"""The kernels' mask policies (codegen/templates/fa_mask.cuh) against the bottom-right causal rule.
+"""The kernels' mask and score policies (codegen/templates/fa_mask.cuh) against their rules.
 
 A host program, built with nvcc from the template header itself, calls every question a
 kernel asks a policy (``n_block_min``, ``n_block_max``, ``edge_key``, ``key_begin``,
@@ -14,11 +14,18 @@ rule: query ``i`` sees key ``j`` iff ``0 <= j < nk`` and, when causal, ``j <= i 
   ``n0 + bn - 1 > edge_key(m0)``) is true exactly when some row of the query tile misses some
   key of the key tile, so no visible key is masked and no masked key is skipped.
 
+The local policy (windows and chunks, FlashAttention's rule: with ``pos = i + nk - nq``,
+query ``i`` sees key ``j`` iff ``pos - left <= j <= pos + right``, a bound of -1 being none,
+and ``j`` in ``pos``'s chunk) is checked the same way over many windows, with the left edge
+test ``n0 < begin_edge(q_last)`` added to the tile's "needs the mask"; the softcap policy and
+the sink's starting max against their formulas.
+
 Marked ``compile``; skipped when nvcc is not on PATH. One nvcc call of a few seconds.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 from itertools import product
@@ -39,14 +46,24 @@ NQ = (1, 2, 3, 7, 16, 63, 64, 65, 128, 130, 200)
 NK = (1, 2, 5, 64, 100, 128, 129, 257)
 BM = (16, 64, 128)
 BN = (16, 64, 80, 128)
+# (left, right, chunk): causal as a window, sliding windows, two-sided, chunks alone and with
+# windows, windows wider than the keys.
+WINDOWS = (
+    (-1, 0, 0), (0, 0, 0), (3, 0, 0), (16, 0, 0), (5, 7, 0), (-1, 3, 0), (3, -1, 0),
+    (-1, -1, 4), (-1, -1, 64), (-1, 0, 16), (10, 0, 32), (2, 2, 5), (100, 100, 0),
+    (0, -1, 0), (-1, 0, 1),
+)  # fmt: skip
+NQ_LOCAL = (1, 7, 64, 65, 130)
+NK_LOCAL = (1, 5, 100, 129, 257)
 
 PROGRAM = r"""
 #include <cstdio>
 #include "fa_mask.cuh"
 
+// Lines: E tag nq nk row key_begin key_limit; T tag nq nk bm bn m0 n_min n_max edge
+// begin_edge(m0 + bm - 1). A tag is none, causal or local:left:right:chunk.
 template <class Mask>
-void dump(const char* tag, int nq, int nk) {
-  const Mask mask(nq, nk);
+void dump(const char* tag, const Mask& mask, int nq, int nk) {
   for (int row = 0; row < nq + 128; ++row)  // rows past nq: the kernels' tile bound
     std::printf("E %s %d %d %d %d %d\n", tag, nq, nk, row, mask.key_begin(row),
                 mask.key_limit(row));
@@ -54,10 +71,11 @@ void dump(const char* tag, int nq, int nk) {
   for (int bm : bms)
     for (int bn : bns)
       for (int m0 = 0; m0 < nq; m0 += bm)
-        std::printf("T %s %d %d %d %d %d %d %d %d\n", tag, nq, nk, bm, bn, m0,
-                    mask.n_block_min(m0, bn), mask.n_block_max(m0 + bm, bn), mask.edge_key(m0));
+        std::printf("T %s %d %d %d %d %d %d %d %d %d\n", tag, nq, nk, bm, bn, m0,
+                    mask.n_block_min(m0, bn), mask.n_block_max(m0 + bm, bn), mask.edge_key(m0),
+                    mask.begin_edge(m0 + bm - 1));
   // The same policy rebuilt from (nk, diag), as a kernel re-reading nk does.
-  const Mask again = Mask::of_diag(nk, mask.diag);
+  const Mask again = mask.again(nk, mask.diag);
   if (again.nk != mask.nk || again.diag != mask.diag) std::printf("X %s %d %d\n", tag, nq, nk);
 }
 
@@ -65,26 +83,67 @@ int main() {
   const int nqs[] = {NQS}, nks[] = {NKS};
   for (int nq : nqs)
     for (int nk : nks) {
-      dump<fa::NoMask>("none", nq, nk);
-      dump<fa::CausalMask>("causal", nq, nk);
+      dump("none", fa::NoMask(nq, nk), nq, nk);
+      dump("causal", fa::CausalMask(nq, nk, 7, 7, 7), nq, nk);  // plain: the window is ignored
     }
+  const int windows[][3] = {WINDOWS};
+  const int nqls[] = {NQLS}, nkls[] = {NKLS};
+  for (const auto& w : windows)
+    for (int nq : nqls)
+      for (int nk : nkls) {
+        char tag[64];
+        std::snprintf(tag, sizeof tag, "local:%d:%d:%d", w[0], w[1], w[2]);
+        dump(tag, fa::LocalMask(nq, nk, w[0], w[1], w[2]), nq, nk);
+      }
+  // Softcap: tanh(s * scale / cap), softmax scale cap; identity: s, scale. Sink's max.
+  const float ss[] = {-300.f, -20.f, -1.f, 0.f, 0.5f, 3.f, 40.f, 1000.f};
+  for (float s : ss) {
+    float frag[2][2] = {{s, s}, {s, s}};
+    const fa::SoftcapScore cap(0.125f, 15.f);
+    cap.apply(frag);
+    fa::ScoreIdentity::apply(frag);
+    std::printf("S %.9g %.9g %.9g %.9g\n", s, frag[1][1], cap.softmax_scale(0.125f),
+                fa::ScoreIdentity::softmax_scale(0.125f));
+  }
+  std::printf("K %.9g\n", fa::sink_row_max(2.5f, 0.125f));
   return 0;
 }
 """
 
 
-def _visible(causal: bool, nq: int, nk: int, row: int, key: int) -> bool:
+def _visible(tag: str, nq: int, nk: int, row: int, key: int) -> bool:
     """The rule, written from its definition (no shortcut shared with the header)."""
     if not 0 <= key < nk:
         return False
-    return not causal or key <= row + nk - nq
+    pos = row + nk - nq
+    if tag == "causal":
+        return key <= pos
+    if tag.startswith("local:"):
+        left, right, chunk = (int(x) for x in tag.split(":")[1:])
+        if left >= 0 and key < pos - left:
+            return False
+        if right >= 0 and key > pos + right:
+            return False
+        return chunk <= 0 or key // chunk == pos // chunk  # Python's // rounds down
+    return True
+
+
+def _span(tag: str, nq: int, nk: int, row: int) -> range:
+    """The keys ``row`` sees: one interval under every rule here (found by brute force)."""
+    seen = [k for k in range(nk) if _visible(tag, nq, nk, row, k)]
+    assert seen == list(range(seen[0], seen[-1] + 1)) if seen else True
+    return range(seen[0], seen[-1] + 1) if seen else range(0)
 
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     work: Path = tmp_path_factory.mktemp("policies")
     source = PROGRAM
-    for key, values in (("BMS", BM), ("BNS", BN), ("NQS", NQ), ("NKS", NK)):
+    windows = ", ".join("{%d, %d, %d}" % w for w in WINDOWS)
+    source = source.replace("{WINDOWS}", "{" + windows + "}")
+    for key, values in (
+        ("BMS", BM), ("BNS", BN), ("NQLS", NQ_LOCAL), ("NKLS", NK_LOCAL), ("NQS", NQ), ("NKS", NK),
+    ):  # fmt: skip
         source = source.replace(key, ", ".join(map(str, values)))
     (work / "policies.cu").write_text(source, encoding="utf-8")
     exe = work / "policies"
@@ -101,16 +160,20 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
 def test_the_program_covers_every_shape(answers: list[list[str]]) -> None:
     assert not [a for a in answers if a[0] == "X"], "of_diag rebuilt another policy"
     shapes = {(a[1], int(a[2]), int(a[3])) for a in answers if a[0] == "T"}
-    assert shapes == {(tag, nq, nk) for tag in ("none", "causal") for nq, nk in product(NQ, NK)}
+    plain = {(tag, nq, nk) for tag in ("none", "causal") for nq, nk in product(NQ, NK)}
+    local = {
+        ("local:%d:%d:%d" % w, nq, nk) for w in WINDOWS for nq, nk in product(NQ_LOCAL, NK_LOCAL)
+    }
+    assert shapes == plain | local
 
 
 def test_element_mask_is_the_rule(answers: list[list[str]]) -> None:
     wrong = []
     for a in (a for a in answers if a[0] == "E"):
-        causal = a[1] == "causal"
+        tag = a[1]
         nq, nk, row, begin, limit = map(int, a[2:])
         for key in range(-1, nk + 2):
-            if (begin <= key < limit) != _visible(causal, nq, nk, row, key):
+            if (begin <= key < limit) != _visible(tag, nq, nk, row, key):
                 wrong.append((a[1], nq, nk, row, key))
                 break
     assert not wrong, f"{len(wrong)} rows disagree with the rule, e.g. {wrong[:5]}"
@@ -118,16 +181,19 @@ def test_element_mask_is_the_rule(answers: list[list[str]]) -> None:
 
 def test_tile_range_and_edge_are_the_rule(answers: list[list[str]]) -> None:
     wrong = []
+    spans: dict[tuple[str, int, int], list[range]] = {}
     for a in (a for a in answers if a[0] == "T"):
-        causal = a[1] == "causal"
-        nq, nk, bm, bn, m0, lo, hi, edge = map(int, a[2:])
-        rows = range(m0, m0 + bm)
+        tag = a[1]
+        nq, nk, bm, bn, m0, lo, hi, edge, begin_edge = map(int, a[2:])
+        if (tag, nq, nk) not in spans:
+            spans[tag, nq, nk] = [_span(tag, nq, nk, r) for r in range(nq + 128)]
+        rows = spans[tag, nq, nk][m0 : m0 + bm]
         tiles = -(-nk // bn)
-        wanted = [
-            t
-            for t in range(tiles)
-            if any(_visible(causal, nq, nk, r, k) for r in rows for k in range(t * bn, t * bn + bn))
-        ]
+
+        def sees(t: int) -> bool:
+            return any(r and r.start < t * bn + bn and t * bn < r.stop for r in rows)
+
+        wanted = [t for t in range(tiles) if sees(t)]
         expected = (wanted[0], wanted[-1] + 1) if wanted else None
         got = (lo, hi) if hi > lo else None
         if wanted and wanted != list(range(wanted[0], wanted[-1] + 1)):
@@ -136,10 +202,26 @@ def test_tile_range_and_edge_are_the_rule(answers: list[list[str]]) -> None:
             wrong.append(("range", *a, expected))
         for t in range(lo, hi):
             n0 = t * bn
-            needs = n0 + bn > nk or n0 + bn - 1 > edge
-            misses = any(
-                not _visible(causal, nq, nk, r, k) for r in rows for k in range(n0, n0 + bn)
-            )
+            needs = n0 + bn > nk or n0 + bn - 1 > edge or n0 < begin_edge
+            misses = any(not (r.start <= n0 and n0 + bn <= r.stop) for r in rows)
             if needs != misses:
                 wrong.append(("edge", *a, t, needs, misses))
     assert not wrong, f"{len(wrong)} tiles disagree with the rule, e.g. {wrong[:5]}"
+
+
+def test_plain_policies_have_no_left_edge(answers: list[list[str]]) -> None:
+    """The plain policies' begin_edge is 0 (kernels never ask it: kLeftBound is false)."""
+    plain = [a for a in answers if a[0] == "T" and not a[1].startswith("local")]
+    assert plain and {a[-1] for a in plain} == {"0"}
+
+
+def test_softcap_and_sink_start(answers: list[list[str]]) -> None:
+    rows = [list(map(float, a[1:])) for a in answers if a[0] == "S"]
+    assert len(rows) == 8
+    for s, capped, cap_scale, plain_scale in rows:
+        # What the softmax sees is softmax_scale(.) * stored: cap * tanh(0.125 s / cap).
+        assert cap_scale * capped == pytest.approx(15.0 * math.tanh(0.125 * s / 15.0), abs=1e-5)
+        assert plain_scale == 0.125
+        assert abs(cap_scale * capped) <= 15.0
+    (sink,) = [float(a[1]) for a in answers if a[0] == "K"]
+    assert sink * 0.125 == pytest.approx(2.5)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 # The targets the family builds for (re-exported: the fa2 space is where they were).
+from codegen.families.declared import variant_reasons
 from codegen.targets import ARCH_SMEM_LIMIT as ARCH_SMEM_LIMIT
 from codegen.targets import DEFAULT_SMEM_LIMIT as DEFAULT_SMEM_LIMIT
 from codegen.targets import SUPPORTED_ARCHS as SUPPORTED_ARCHS
@@ -82,6 +83,9 @@ SEED_TILES: tuple[tuple[int, int, int], ...] = (
     (128, 64, 8),
 )
 SEED_STAGES: tuple[int, ...] = (1, 2)
+
+#: The attention-variant switches this family's kernels are built with (core.variant).
+VARIANT_SWITCHES: tuple[str, ...] = ()
 
 
 def estimate_registers(config: Fa2Config) -> int:
@@ -149,6 +153,9 @@ def is_valid(config: Fa2Config, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tuple[b
     c = config
     if c.d not in VALID_HEAD_DIMS:
         return False, f"head dim {c.d} is not {HEAD_DIMS_RULE}"
+    variant = variant_reasons(c, VARIANT_SWITCHES)
+    if variant:
+        return False, "; ".join(variant)
     if c.dtype not in VALID_DTYPES:
         return False, f"dtype {c.dtype!r} is not one of {list(VALID_DTYPES)}"
     if c.warps not in VALID_WARPS:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from codegen.families.declared import basic_reasons, outside
+from codegen.families.declared import basic_reasons, outside, variant_reasons
 from core.config import Dtype
 from core.fa3_config import Fa3Config
 
@@ -40,6 +40,9 @@ MAX_SMEM_PER_BLOCK = 227 * 1024
 REGS_PER_SM = 65536
 REG_HEADROOM = 32  # addresses, loop state, softmax row max/sum beside the accumulators
 MAX_REGS = 255
+
+#: The attention-variant switches this family's kernels are built with (core.variant).
+VARIANT_SWITCHES: tuple[str, ...] = ()
 
 
 def launch_regs(config: Fa3Config) -> int:
@@ -64,6 +67,7 @@ def invalid_reasons(config: Fa3Config) -> list[str]:
     """Why ``config`` is outside the space; empty when it is valid."""
     c = config
     why = basic_reasons(c, HEAD_DIMS) + outside(c, block_m=BLOCK_M)
+    why += variant_reasons(c, VARIANT_SWITCHES)
     if c.block_n not in BLOCK_N:
         why.append(f"block_n {c.block_n} is not a multiple of 16 in 64..192")
     why += outside(c, stages=STAGES)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from codegen.families.declared import basic_reasons, outside
+from codegen.families.declared import basic_reasons, outside, variant_reasons
 from core.config import Dtype, tile_head_dim
 from core.problem import Problem
 from core.splitkv_config import SplitKvConfig
@@ -37,6 +37,9 @@ MAX_ACC_REGS = 160
 #: per (batch, KV head); past it the split-Q families' tiles do the same work better.
 MAX_PACKED_ROWS = 256
 
+#: The attention-variant switches this family's kernels are built with (core.variant).
+VARIANT_SWITCHES: tuple[str, ...] = ()
+
 
 def accumulator_regs(config: SplitKvConfig) -> int:
     """fp32 S and O accumulators per thread, plus Q's fragments when they stay in registers
@@ -51,6 +54,7 @@ def invalid_reasons(config: SplitKvConfig, smem_limit: int = MAX_SMEM_PER_BLOCK)
     """Why ``config`` is outside the space; empty when it is valid."""
     c = config
     why = basic_reasons(c, HEAD_DIMS) + outside(c, rows=ROWS)
+    why += variant_reasons(c, VARIANT_SWITCHES)
     if c.rows * c.tile_d > 4096:
         tile = f" (tile {c.tile_d})" if c.tile_d != c.d else ""
         why.append(f"{c.rows} rows x D={c.d}{tile} is over the 4096 the O accumulator allows")
