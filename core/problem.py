@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from core.config import Dtype
+from core.variant import PLAIN, Variant
+
+#: The variant's fields in a problem's dict form (present only when the variant is not plain).
+VARIANT_FIELDS: tuple[str, ...] = ("window_left", "window_right", "chunk", "softcap", "sinks")
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,14 @@ class Problem:
     and key lengths are equal): ``batch`` is then the number of sequences and ``n`` the
     longest, both derived from it (pass ``seqlens`` alone via :meth:`varlen`).
 
+    ``variant`` is the attention variant (:mod:`core.variant`: window, chunk, softcap,
+    sinks); plain by default. It is part of what is tuned (a window changes what is fast) and
+    of the study name; the dict form writes its fields flat (``window_left``, ...) and only
+    when it is not plain, so the forms of problems stored before variants stay the same.
+
     Raises:
         ValueError: a varlen problem whose ``n``/``batch`` disagree with ``seqlens``, or with
-            ``nk`` set, or a length below 1.
+            ``nk`` set, or a length below 1; a ``variant`` that is not a :class:`Variant`.
     """
 
     gpu: str
@@ -41,8 +50,11 @@ class Problem:
     kv_heads: int | None = None
     nk: int | None = None
     seqlens: tuple[int, ...] | None = None
+    variant: Variant = PLAIN
 
     def __post_init__(self) -> None:
+        if not isinstance(self.variant, Variant):
+            raise ValueError(f"variant must be a core.variant.Variant, got {self.variant!r}")
         if self.seqlens is None:
             return
         lens = tuple(int(x) for x in self.seqlens)
@@ -102,11 +114,16 @@ class Problem:
         packed = f"_vl{seqlens_digest(self.seqlens)}" if self.seqlens is not None else ""
         return (
             f"{gpu}_d{self.d}_n{self.n}{tail}_b{self.batch}_h{self.heads}{gqa}_{self.dtype}_{mask}"
-            f"{packed}"
+            f"{packed}{self.variant.key_text()}"
         )
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """The fields, the variant's flat and only when it is not plain."""
+        out = asdict(self)
+        del out["variant"]
+        if not self.variant.plain:
+            out.update({name: getattr(self.variant, name) for name in VARIANT_FIELDS})
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Problem:
@@ -114,11 +131,15 @@ class Problem:
 
         Raises:
             TypeError: when ``gpu``, ``d`` or ``n`` is missing.
+            core.variant.VariantError: variant fields out of their domain.
         """
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"variant"}
         kwargs = {k: v for k, v in data.items() if k in names}
         if kwargs.get("seqlens") is not None:
             kwargs["seqlens"] = tuple(kwargs["seqlens"])
+        given = {k: data[k] for k in VARIANT_FIELDS if k in data and data[k] is not None}
+        if given:
+            kwargs["variant"] = Variant(**given)
         return cls(**kwargs)
 
 
