@@ -305,16 +305,19 @@ def launch_variant(
     """The window a kernel is given for ``variant`` on a call of ``nq`` queries and ``nk`` keys:
     :func:`core.variant.normalize`'s form, and a causal call's right bound 0 always (the
     kernels' local mask takes causality as that bound; normalising plain causal to "no
-    window" is the store's form, not the kernel's).
+    window" is the store's form, not the kernel's). A call that normalising makes causal
+    (a window ``(-1, 0)``) keeps that right bound 0 too, whatever the config's mask.
 
     Lengths left ``None`` normalise nothing that depends on them (a packed batch, whose
     sequences each have their own lengths).
     """
-    _, norm = normalize(
+    now_causal, norm = normalize(
         causal, variant.window_left, variant.window_right, variant.chunk,
         nq=nq, nk=nk, softcap=variant.softcap, sinks=variant.sinks,
     )  # fmt: skip
-    if causal and norm.window_right != 0:
+    # normalize() may call a (-1, 0) window causal: a config built without the causal mask
+    # then gets that bound as its window, or it would compute full attention.
+    if (causal or now_causal) and norm.window_right != 0:
         norm = Variant(norm.window_left, 0, norm.chunk, norm.softcap, norm.sinks)
     return norm
 
