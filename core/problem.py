@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from functools import lru_cache
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from core.config import Dtype

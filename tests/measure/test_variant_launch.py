@@ -111,7 +111,7 @@ def test_the_launch_window_keeps_every_call_s_mask() -> None:
 
 
 def _config(**switches: bool) -> Any:
-    return replace(seed_configs(64, "fp16", True)[0], **switches)
+    return replace(seed_configs(64, "fp16", True)[0], **switches)  # type: ignore[arg-type]
 
 
 def test_variant_args_build_the_struct_for_a_switch_config() -> None:

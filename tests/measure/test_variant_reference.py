@@ -92,7 +92,9 @@ CASES = [
 ]  # fmt: skip
 
 
-def _problem(nq: int, nk: int, causal: bool, h: int, hkv: int, v: Variant, dtype: str = "fp16"):
+def _problem(
+    nq: int, nk: int, causal: bool, h: int, hkv: int, v: Variant, dtype: str = "fp16"
+) -> Problem:
     return Problem(
         gpu="t", d=16, n=nq, nk=nk if nk != nq else None, batch=2, heads=h,
         kv_heads=hkv if hkv != h else None, causal=causal, dtype=dtype, variant=v,  # type: ignore[arg-type]
@@ -125,6 +127,7 @@ def test_reference_matches_the_brute_force_loop(
     assert dead == list(range(len(dead)))
     assert inputs.dead_rows == len(dead)
     if dead and v.sinks:
+        assert inputs.sinks is not None
         assert torch.allclose(
             inputs.ref_lse[:, : len(dead)],
             torch.stack([inputs.sinks[hh].expand(len(dead)) for _, hh in inputs.pairs]),
@@ -222,6 +225,7 @@ def test_the_check_passes_the_reference_and_holds_dead_rows_to_the_sink() -> Non
     bad[1, 1, 3] = -math.inf  # the plain rule's value: wrong with sinks
     res = check_output(o, bad, inputs)
     assert not res.ok and "sink" in res.message
+    assert inputs.sinks is not None
     bad[1, 1, 3] = inputs.sinks[1] + 0.5
     assert not check_output(o, bad, inputs).ok
     o2 = o.clone()
