@@ -282,3 +282,20 @@ def test_the_handler_records_a_mismatch_as_skipped_without_running() -> None:
         problem = Problem(gpu="t", d=64, n=128, batch=1, heads=2, causal=True, variant=variant)
         res = handler._measure(BenchJob.make(config, "/nonexistent.cubin", problem))
         assert res.status == MeasureStatus.SKIPPED and wrong in (res.error or ""), res
+
+
+def test_the_gpu_support_skips_a_family_without_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU tier's helpers, on the CPU: a family whose space lacks a switch is skipped
+    with a reason naming it; once the space has it, configs are built with the switch."""
+    import codegen.families.fa2.space as fa2_space
+    from tests.support.gpu import variant_skip_reason, with_switches
+
+    monkeypatch.setattr(fa2_space, "VARIANT_SWITCHES", ())
+    why = variant_skip_reason("fa2", ("local", "sinks"))
+    assert why is not None and "local, sinks" in why and "VARIANT_SWITCHES" in why
+    assert with_switches(seed_configs(64, "fp16", False), Variant(sinks=True)) == []
+    monkeypatch.setattr(fa2_space, "VARIANT_SWITCHES", ("local", "softcap", "sinks"))
+    assert variant_skip_reason("fa2", ("local", "sinks")) is None
+    every = Variant(window_left=4, softcap=15.0, sinks=True)
+    built = with_switches(seed_configs(64, "fp16", False), every)
+    assert built and all(c.variant_switches == every.needs for c in built)
