@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from core.config import Dtype
@@ -88,7 +89,21 @@ class Problem:
     @property
     def flops(self) -> float:
         """Forward FLOPs counted the standard way: 4·B·H·Nq·Nk·D, halved for causal (summed
-        over the sequences of a varlen problem)."""
+        over the sequences of a varlen problem).
+
+        A windowed or chunked problem (``variant.local``) counts 4·B·H·D per (row, key) pair
+        a row sees instead, as FlashAttention's benchmarks count local attention: its kernels
+        skip the rest, so the rectangle would make a window look many times faster than it is.
+        """
+        if self.variant.local:
+            v = self.variant
+            lens = [(n, n) for n in self.seqlens] if self.seqlens is not None else [
+                (self.n, self.n_keys)] * self.batch  # fmt: skip
+            seen = sum(
+                _visible_pairs(nq, nk, self.causal, v.window_left, v.window_right, v.chunk)
+                for nq, nk in lens
+            )
+            return 4.0 * self.heads * self.d * seen
         if self.seqlens is not None:
             f = sum(4.0 * self.heads * n * n * self.d for n in self.seqlens)
             return f / 2 if self.causal else f
@@ -141,6 +156,27 @@ class Problem:
         if given:
             kwargs["variant"] = Variant(**given)
         return cls(**kwargs)
+
+
+@lru_cache(maxsize=1024)
+def _visible_pairs(nq: int, nk: int, causal: bool, left: int, right: int, chunk: int) -> int:
+    """(row, key) pairs a windowed/chunked call sees: per row, the keys of
+    :mod:`core.variant`'s rule (bottom-right aligned, causal the right bound 0)."""
+    total = 0
+    for i in range(nq):
+        pos = i + nk - nq
+        lo, hi = 0, nk  # keys [lo, hi)
+        if causal:
+            hi = min(hi, pos + 1)
+        if left >= 0:
+            lo = max(lo, pos - left)
+        if right >= 0:
+            hi = min(hi, pos + right + 1)
+        if chunk > 0:
+            start = pos - pos % chunk  # Python's % rounds down, as the rule says
+            lo, hi = max(lo, start), min(hi, start + chunk)
+        total += max(0, hi - lo)
+    return total
 
 
 def seqlens_digest(seqlens: tuple[int, ...]) -> str:

@@ -18,6 +18,7 @@ from core.build_report import BuildReport, BuildStatus
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureResult, MeasureStatus
+from core.variant import PLAIN, Variant
 from measure.jobs import BenchJob, MeasureOptions
 from measure.params import Layout
 from measure.sdpa import SdpaTiming
@@ -129,8 +130,13 @@ def run_bench(
     symbol: str | None = None,
     handler: str = DEFAULT_HANDLER,
     build_fn: BuildFn | None = None,
+    variant: Variant = PLAIN,
 ) -> BenchReport:
     """Build (unless ``cubin`` is given), verify and time ``config``; SDPA too with ``sdpa``.
+
+    ``variant`` is the problem's attention variant: a config built with variant switches
+    runs only on a variant they fit (else the report is SKIPPED with the reason), and SDPA is
+    not timed for one.
 
     The worker starts before the build so its torch/CUDA start-up overlaps the compilation.
 
@@ -171,6 +177,7 @@ def run_bench(
             causal=config.causal,
             kv_heads=kv_heads,
             nk=nk,
+            variant=variant,
         )
         if cubin is None:
             result = MeasureResult(
@@ -221,7 +228,8 @@ def render(report: BenchReport, console: Console) -> None:
     console.print(f"[bold]{report.config.name}[/bold] on {gpu_text}")
     console.print(
         f"problem: B={p.batch} Hq={p.heads} Hkv={p.n_kv_heads} Nq={p.n} Nk={p.n_keys} D={p.d} "
-        f"{p.dtype} {mask}, layout {report.layout}, {p.flops / 1e12:.3f} TFLOP"
+        f"{p.dtype} {mask}{'' if p.variant.plain else ', ' + p.variant.describe()}, "
+        f"layout {report.layout}, {p.flops / 1e12:.3f} TFLOP"
     )
     if report.build is not None:
         b = report.build

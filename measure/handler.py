@@ -7,6 +7,13 @@ gets a :class:`~core.records.MeasureResult`; a failure that leaves the context u
 :class:`~measure.child.FatalJobError` so the worker is replaced. It never writes anywhere but
 the GPU and never times an output it has not verified.
 
+A problem with an attention variant (:mod:`core.variant`) is measured the same way: its input
+set carries the variant's reference and, with sinks, the sink logits drawn once per problem;
+the launch appends the config's ``FaVariant`` (:meth:`measure.loader.LoadedKernel.bind_config`).
+A config whose variant switches are not the ones the problem's variant needs is refused
+before anything runs (``SKIPPED``, the reason naming the switches); SDPA is not timed for a
+variant (it computes none).
+
 torch and cuda-bindings are imported when the handler is built or a job runs, never at module
 import, so the module imports on a machine without them.
 """
@@ -149,6 +156,11 @@ class GpuJobHandler:
             )
             if a != b
         ]
+        from measure.launch_args import variant_mismatch
+
+        switches = variant_mismatch(config, problem.variant)
+        if switches is not None:
+            mismatch.append(switches)
         if mismatch:
             return failure(
                 MeasureStatus.SKIPPED, "config does not fit the problem: " + ", ".join(mismatch)
@@ -190,7 +202,9 @@ class GpuJobHandler:
         inputs = self._inputset(problem, opts)
         extra: dict[str, Any] = {**inputs.describe(), "symbol": kernel.symbol}
 
-        if opts.sdpa:
+        if opts.sdpa and not problem.variant.plain:
+            extra["sdpa_note"] = "not timed: torch SDPA computes no attention variant"
+        elif opts.sdpa:
             from measure.sdpa import sdpa_times
 
             self._enter("sdpa")
@@ -206,8 +220,9 @@ class GpuJobHandler:
         # The FaParams, the family's extra arguments (fa3: TMA descriptors of these
         # tensors), its grid and block: one bound launch for the check and the timing loop.
         launch = kernel.bind_config(
-            config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout, self.stream
-        )
+            config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout, self.stream,
+            variant=problem.variant, sinks=inputs.sinks,
+        )  # fmt: skip
         return self._verify_and_time(
             launch, lambda: check_output(o, lse, inputs), extra, kernel, problem, opts,
             ref_err=inputs.ref_err,
@@ -224,13 +239,15 @@ class GpuJobHandler:
 
         problem, opts = job.problem, job.options
         assert problem.seqlens is not None
-        key = ("varlen", problem.study_name, opts.seed)
+        # The dict form, not the study name: the name leaves out a softcap's value.
+        spec = {k: v for k, v in problem.to_dict().items() if k != "gpu"}
+        key = ("varlen", repr(sorted(spec.items())), opts.seed)
         inputs = self._varlen_inputs.get(key)
         if inputs is None:
             inputs = make_varlen_inputs(
                 problem.seqlens, heads=problem.heads, kv_heads=problem.n_kv_heads, d=problem.d,
                 dtype=problem.dtype, causal=problem.causal, device=f"cuda:{self.device}",
-                seed=opts.seed,
+                seed=opts.seed, variant=problem.variant,
             )  # fmt: skip
             self._varlen_inputs.put(key, inputs)
         o, lse = inputs.outputs()

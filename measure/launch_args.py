@@ -8,6 +8,11 @@ descriptors, :mod:`codegen.families.fa3.host`; split-KV: its workspace), its reg
 entry's callables. A packed launch's extra arguments follow its ``FaVarlen``: the family's
 ``varlen_host_prep`` (:func:`packed_extra_args`). :mod:`measure.loader` binds launches with
 these; nothing here imports torch or cuda-bindings at import.
+
+A config built with an attention-variant switch takes a
+:class:`~measure.params.FaVariant` last, after everything above (:func:`variant_args`); a
+config whose switches are not the ones its call's variant needs is refused
+(:func:`variant_mismatch`), never launched with the wrong mask.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from codegen.families.registry import HostPrep as RegistryHostPrep
 from core.family import AnyConfig
 from core.problem import Problem
 from core.shape import Shape
-from measure.params import Layout
+from core.variant import PLAIN, SWITCHES, Variant
+from measure.params import FaVariant, Layout, variant_params
 
 if TYPE_CHECKING:
     import torch
@@ -104,3 +110,56 @@ def packed_extra_args(
 
     prep = family_named(config.family).varlen_host_prep
     return () if prep is None else tuple(prep(config, q, k, v))
+
+
+def variant_mismatch(config: AnyConfig, variant: Variant) -> str | None:
+    """Why ``config``'s kernel cannot compute ``variant``, or None when it can.
+
+    A kernel computes a variant when its switches are exactly the ones the variant needs
+    (:attr:`core.variant.Variant.needs`): a missing switch would compute another attention; an
+    extra one is another kernel than the one being measured (its cost is not the plain
+    kernel's), so both are refused.
+    """
+    have = config.variant_switches
+    need = variant.needs
+    wrong = [
+        f"{name}={bool(have.get(name, False))} (the variant needs {need[name]})"
+        for name in SWITCHES
+        if bool(have.get(name, False)) != need[name]
+    ]
+    if not wrong:
+        return None
+    return (
+        f"{config.name}'s variant switches do not fit the call's variant "
+        f"({variant.describe()}): " + ", ".join(wrong)
+    )
+
+
+def variant_args(
+    config: AnyConfig,
+    variant: Variant | None,
+    sinks: torch.Tensor | None,
+    *,
+    nq: int | None,
+    nk: int | None,
+    q_heads: int | None,
+) -> tuple[FaVariant, ...]:
+    """The kernel arguments a variant adds at the end of a launch of ``config``: its
+    :class:`~measure.params.FaVariant` (normalised with the call's ``nq``, ``nk`` and the
+    config's causality; ``None`` lengths for a packed batch), or nothing for a plain config.
+
+    Raises:
+        ValueError: the config's switches do not fit ``variant`` (:func:`variant_mismatch`;
+            ``None`` is plain), or what :func:`~measure.params.variant_params` refuses of
+            ``sinks``.
+    """
+    variant = PLAIN if variant is None else variant
+    why = variant_mismatch(config, variant)
+    if why is not None:
+        raise ValueError(why)
+    if not config.has_variant:
+        if sinks is not None:
+            raise ValueError("a sinks tensor was given for a variant without sinks")
+        return ()
+    arg = variant_params(variant, sinks, causal=config.causal, nq=nq, nk=nk, q_heads=q_heads)
+    return (arg,)

@@ -11,6 +11,10 @@ dynamic shared memory is the config's ``smem_bytes``, to which the kernel's limi
 when it is loaded. A packed variable-length launch is the same path in its packed mode
 (``bind_config(..., packed=...)``): :func:`measure.params.packed_params`, then the
 :class:`~measure.params.FaVarlen`, then :func:`~measure.launch_args.packed_extra_args`.
+A config built with an attention-variant switch takes its
+:class:`~measure.params.FaVariant` last in either mode (``bind_config(..., variant=,
+sinks=)``, :func:`~measure.launch_args.variant_args`); a config whose switches do not fit the
+variant is refused there, so no launch of the product runs a kernel with the wrong mask.
 Modules are loaded into torch's primary context so that torch tensors and our kernels share
 one address space and one stream.
 
@@ -43,8 +47,12 @@ from measure.launch_args import (
     host_prep,
     launch_geometry,
     packed_extra_args,
+    variant_args,
 )
 from measure.params import FaParams, FaVarlen, Layout, PackedSeqs, make_params, packed_params
+
+if TYPE_CHECKING:
+    from core.variant import Variant
 
 if TYPE_CHECKING:
     import torch
@@ -335,6 +343,9 @@ class LoadedKernel:
         layout: Layout,
         stream_handle: int,
         packed: PackedSeqs | None = None,
+        *,
+        variant: Variant | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> BoundLaunch | ChainedLaunch:
         """Everything one launch of ``config``'s kernel on these tensors needs, bound.
 
@@ -349,25 +360,42 @@ class LoadedKernel:
         :func:`~measure.params.packed_params`, then :func:`packed_extra_args`; more sequences
         than the grid's z allows run as launches over slices of the offsets.
 
+        ``variant`` (plain when ``None``) and ``sinks`` (its ``[q_heads]`` float32 logits on
+        the device, with ``variant.sinks``): a config built with a variant switch gets the
+        :class:`~measure.params.FaVariant` last (normalised with the call's lengths; a packed
+        batch's only where no length matters, its sequences having their own).
+
         Raises:
             ValueError: on tensors the ABI does not take (see :func:`make_params` and the
                 family's ``host_prep``), or heads alone past the grid limit; ``packed`` with
-                a config that is not a varlen one.
+                a config that is not a varlen one; a config whose variant switches do not fit
+                ``variant``, or sinks that do not fit it
+                (:func:`~measure.launch_args.variant_args`).
             CudaError: when the family's preparation fails in the driver.
         """
         if packed is not None:
-            return self._bind_packed(config, q, k, v, o, lse, scale, packed, stream_handle)
+            heads = int(q.shape[1]) if q.dim() == 3 else None
+            tail = variant_args(config, variant, sinks, nq=None, nk=None, q_heads=heads)
+            return self._bind_packed(config, q, k, v, o, lse, scale, packed, stream_handle, tail)
+        seq_dim, head_dim = (1, 2) if layout == "bnhd" else (2, 1)
+        four = q.dim() == 4 and k.dim() == 4  # else make_params refuses them below
+        tail = variant_args(
+            config, variant, sinks, nq=int(q.shape[seq_dim]) if four else None,
+            nk=int(k.shape[seq_dim]) if four else None,
+            q_heads=int(q.shape[head_dim]) if four else None,
+        )  # fmt: skip
         batch = int(q.shape[0])
         step = _batch_slice(config, q, k, layout, batch)
         if step >= batch:
-            return self._bind_slice(config, q, k, v, o, lse, scale, layout, stream_handle)
+            return self._bind_slice(config, q, k, v, o, lse, scale, layout, stream_handle, tail)
         slices = []
         for b in range(0, batch, step):
             part = slice(b, b + step)
             part_lse = None if lse is None else lse[part]
             bound = self._bind_slice(
-                config, q[part], k[part], v[part], o[part], part_lse, scale, layout, stream_handle
-            )
+                config, q[part], k[part], v[part], o[part], part_lse, scale, layout,
+                stream_handle, tail,
+            )  # fmt: skip
             slices.append(bound)
         return ChainedLaunch(slices)
 
@@ -382,9 +410,10 @@ class LoadedKernel:
         scale: float,
         layout: Layout,
         stream_handle: int,
+        tail: tuple[Any, ...] = (),
     ) -> BoundLaunch:
         params = make_params(q, k, v, o, lse, scale, layout)
-        extra = extra_args(config, q, k, v, layout)
+        extra = (*extra_args(config, q, k, v, layout), *tail)
         grid, block = launch_geometry(
             config, params.nq, params.q_heads, params.batch, nk=params.nk,
             kv_heads=params.kv_heads,
@@ -402,6 +431,7 @@ class LoadedKernel:
         scale: float,
         packed: PackedSeqs,
         stream_handle: int,
+        tail: tuple[Any, ...] = (),
     ) -> BoundLaunch | ChainedLaunch:
         if not getattr(config, "varlen", False):
             raise ValueError(
@@ -417,8 +447,9 @@ class LoadedKernel:
             varlen = FaVarlen(part.cu_seqlens_q, part.cu_seqlens_k, int(q.shape[0]), 0)
             grid, block = launch_geometry(config, args.nq, args.q_heads, part.count, nk=args.nk,
                                           kv_heads=args.kv_heads)  # fmt: skip
+            extra_all = (varlen, *extra, *tail)
             launches.append(
-                self.bind(args, grid, block, config.smem_bytes, stream_handle, (varlen, *extra))
+                self.bind(args, grid, block, config.smem_bytes, stream_handle, extra_all)
             )
         return launches[0] if len(launches) == 1 else ChainedLaunch(launches)
 

@@ -11,6 +11,11 @@ the device, the longest lengths), and :func:`packed_params` makes the ``FaParams
 packed tensors seen as one batch of ``total`` rows, batch strides 0, ``batch`` the number of
 sequences) and the :class:`FaVarlen` the kernels take second.
 
+A config built with an attention-variant switch (``config.has_variant``) takes a
+:class:`FaVariant` last: the run-time window, chunk, softcap and the sinks' device pointer,
+built by :func:`variant_params` from the call's :class:`~core.variant.Variant` (normalised
+with the call's lengths, as :func:`core.variant.normalize` says).
+
 Contract: the struct's size, alignment and field offsets are asserted at import, so a drifting
 field list fails on any machine, not on the GPU; :func:`make_params` refuses (``ValueError``)
 every tensor set the kernels cannot take (shape, dtype, device, a non-contiguous head
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from core.elements import ELEMENTS
+from core.variant import Variant, normalize
 
 if TYPE_CHECKING:
     import torch
@@ -271,3 +277,94 @@ def packed_params(
     for name in ("q", "k", "v", "o"):
         setattr(params, f"{name}_batch_stride", 0)
     return params, FaVarlen(seqs.cu_seqlens_q, seqs.cu_seqlens_k, total_q, 0)
+
+
+class FaVariant(ctypes.Structure):
+    """The variant kernels' last argument (``codegen/templates/fa_params.cuh``): window bounds
+    (-1: none; a causal call's right is 0), chunk (0: none), softcap (0: none) and the sinks'
+    ``[q_heads]`` float32 device pointer (null: none)."""
+
+    _fields_ = [
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("chunk", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("sinks", ctypes.c_void_p),
+    ]
+
+
+# The C struct's static_asserts, mirrored: a drift fails here, on any machine.
+assert ctypes.sizeof(FaVariant) == 24 and ctypes.alignment(FaVariant) == 8
+assert FaVariant.window_right.offset == 4 and FaVariant.chunk.offset == 8
+assert FaVariant.softcap.offset == 12 and FaVariant.sinks.offset == 16
+
+
+def launch_variant(
+    causal: bool, variant: Variant, nq: int | None = None, nk: int | None = None
+) -> Variant:
+    """The window a kernel is given for ``variant`` on a call of ``nq`` queries and ``nk`` keys:
+    :func:`core.variant.normalize`'s form, and a causal call's right bound 0 always (the
+    kernels' local mask takes causality as that bound; normalising plain causal to "no
+    window" is the store's form, not the kernel's). A call that normalising makes causal
+    (a window ``(-1, 0)``) keeps that right bound 0 too, whatever the config's mask.
+
+    Lengths left ``None`` normalise nothing that depends on them (a packed batch, whose
+    sequences each have their own lengths).
+    """
+    now_causal, norm = normalize(
+        causal, variant.window_left, variant.window_right, variant.chunk,
+        nq=nq, nk=nk, softcap=variant.softcap, sinks=variant.sinks,
+    )  # fmt: skip
+    # normalize() may call a (-1, 0) window causal: a config built without the causal mask
+    # then gets that bound as its window, or it would compute full attention.
+    if (causal or now_causal) and norm.window_right != 0:
+        norm = Variant(norm.window_left, 0, norm.chunk, norm.softcap, norm.sinks)
+    return norm
+
+
+def variant_params(
+    variant: Variant,
+    sinks: torch.Tensor | None,
+    *,
+    causal: bool,
+    nq: int | None = None,
+    nk: int | None = None,
+    q_heads: int | None = None,
+) -> FaVariant:
+    """The :class:`FaVariant` of one launch.
+
+    Args:
+        variant: the call's variant (as the problem states it; normalised here).
+        sinks: with ``variant.sinks``, the per-query-head logits: a contiguous float32
+            ``[q_heads]`` tensor on the launch's device; else ``None``.
+        causal: the config's mask.
+        nq, nk: the call's lengths (``None`` for a packed batch).
+        q_heads: the call's query heads (checks ``sinks``' length when given).
+
+    Raises:
+        ValueError: sinks missing for a sinks variant, given for one without, or not a
+            contiguous float32 CUDA tensor of ``q_heads`` entries.
+    """
+    import torch
+
+    if variant.sinks != (sinks is not None):
+        raise ValueError(
+            "a sinks variant needs the sinks tensor" if variant.sinks
+            else "a sinks tensor was given for a variant without sinks"
+        )  # fmt: skip
+    ptr = None
+    if sinks is not None:
+        if (
+            sinks.dtype != torch.float32
+            or sinks.dim() != 1
+            or not sinks.is_contiguous()
+            or sinks.device.type != "cuda"
+            or (q_heads is not None and int(sinks.shape[0]) != q_heads)
+        ):
+            raise ValueError(
+                f"sinks must be a contiguous float32 CUDA tensor [q_heads = {q_heads}], got "
+                f"{sinks.dtype} {tuple(sinks.shape)} on {sinks.device}"
+            )
+        ptr = sinks.data_ptr()
+    w = launch_variant(causal, variant, nq, nk)
+    return FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), ptr)

@@ -14,6 +14,14 @@ Semantics the reference fixes (and the kernel must match):
   ``repeat_interleave``-d up to ``Hq``.
 * Rows that see no key (causal with nq > nk: the first ``nq - nk`` rows) have ``O = 0`` and
   ``LSE = -inf``.
+* Variants (:mod:`core.variant`, FlashAttention's rules, bottom-right aligned with
+  ``pos = i + nk - nq``): a window keeps keys ``pos - left <= j <= pos + right`` (-1: no
+  bound), a chunk keeps the keys of ``pos``'s chunk, both on top of causality; softcap turns
+  each scaled score ``s`` into ``cap * tanh(s / cap)``; sinks add ``exp(sink[h])`` (one fp32
+  logit per query head) to every row's denominator, so ``LSE`` includes it and a row that
+  sees no key has ``O = 0`` and ``LSE = sink[h]``. Rows that see no key are always leading
+  rows (:func:`dead_row_count`). torch SDPA computes none of these, so a variant's yardstick
+  is the reference itself rounded as a kernel rounds (:func:`emulated_error`).
 
 Only torch is needed (any device); the module imports without it.
 """
@@ -31,6 +39,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from core.elements import ELEMENTS
 from core.problem import Problem
+from core.variant import PLAIN, Variant
 from measure.params import LAYOUTS, Layout
 
 if TYPE_CHECKING:
@@ -78,9 +87,63 @@ def softmax_scale(d: int) -> float:
     return 1.0 / math.sqrt(d)
 
 
-def dead_row_count(nq: int, nk: int, causal: bool) -> int:
-    """Leading query rows that see no key (bottom-right causal with ``nq > nk``)."""
-    return max(0, nq - nk) if causal else 0
+def dead_row_count(nq: int, nk: int, causal: bool, variant: Variant = PLAIN) -> int:
+    """Leading query rows that see no key.
+
+    Only rows whose key position ``pos = i + nk - nq`` is negative can see none (any other
+    row sees key ``pos`` itself: every window and chunk keeps it), so they lead. Such a row
+    sees nothing when a right bound (causal: 0, or ``window_right``) stops it before key 0,
+    or under a chunk (``pos``'s chunk then lies before key 0); with neither it sees keys.
+    """
+    if nq <= nk:
+        return 0
+    if variant.chunk > 0:
+        return nq - nk
+    rights = ([0] if causal else []) + ([variant.window_right] if variant.window_right >= 0 else [])
+    if not rights:
+        return 0
+    return max(0, nq - nk - min(rights))
+
+
+def hidden_keys(
+    rows: torch.Tensor, cols: torch.Tensor, nq: int, nk: int, causal: bool, variant: Variant
+) -> torch.Tensor | None:
+    """Where query ``rows`` (``[R, 1]``) do not see keys ``cols`` (``[1, nk]``): a ``[R, nk]``
+    bool mask, True where hidden; None when every row sees every key."""
+    import torch
+
+    pos = rows + (nk - nq)
+    parts: list[torch.Tensor] = []
+    if causal:
+        parts.append(cols > pos)
+    if variant.window_left >= 0:
+        parts.append(cols < pos - variant.window_left)
+    if variant.window_right >= 0:
+        parts.append(cols > pos + variant.window_right)
+    if variant.chunk > 0:
+        start = pos - torch.remainder(pos, variant.chunk)  # rounds down for negative pos too
+        parts.append((cols < start) | (cols >= start + variant.chunk))
+    if not parts:
+        return None
+    hide = parts[0]
+    for part in parts[1:]:
+        hide = hide | part
+    return hide
+
+
+#: Offset of the sinks' generator seed from the inputs' (the sinks are their own draw).
+SINKS_SEED_OFFSET = 0x5EED5
+
+
+def make_sinks(heads: int, seed: int, device: Any) -> torch.Tensor:
+    """Random sink logits, one per query head: ``2 * N(0, 1)`` in float32, drawn from the
+    input seed (offset), so a recorded seed reproduces them. The spread covers sinks far
+    below a row's scores (no effect) and far above (rows dominated by the sink)."""
+    import torch
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed((seed + SINKS_SEED_OFFSET) % 2**63)
+    return torch.randn((heads,), generator=gen, dtype=torch.float32, device=device) * 2.0
 
 
 def fresh_seed() -> int:
@@ -171,10 +234,24 @@ def reference_for_pairs(
     causal: bool,
     scale: float,
     chunk_bytes: int = CHUNK_BYTES,
+    variant: Variant = PLAIN,
+    sinks: torch.Tensor | None = None,
+    round_to: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 attention output and LSE for the given (batch, q_head) pairs.
 
     Rows are processed in chunks so the score matrix of a chunk stays under ``chunk_bytes``.
+    Each pair is computed on its own (its q head, its kv head, its sink): exact for every
+    pair it covers, whichever pairs those are.
+
+    ``variant`` masks and caps the scores (module docstring); ``sinks`` (``[Hq]`` float32,
+    required with ``variant.sinks``) join the denominators. ``round_to`` (a dtype) computes
+    the kernel-like approximation instead (:func:`emulated_error`): probabilities rounded to
+    it before the product with V, and softcapped scores rounded to fp16 (``tanh.approx``'s
+    relative error, 2^-11, is one fp16 rounding).
+
+    Raises:
+        ValueError: a sinks variant without ``sinks``.
 
     Returns:
         ``(ref_o, ref_lse)`` of shapes ``[P, Nq, D]`` and ``[P, Nq]``, float32.
@@ -188,6 +265,63 @@ def reference_for_pairs(
     dev = q.device
     ref_o = torch.empty((len(pairs), nq, d), dtype=torch.float32, device=dev)
     ref_lse = torch.empty((len(pairs), nq), dtype=torch.float32, device=dev)
+    if variant.sinks and sinks is None:
+        raise ValueError("a sinks variant's reference needs the sinks")
+    if variant.plain and sinks is None and round_to is None:
+        _plain_reference(qb, kb, vb, pairs, ref_o, ref_lse, causal, scale, chunk_bytes)
+        return ref_o, ref_lse
+    # Scores, probabilities and a few masks of a chunk: about four fp32 rows of nk each.
+    rows_per_chunk = max(1, chunk_bytes // (16 * nk))
+    cols = torch.arange(nk, device=dev)[None, :]
+    cap = variant.softcap
+    with exact_fp32_matmul():
+        for p, (bi, hi) in enumerate(pairs):
+            kh = hi // group  # == repeat_interleave(group) of the kv heads
+            kt = kb[bi, kh].float()
+            vt = vb[bi, kh].float()
+            for r0 in range(0, nq, rows_per_chunk):
+                r1 = min(nq, r0 + rows_per_chunk)
+                s = (qb[bi, hi, r0:r1].float() @ kt.T) * scale
+                if cap > 0:
+                    s = torch.tanh(s / cap) * cap
+                    if round_to is not None:
+                        s = s.half().float()
+                rows = torch.arange(r0, r1, device=dev)[:, None]
+                hide = hidden_keys(rows, cols, nq, nk, causal, variant)
+                if hide is not None:
+                    s.masked_fill_(hide, float("-inf"))
+                lse = torch.logsumexp(s, dim=-1)  # -inf where a row sees no key
+                if sinks is not None:
+                    lse = torch.logaddexp(lse, sinks[hi].float())  # the sink's own term
+                live = torch.isfinite(lse)
+                prob = torch.exp(s - torch.where(live, lse, 0.0)[:, None])
+                prob = torch.where(live[:, None], prob, 0.0)
+                if round_to is not None:
+                    prob = prob.to(round_to).float()
+                ref_o[p, r0:r1] = prob @ vt
+                ref_lse[p, r0:r1] = lse
+    return ref_o, ref_lse
+
+
+def _plain_reference(
+    qb: torch.Tensor,
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    pairs: tuple[tuple[int, int], ...],
+    ref_o: torch.Tensor,
+    ref_lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+    chunk_bytes: int,
+) -> None:
+    """Plain attention's reference, the computation it always was (its figures stay bit for
+    bit what stored measurements were checked against)."""
+    import torch
+
+    hq, nq = qb.shape[1], qb.shape[2]
+    hkv, nk = kb.shape[1], kb.shape[2]
+    group = hq // hkv
+    dev = qb.device
     # Scores, probabilities and the mask of a chunk: about three fp32 rows of nk each.
     rows_per_chunk = max(1, chunk_bytes // (12 * nk))
     cols = torch.arange(nk, device=dev)
@@ -208,7 +342,6 @@ def reference_for_pairs(
                 prob = torch.where(live[:, None], prob, 0.0)
                 ref_o[p, r0:r1] = prob @ vt
                 ref_lse[p, r0:r1] = lse
-    return ref_o, ref_lse
 
 
 def _warning_text(caught: list[warnings.WarningMessage], limit: int = 3) -> str:
@@ -395,6 +528,8 @@ class InputSet:
         ref_backend: which SDPA backend ``ref_err`` comes from.
         ref_note: why no SDPA yardstick is available, or how the case was mapped.
         ref_absmax: largest ``|ref_o|`` (sets the rounding part of the tolerance).
+        sinks: with a sinks variant, its ``[Hq]`` float32 logits (:func:`make_sinks`), the
+            ones the reference used and the kernel is given; else None.
     """
 
     problem: Problem
@@ -411,12 +546,14 @@ class InputSet:
     ref_backend: str | None = None
     ref_note: str = ""
     ref_absmax: float = 0.0
+    sinks: torch.Tensor | None = None
     _outputs: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def dead_rows(self) -> int:
         """Leading query rows that see no key."""
-        return dead_row_count(self.problem.n, self.problem.n_keys, self.problem.causal)
+        p = self.problem
+        return dead_row_count(p.n, p.n_keys, p.causal, p.variant)
 
     def bhnd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as ``[B, H, N, D]`` views."""
@@ -443,11 +580,12 @@ class InputSet:
     def nbytes(self) -> int:
         """Device memory held (inputs, reference and output buffers)."""
         ts = [self.q, self.k, self.v, self.ref_o, self.ref_lse, *(self._outputs or ())]
+        ts += [] if self.sinks is None else [self.sinks]
         return sum(t.numel() * t.element_size() for t in ts)
 
     def describe(self) -> dict[str, object]:
-        """JSON-able summary for a measurement's ``extra``."""
-        return {
+        """JSON-able summary for a measurement's ``extra`` (``variant`` only when not plain)."""
+        out: dict[str, object] = {
             "seed": self.seed,
             "layout": self.layout,
             "pairs_checked": len(self.pairs),
@@ -455,6 +593,9 @@ class InputSet:
             "ref_backend": self.ref_backend,
             "ref_note": self.ref_note,
         }
+        if not self.problem.variant.plain:
+            out["variant"] = self.problem.variant.describe()
+        return out
 
 
 def make_inputs(
@@ -495,8 +636,11 @@ def make_inputset(
         seed: generator seed; a fresh random one when ``None``.
         max_pairs: (batch, head) pairs the reference covers above ``full_limit``.
         full_limit: B*Hq*Nq*Nk up to which every pair is covered.
-        sdpa_ref: also measure SDPA's error (flash backend, else efficient) as the yardstick.
+        sdpa_ref: also measure the yardstick: SDPA's error (flash backend, else efficient),
+            or for a variant the kernel-like rounding's (:func:`emulated_error`).
         chunk_bytes: memory bound of one reference chunk.
+
+    A sinks variant's logits are drawn once here (:func:`make_sinks`, from ``seed``).
     """
     import torch
 
@@ -509,14 +653,48 @@ def make_inputset(
     q, k, v = make_inputs(problem, layout, device=dev, seed=seed)
     pairs = choose_pairs(problem, max_pairs=max_pairs, full_limit=full_limit, seed=seed)
     scale = softmax_scale(problem.d)
+    variant = problem.variant
+    sinks = make_sinks(problem.heads, seed, dev) if variant.sinks else None
     ref_o, ref_lse = reference_for_pairs(
-        q, k, v, pairs, layout=layout, causal=problem.causal, scale=scale, chunk_bytes=chunk_bytes
-    )
-    inputs = InputSet(problem, layout, seed, scale, q, k, v, pairs, ref_o, ref_lse)
+        q, k, v, pairs, layout=layout, causal=problem.causal, scale=scale, chunk_bytes=chunk_bytes,
+        variant=variant, sinks=sinks,
+    )  # fmt: skip
+    inputs = InputSet(problem, layout, seed, scale, q, k, v, pairs, ref_o, ref_lse, sinks=sinks)
     inputs.ref_absmax = float(ref_o.abs().max())
     if sdpa_ref:
-        _measure_sdpa_error(inputs)
+        measure_yardstick(inputs)
     return inputs
+
+
+def measure_yardstick(inputs: InputSet) -> None:
+    """Fill ``ref_err``/``ref_backend``/``ref_note``: SDPA's error for plain attention
+    (:func:`_measure_sdpa_error`), the kernel-like rounding's for a variant
+    (:func:`emulated_error`), which SDPA does not compute."""
+    if inputs.problem.variant.plain:
+        _measure_sdpa_error(inputs)
+        return
+    inputs.ref_err = emulated_error(inputs)
+    inputs.ref_backend = "emulated"
+    inputs.ref_note = (
+        "variant: no SDPA path; yardstick = the reference with probabilities rounded to "
+        f"{inputs.problem.dtype}" + (" and capped scores to fp16" if inputs.problem.variant.softcap
+                                     else "")
+    )  # fmt: skip
+
+
+def emulated_error(inputs: InputSet) -> float:
+    """Max ``|O - ref|`` over the checked pairs' live rows of the reference computed as a
+    kernel rounds (``reference_for_pairs(..., round_to=dtype)``): the error an honest kernel
+    of the problem's dtype makes, standing in for SDPA's where SDPA cannot run the variant."""
+    p = inputs.problem
+    approx, _ = reference_for_pairs(
+        inputs.q, inputs.k, inputs.v, inputs.pairs, layout=inputs.layout, causal=p.causal,
+        scale=inputs.scale, variant=p.variant, sinks=inputs.sinks,
+        round_to=torch_dtype(p.dtype),
+    )  # fmt: skip
+    dead = inputs.dead_rows
+    diff = (approx[:, dead:] - inputs.ref_o[:, dead:]).abs()
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 def _measure_sdpa_error(inputs: InputSet) -> None:

@@ -9,6 +9,10 @@ kernels' arguments from :func:`measure.params.packed_params`); this module makes
 The check reuses the dense rule (:func:`measure.verify.check_output`) one sequence at a time:
 each sequence's rows are a ``[1, len, heads, D]`` view of the packed tensors, with its own
 float32 reference and SDPA yardstick. torch is imported when used.
+
+A variant (:mod:`core.variant`) applies to every sequence with its own lengths (windows and
+chunks bottom-right aligned per sequence); a sinks variant's logits (one per query head) are
+drawn once per batch and shared by every sequence, as a call passes them.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.problem import Problem
+from core.variant import PLAIN, Variant
 from measure.params import PackedSeqs
 from measure.reference import (
     InputSet,
-    _measure_sdpa_error,
     fresh_seed,
+    make_sinks,
+    measure_yardstick,
     reference_for_pairs,
     softmax_scale,
     torch_dtype,
@@ -80,6 +86,8 @@ class VarlenInputs:
         cu_q, cu_k: int32 offsets on the device, ``batch + 1`` entries each.
         sequences: per sequence, an InputSet whose tensors are views of q, k, v (its
             reference and SDPA yardstick were computed on exactly those rows).
+        variant: the attention variant of every sequence.
+        sinks: a sinks variant's ``[heads]`` float32 logits, else None.
     """
 
     seqlens_q: tuple[int, ...]
@@ -97,6 +105,8 @@ class VarlenInputs:
     cu_q: torch.Tensor
     cu_k: torch.Tensor
     sequences: list[InputSet] = field(default_factory=list)
+    variant: Variant = PLAIN
+    sinks: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -139,7 +149,8 @@ class VarlenInputs:
                 :func:`measure.params.packed_params` and the family's ``host_prep``.
         """
         return kernel.bind_config(config, self.q, self.k, self.v, o, lse, self.scale, "bnhd",
-                                  stream_handle, packed=self.packed)  # fmt: skip
+                                  stream_handle, packed=self.packed, variant=self.variant,
+                                  sinks=self.sinks)  # fmt: skip
 
     def outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh O (like q) and LSE ``[heads, total_q]`` float32 buffers."""
@@ -163,9 +174,11 @@ def make_varlen_inputs(
     seed: int | None = None,
     reference: bool = True,
     sdpa_ref: bool = True,
+    variant: Variant = PLAIN,
 ) -> VarlenInputs:
     """Standard-normal packed inputs; with ``reference``, each sequence's float32 reference
-    (and, with ``sdpa_ref``, SDPA's error on it as the yardstick).
+    (and, with ``sdpa_ref``, SDPA's error on it as the yardstick; a variant's: see
+    :func:`measure.reference.measure_yardstick`). A sinks variant's logits are drawn once.
 
     Raises:
         ValueError: see :func:`check_seqlens`; heads not a multiple of kv heads.
@@ -188,9 +201,11 @@ def make_varlen_inputs(
     v = torch.randn((sum(lens_k), hkv, d), generator=gen, dtype=tdt, device=dev)
     cu_q = torch.tensor(cu_seqlens(lens_q), dtype=torch.int32, device=dev)
     cu_k = torch.tensor(cu_seqlens(lens_k), dtype=torch.int32, device=dev)
+    sinks = make_sinks(heads, seed, dev) if variant.sinks else None
     inputs = VarlenInputs(
-        lens_q, lens_k, heads, hkv, d, dtype, causal, softmax_scale(d), seed, q, k, v, cu_q, cu_k
-    )
+        lens_q, lens_k, heads, hkv, d, dtype, causal, softmax_scale(d), seed, q, k, v, cu_q, cu_k,
+        variant=variant, sinks=sinks,
+    )  # fmt: skip
     if reference:
         inputs.sequences = [sequence_inputs(inputs, i, sdpa_ref) for i in range(len(lens_q))]
     return inputs
@@ -206,16 +221,18 @@ def sequence_inputs(inputs: VarlenInputs, i: int, sdpa_ref: bool) -> InputSet:
     problem = Problem(
         gpu="varlen", d=inputs.d, n=nq, nk=nk if nk != nq else None, batch=1,
         heads=inputs.heads, kv_heads=inputs.kv_heads if inputs.kv_heads != inputs.heads else None,
-        dtype=inputs.dtype, causal=inputs.causal,  # type: ignore[arg-type]
+        dtype=inputs.dtype, causal=inputs.causal, variant=inputs.variant,  # type: ignore[arg-type]
     )  # fmt: skip
     pairs = tuple((0, h) for h in range(inputs.heads))
     ref_o, ref_lse = reference_for_pairs(
-        q, k, v, pairs, layout="bnhd", causal=inputs.causal, scale=inputs.scale
-    )
-    seq = InputSet(problem, "bnhd", inputs.seed, inputs.scale, q, k, v, pairs, ref_o, ref_lse)
+        q, k, v, pairs, layout="bnhd", causal=inputs.causal, scale=inputs.scale,
+        variant=inputs.variant, sinks=inputs.sinks,
+    )  # fmt: skip
+    seq = InputSet(problem, "bnhd", inputs.seed, inputs.scale, q, k, v, pairs, ref_o, ref_lse,
+                   sinks=inputs.sinks)  # fmt: skip
     seq.ref_absmax = float(ref_o.abs().max()) if ref_o.numel() else 0.0
     if sdpa_ref:
-        _measure_sdpa_error(seq)
+        measure_yardstick(seq)
     return seq
 
 

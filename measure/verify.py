@@ -5,8 +5,10 @@ The rule (:func:`check_output`); an output passes when all of these hold:
 1. **Everything was written.** O and LSE are poisoned with NaN before the launch
    (:func:`poison`), so an unwritten element stays NaN. Every element of O must be finite —
    over the *whole* tensor, not only the pairs the reference covers.
-2. **Rows that see no key** (bottom-right causal with nq > nk) have O exactly 0 and
-   LSE exactly -inf, as the ABI specifies; every other LSE is finite.
+2. **Rows that see no key** (bottom-right causal with nq > nk; with a variant, also windows
+   and chunks that leave leading rows nothing, :func:`measure.reference.dead_row_count`) have
+   O exactly 0 and LSE exactly -inf, as the ABI specifies, or with sinks LSE = the head's
+   sink logit (within the LSE tolerance of rule 3); every other LSE is finite.
 3. **LSE** agrees with the reference on the checked pairs within
    ``LSE_ABS_TOL + LSE_REL_TOL * |ref|`` (LSE is a float32 reduction of exactly computed
    scores, so only accumulation order differs; a wrong scale or log base is far outside).
@@ -17,6 +19,9 @@ The rule (:func:`check_output`); an output passes when all of these hold:
    largest reference value in the dtype (``2 * u * max|ref|`` with unit roundoff ``u`` =
    2^-11 fp16, 2^-8 bf16): with few keys per row outputs reach magnitudes of 2-4, where one
    rounding alone is as large as the constant. Without an SDPA yardstick the floor applies.
+   SDPA computes no variant (window, chunk, softcap, sinks): a variant's yardstick is the
+   reference computed with a kernel's roundings instead
+   (:func:`measure.reference.emulated_error`).
 
 ``max_abs_err`` is ``max |O - ref|`` and ``rel_err`` is ``||O - ref||_2 / ||ref||_2``, both
 over the checked pairs' live rows.
@@ -136,10 +141,20 @@ def check_output(out: torch.Tensor, lse: torch.Tensor | None, inputs: InputSet) 
             return CheckResult(
                 False, nan, nan, f"the first {dead} rows see no key but O is not 0 there"
             )
-        if lse is not None and not bool(torch.isneginf(lse[:, :, :dead]).all()):
-            return CheckResult(
-                False, nan, nan, f"the first {dead} rows see no key but LSE is not -inf there"
-            )
+        sinks = inputs.sinks
+        if lse is not None and sinks is None:
+            if not bool(torch.isneginf(lse[:, :, :dead]).all()):
+                return CheckResult(
+                    False, nan, nan, f"the first {dead} rows see no key but LSE is not -inf there"
+                )
+        elif lse is not None and sinks is not None:
+            sink = sinks.float()[None, :, None]
+            off = (lse[:, :, :dead] - sink).abs() - (LSE_ABS_TOL + LSE_REL_TOL * sink.abs())
+            if not bool((off <= 0).all()):  # NaN fails too
+                return CheckResult(
+                    False, nan, nan,
+                    f"the first {dead} rows see no key but LSE is not their head's sink logit",
+                )  # fmt: skip
     if lse is not None:
         live_lse = lse[:, :, dead:]
         if not bool(torch.isfinite(live_lse).all()):
