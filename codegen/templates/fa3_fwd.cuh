@@ -211,6 +211,17 @@ struct BlockCoord {
   int n_first;
 };
 
+// The mask policy of a sequence of nq queries and nk keys: the Causal switch's for plain and
+// non-local kernels (the window is not read), LocalMask with the call's window for Local
+// ones; a causal config's window ends at the diagonal whatever the call's right bound says
+// (core.variant.normalize passes 0 there), so its kernel is causal as its name says.
+template <class T>
+__device__ __forceinline__ fa::VariantMask<T::Causal, T::Local> variant_mask(
+    int nq, int nk, const FaVariant& var) {
+  const int right = (T::Local && T::Causal) ? 0 : var.window_right;
+  return fa::VariantMask<T::Causal, T::Local>(nq, nk, var.window_left, right, var.chunk);
+}
+
 // The block's first key tile: a window's or chunk's n_block_min, else 0 (compile-time).
 template <class T>
 __device__ __forceinline__ int first_tile(const BlockCoord& bc) {
@@ -502,7 +513,7 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
   // are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
   auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
-  const Mask mask(len_q(), len_k(), var.window_left, var.window_right, var.chunk);
+  const Mask mask = variant_mask<T>(len_q(), len_k(), var);
   const Score score(p.softmax_scale, var.softcap);
   const float scale_log2 = score.softmax_scale(p.softmax_scale) * kLog2e;
   const int wg_row0 = bc.m0 + 64 * wc;
@@ -752,7 +763,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
   if constexpr (T::Local) {
     // A window or chunk: the key tiles [n_block_min(m0), n_block_max(m0 + BlockM)), so the
     // block's cost follows the keys its rows see (none: the empty range below).
-    const fa::LocalMask mask(len_q(), len_k(), var.window_left, var.window_right, var.chunk);
+    const fa::LocalMask mask = variant_mask<T>(len_q(), len_k(), var);
     bc.n_first = mask.n_block_min(bc.m0, T::BlockN);
     bc.n_tiles = max(0, mask.n_block_max(bc.m0 + T::BlockM, T::BlockN) - bc.n_first);
   } else {
