@@ -82,10 +82,12 @@ struct VarlenArgs {
 static_assert(sizeof(VarlenArgs) == 24 && alignof(VarlenArgs) == 8, "FaVarlen's ABI");
 
 // Varlen_ and LongestFirst_ come last and default to false, so a config without them spells
-// its Traits as before.
+// its Traits as before; after them the attention-variant switches (fa_mask.cuh's policies,
+// the run-time values in FaVariant, the kernel's last argument), off by default likewise.
 template <int D_, typename Elem_, bool Causal_, int BlockM_, int BlockN_, int Stages_,
           bool PvFromRegs_, bool IntraOverlap_, bool PingPong_, int ConsumerRegs_,
-          bool Varlen_ = false, bool LongestFirst_ = false>
+          bool Varlen_ = false, bool LongestFirst_ = false, bool Local_ = false,
+          bool Softcap_ = false, bool Sinks_ = false>
 struct Traits {
   using Elem = Elem_;
   static constexpr int D = D_;
@@ -99,6 +101,11 @@ struct Traits {
   static constexpr int ConsumerRegs = ConsumerRegs_;
   static constexpr bool Varlen = Varlen_;
   static constexpr bool LongestFirst = LongestFirst_;
+  static constexpr bool Local = Local_;      // window / chunk mask (fa::LocalMask)
+  static constexpr bool Softcap = Softcap_;  // logit softcap (fa::SoftcapScore)
+  static constexpr bool Sinks = Sinks_;      // per-head sink logits in the denominator
+  // A variant kernel takes FaVariant as its last argument; a plain one does not.
+  static constexpr bool kVariant = Local || Softcap || Sinks;
 
   static constexpr int kConsumerWGs = BlockM / 64;
   static constexpr int kThreads = (kConsumerWGs + 1) * 128;
@@ -195,11 +202,34 @@ struct Bars {
 // Tile coordinates of one thread block. The second line is set and read by varlen
 // instantiations only (dense ones read FaParams where they always did, so their code is
 // unchanged): the sequence's lengths, and the TMA rows of its Q tile and of its key 0 in the
-// packed tensors.
+// packed tensors. n_first, the block's first key tile, is set and read by Local
+// instantiations only (the others start at tile 0, a constant): the block walks key tiles
+// [n_first, n_first + n_tiles), the producer and every consumer alike.
 struct BlockCoord {
   int m0, head, kv_head, batch, n_tiles;
   int nq, nk, q_row, k_row;
+  int n_first;
 };
+
+// The mask policy of a sequence of nq queries and nk keys: the Causal switch's for plain and
+// non-local kernels (the window is not read), LocalMask with the call's window for Local
+// ones; a causal config's window ends at the diagonal whatever the call's right bound says
+// (core.variant.normalize passes 0 there), so its kernel is causal as its name says.
+template <class T>
+__device__ __forceinline__ fa::VariantMask<T::Causal, T::Local> variant_mask(
+    int nq, int nk, const FaVariant& var) {
+  const int right = (T::Local && T::Causal) ? 0 : var.window_right;
+  return fa::VariantMask<T::Causal, T::Local>(nq, nk, var.window_left, right, var.chunk);
+}
+
+// The block's first key tile: a window's or chunk's n_block_min, else 0 (compile-time).
+template <class T>
+__device__ __forceinline__ int first_tile(const BlockCoord& bc) {
+  if constexpr (T::Local)
+    return bc.n_first;
+  else
+    return 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 template <class T>
@@ -221,7 +251,8 @@ __device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, B
   for (int j = 0; j < bc.n_tiles; ++j) {
     const int st = j % S;
     const uint32_t empty_parity = ((j / S) + 1) & 1;  // phase of the release of tile j - S
-    const int row = k_row0 + j * T::BlockN;
+    // Stages and phases count the block's tiles from 0; the rows are those of the tile's keys.
+    const int row = k_row0 + (first_tile<T>(bc) + j) * T::BlockN;
     if (j >= S) mbar_wait(bars.k_empty(st), empty_parity);
     mbar_arrive_expect_tx(bars.k_full(st), T::kKVBytes);
 #pragma unroll
@@ -287,28 +318,51 @@ __device__ __forceinline__ void gemm_pv(float (&o)[T::D / 2],
 
 // The score policy, then -inf for the keys a row does not see: keys past the sequence's end
 // (the next sequence's rows when packed) and those the mask policy hides. Only tiles that
-// reach past the last key or the policy's edge pay for the element mask. The sequence's nk is
-// read where it is used (FaParams' when dense), as the kernel always has.
+// reach past the last key or the policy's edge pay for the element mask; with a left bound
+// (a window or chunk: Mask::kLeftBound) also those starting before the left edge of the
+// warpgroup's last row, so the masked tiles are the first ones of the block as well as the
+// last. The sequence's nk is read where it is used (FaParams' when dense), as the kernel
+// always has. j is the key tile's index in the sequence (not in the block's range).
 template <class T, class Score, class Mask>
 __device__ __forceinline__ void mask_scores(float (&s)[T::BlockN / 2], const FaParams& p,
-                                            const BlockCoord& bc, const Mask& mask, int j,
-                                            int wg_row0, int row_g, int t) {
+                                            const BlockCoord& bc, const Score& score,
+                                            const Mask& mask, int j, int wg_row0, int row_g,
+                                            int t) {
   constexpr int BN = T::BlockN;
   const int n0 = j * BN;
-  Score::apply(s);
-  const bool need_mask =
-      (n0 + BN > (T::Varlen ? bc.nk : p.nk)) || (n0 + BN - 1 > mask.edge_key(wg_row0));
-  if (need_mask) {
+  score.apply(s);
+  if constexpr (Mask::kLeftBound) {
+    const bool need_mask = (n0 + BN > mask.nk) || (n0 + BN - 1 > mask.edge_key(wg_row0)) ||
+                           (n0 < mask.begin_edge(wg_row0 + 63));
+    if (need_mask) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int limit =  // keys < limit are visible
-          Mask::of_diag(T::Varlen ? bc.nk : p.nk, mask.diag).key_limit(row_g + 8 * h);
-      const int rel = limit - n0 - 2 * t;  // element (i, e) is masked iff 8i + e >= rel
+      for (int h = 0; h < 2; ++h) {
+        const int row = row_g + 8 * h;
+        // element (i, e) is key n0 + 2t + 8i + e: visible iff lo <= 8i + e < hi
+        const int lo = mask.key_begin(row) - n0 - 2 * t;
+        const int hi = mask.key_limit(row) - n0 - 2 * t;
 #pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
+        for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (8 * i + e >= rel) s[4 * i + 2 * h + e] = fa::kNegInf;
+          for (int e = 0; e < 2; ++e)
+            if (8 * i + e < lo || 8 * i + e >= hi) s[4 * i + 2 * h + e] = fa::kNegInf;
+      }
+    }
+  } else {
+    const bool need_mask =
+        (n0 + BN > (T::Varlen ? bc.nk : p.nk)) || (n0 + BN - 1 > mask.edge_key(wg_row0));
+    if (need_mask) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int limit =  // keys < limit are visible
+            Mask::of_diag(T::Varlen ? bc.nk : p.nk, mask.diag).key_limit(row_g + 8 * h);
+        const int rel = limit - n0 - 2 * t;  // element (i, e) is masked iff 8i + e >= rel
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (8 * i + e >= rel) s[4 * i + 2 * h + e] = fa::kNegInf;
+      }
     }
   }
 }
@@ -394,11 +448,13 @@ __device__ __forceinline__ void stage_o(float (&o)[T::D / 2], const float (&inv)
 
 // This thread's two rows of LSE (natural log; -inf for a row that saw no key), rows from the
 // sequence's nq on left alone. LSE is [batch, q_heads, nq] dense, [q_heads, total_q] packed.
-template <class T>
+// The row max is in the units the score policy left (score.softmax_scale: FaParams' scale, or
+// the cap with softcap); with sinks lsum includes the sink, so LSE does too.
+template <class T, class Score>
 __device__ __forceinline__ void store_lse(const FaParams& p, const BlockCoord& bc,
-                                          const VarlenArgs& vl, int seq_q0, int seq_nq,
-                                          const float (&row_max)[2], const float (&lsum)[2],
-                                          int row_g) {
+                                          const VarlenArgs& vl, const Score& score, int seq_q0,
+                                          int seq_nq, const float (&row_max)[2],
+                                          const float (&lsum)[2], int row_g) {
   float* lse = p.lse + (T::Varlen ? static_cast<int64_t>(bc.head) * vl.total_q + seq_q0
                                   : (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) *
                                         p.nq);
@@ -406,7 +462,8 @@ __device__ __forceinline__ void store_lse(const FaParams& p, const BlockCoord& b
   for (int h = 0; h < 2; ++h) {
     const int row = row_g + 8 * h;
     if (row < (T::Varlen ? seq_nq : p.nq))
-      lse[row] = lsum[h] > 0.f ? row_max[h] * p.softmax_scale + logf(lsum[h]) : fa::kNegInf;
+      lse[row] = lsum[h] > 0.f ? row_max[h] * score.softmax_scale(p.softmax_scale) + logf(lsum[h])
+                               : fa::kNegInf;
   }
 }
 
@@ -440,10 +497,11 @@ __device__ __forceinline__ void store_o(const FaParams& p, const BlockCoord& bc,
 template <class T>
 __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc, uint32_t sbase,
                                          unsigned char* gbase, Bars<T> bars, int wc,
-                                         const VarlenArgs& vl) {
+                                         const VarlenArgs& vl, const FaVariant& var) {
   using Elem = typename T::Elem;
-  using Mask = fa::MaskFor<T::Causal>;
-  using Score = fa::ScoreIdentity;
+  // Plain kernels: the Causal switch's policy and the identity (the window and cap unread).
+  using Mask = fa::VariantMask<T::Causal, T::Local>;
+  using Score = fa::ScoreFor<T::Softcap>;
   constexpr int D = T::D, BN = T::BlockN, S = T::Stages;
   constexpr float kNegInf = fa::kNegInf;
   constexpr float kLog2e = fa::kLog2e;
@@ -455,8 +513,9 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
   // are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
   auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
-  const Mask mask(len_q(), len_k());
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  const Mask mask = variant_mask<T>(len_q(), len_k(), var);
+  const Score score(p.softmax_scale, var.softcap);
+  const float scale_log2 = score.softmax_scale(p.softmax_scale) * kLog2e;
   const int wg_row0 = bc.m0 + 64 * wc;
   const int row_g = wg_row0 + 16 * warp + g;  // global row of this thread's h = 0 elements
   const int n_tiles = bc.n_tiles;
@@ -476,6 +535,15 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
   for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
   float row_max[2] = {kNegInf, kNegInf};
   float row_sum[2] = {0.f, 0.f};  // per-thread partial sums; reduced over the quad at the end
+  if constexpr (T::Sinks) {
+    // The sink as one more key of value zero: the running max starts at its logit and its
+    // exp(0) = 1 joins the sum once per row (thread t == 0 of the quad).
+    if (var.sinks != nullptr) {
+      const float m = fa::sink_row_max(var.sinks[bc.head], score.softmax_scale(p.softmax_scale));
+      row_max[0] = row_max[1] = m;
+      row_sum[0] = row_sum[1] = t == 0 ? 1.f : 0.f;
+    }
+  }
   uint32_t pf[T::PvFromRegs ? BN / 16 : 1][4];
 
   auto qk = [&](int st) { gemm_qk<T>(s, q_desc, k_desc, st); };
@@ -488,7 +556,7 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
 
   // Masks, new row maxima, exponentials in place, running sums; alpha rescales O.
   auto softmax = [&](int j, float (&alpha)[2]) {
-    mask_scores<T, Score>(s, p, bc, mask, j, wg_row0, row_g, t);
+    mask_scores<T>(s, p, bc, score, mask, first_tile<T>(bc) + j, wg_row0, row_g, t);
     softmax_rows<T>(s, row_max, row_sum, alpha, scale_log2);
   };
   auto rescale_o = [&](const float (&alpha)[2]) { rescale_rows<T>(o, alpha); };
@@ -615,7 +683,8 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
     inv[h] = l > 0.f ? 1.f / l : 0.f;
   }
   stage_o<T>(o, inv, gbase, wc, warp, g, t);
-  if (p.lse != nullptr && t == 0) store_lse<T>(p, bc, vl, seq_q0, seq_nq, row_max, lsum, row_g);
+  if (p.lse != nullptr && t == 0)
+    store_lse<T>(p, bc, vl, score, seq_q0, seq_nq, row_max, lsum, row_g);
   named_bar_sync(3 + wc, 128);
   store_o<T>(p, bc, gbase, seq_q0, seq_nq, wc, tid, wg_row0);
 }
@@ -649,11 +718,12 @@ __device__ __forceinline__ void block_coord_longest_first(const FaParams& p, Blo
 }
 
 // ---------------------------------------------------------------------------------------------
-// vl is read only by varlen instantiations (T::Varlen).
+// vl is read only by varlen instantiations (T::Varlen), var only by variant ones (T::kVariant).
 template <class T>
 __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* tq,
                                          const CUtensorMap* tk, const CUtensorMap* tv,
-                                         const VarlenArgs& vl = VarlenArgs{}) {
+                                         const VarlenArgs& vl = VarlenArgs{},
+                                         const FaVariant& var = FaVariant{}) {
   using Elem = typename T::Elem;
   constexpr float kNegInf = -__builtin_huge_valf();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -690,12 +760,22 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
   auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
   // The mask policy's n_block_max(m0 + BlockM, BlockN), spelled with this association so
   // that the shipped kernels' code stays the same (bench/ptx_identity.py).
-  int key_end = len_k();
-  if constexpr (T::Causal) key_end = min(len_k(), bc.m0 + T::BlockM + len_k() - len_q());
-  bc.n_tiles = fa::key_tiles(key_end, T::BlockN);
+  if constexpr (T::Local) {
+    // A window or chunk: the key tiles [n_block_min(m0), n_block_max(m0 + BlockM)), so the
+    // block's cost follows the keys its rows see (none: the empty range below).
+    const fa::LocalMask mask = variant_mask<T>(len_q(), len_k(), var);
+    bc.n_first = mask.n_block_min(bc.m0, T::BlockN);
+    bc.n_tiles = max(0, mask.n_block_max(bc.m0 + T::BlockM, T::BlockN) - bc.n_first);
+  } else {
+    int key_end = len_k();
+    if constexpr (T::Causal) key_end = min(len_k(), bc.m0 + T::BlockM + len_k() - len_q());
+    bc.n_tiles = fa::key_tiles(key_end, T::BlockN);
+  }
 
   const int tid = threadIdx.x;
-  if (bc.n_tiles == 0) {  // every row of this block sees no key: O = 0, LSE = -inf
+  // Every row of this block sees no key: O = 0, LSE = -inf (with sinks: the head's sink
+  // logit, the log of a denominator holding the sink alone).
+  if (bc.n_tiles == 0) {
     const int q_rows = min(T::BlockM, len_q() - bc.m0);
     Elem* gO = static_cast<Elem*>(p.o) +
                (T::Varlen ? q_start * p.o_row_stride + bc.head * p.o_head_stride
@@ -712,7 +792,11 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
           (T::Varlen ? static_cast<int64_t>(bc.head) * vl.total_q + q_start
                      : (static_cast<int64_t>(bc.batch) * p.q_heads + bc.head) * p.nq) +
           bc.m0;
-      for (int r = tid; r < q_rows; r += T::kThreads) lse[r] = kNegInf;
+      float empty_lse = kNegInf;
+      if constexpr (T::Sinks) {
+        if (var.sinks != nullptr) empty_lse = var.sinks[bc.head];
+      }
+      for (int r = tid; r < q_rows; r += T::kThreads) lse[r] = empty_lse;
     }
     return;
   }
@@ -736,7 +820,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
     if (tid == 0) producer<T>(bc, sbase, bars, tq, tk, tv);
   } else {
     if constexpr (T::kSplitRegs) reg_alloc<T::ConsumerRegs>();
-    consumer<T>(p, bc, sbase, gbase, bars, wg - 1, vl);
+    consumer<T>(p, bc, sbase, gbase, bars, wg - 1, vl, var);
   }
 }
 
@@ -780,4 +864,33 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
            const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_k, \
            const __grid_constant__ CUtensorMap tma_v) {                                         \
     fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v, vl);                                \
+  }
+
+// The kernel of a config with an attention-variant switch (`_loc`, `_cap`, `_snk`): every
+// Traits argument in order, the switches last, and the plain kernel's arguments (dense or
+// varlen, by VARLEN) followed by FaVariant. VARLEN is spelled `true` or `false` (the rendered
+// instantiation's text): it picks the signature by name.
+#define FA3_DEFINE_VARIANT_KERNEL(NAME, D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS, \
+                                  INTRA_OVERLAP, PING_PONG, CONSUMER_REGS, VARLEN,              \
+                                  LONGEST_FIRST, LOCAL, SOFTCAP, SINKS)                         \
+  using NAME##_traits =                                                                          \
+      fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS, INTRA_OVERLAP,        \
+                  PING_PONG, CONSUMER_REGS, VARLEN, LONGEST_FIRST, LOCAL, SOFTCAP, SINKS>;        \
+  static_assert(NAME##_traits::kVariant, "a plain config: FA3_DEFINE_KERNEL");                  \
+  FA3_VARIANT_KERNEL_##VARLEN##_(NAME)
+
+#define FA3_VARIANT_KERNEL_false_(NAME)                                                          \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                      \
+      NAME(const FaParams p, const __grid_constant__ CUtensorMap tma_q,                         \
+           const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v, \
+           const FaVariant var) {                                                                \
+    fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v, fa3::VarlenArgs{}, var);            \
+  }
+
+#define FA3_VARIANT_KERNEL_true_(NAME)                                                           \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                      \
+      NAME(const FaParams p, const fa3::VarlenArgs vl,                                           \
+           const __grid_constant__ CUtensorMap tma_q, const __grid_constant__ CUtensorMap tma_k, \
+           const __grid_constant__ CUtensorMap tma_v, const FaVariant var) {                    \
+    fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v, vl, var);                            \
   }

@@ -30,6 +30,22 @@
 //       judge total_k (it assumes a valid one): a call that gives none is refused by
 //       launch_varlen rather than silently passed over to a slower config.
 //
+// Attention-variant configs (T::kVariant: a `_loc`, `_cap` or `_snk` switch; docs/variants.md):
+// the kernels take FaVariant (fa_params.cuh) as their last argument.
+//   template <class T> __global__ void fa3::fwd_variant_kernel(FaParams, CUtensorMap q, k, v,
+//                                                              FaVariant);
+//   template <class T> __global__ void fa3::fwd_varlen_variant_kernel(FaParams,
+//                                                     fa3::VarlenArgs, CUtensorMap q, k, v,
+//                                                     FaVariant);
+//   template <class T> cudaError_t fa3::launch_variant(const FaParams&, const FaVariant&,
+//                                                      cudaStream_t);
+//   template <class T> cudaError_t fa3::launch_varlen_variant(const FaParams&, const FaVarlen&,
+//                                                             const FaVariant&, cudaStream_t);
+//       as launch / launch_varlen; cudaErrorInvalidValue also for a variant the kernel cannot
+//       take (valid_variant<T>: a window bound below -1, a negative chunk, a softcap
+//       kernel's cap not above 0). A sinks kernel given no sink pointer computes plain
+//       attention. can_launch<T> / can_launch_varlen<T> are the guards of these configs too.
+//
 // Targets. The kernels need sm_90a (wgmma, setmaxnreg): compile with
 //   -gencode=arch=compute_90a,code=sm_90a
 // alone or next to other targets (-gencode=arch=compute_80,code=sm_80 ...). On every other
@@ -83,6 +99,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                const __grid_constant__ CUtensorMap tma_k,
                const __grid_constant__ CUtensorMap tma_v) {
   static_assert(!T::Varlen, "varlen configs take VarlenArgs: fwd_varlen_kernel");
+  static_assert(!T::kVariant, "variant configs take FaVariant: fwd_variant_kernel");
 #if defined(FA3_LAUNCH_SM90A_)
   fwd_body<T>(p, &tma_q, &tma_k, &tma_v);  // as FA3_DEFINE_KERNEL
 #elif defined(__CUDA_ARCH__)
@@ -103,11 +120,45 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                       const __grid_constant__ CUtensorMap tma_k,
                       const __grid_constant__ CUtensorMap tma_v) {
   static_assert(T::Varlen, "dense configs take the descriptors only: fwd_kernel");
+  static_assert(!T::kVariant, "variant configs take FaVariant: fwd_varlen_variant_kernel");
 #if defined(FA3_LAUNCH_SM90A_)
   fwd_body<T>(p, &tma_q, &tma_k, &tma_v, vl);
 #elif defined(__CUDA_ARCH__)
   // Another target: a stub, refused by launch_varlen() like fwd_kernel's.
   __shared__ unsigned char stub_marker[kStubMarkerBytes];
+  reinterpret_cast<volatile unsigned char*>(stub_marker)[threadIdx.x % kStubMarkerBytes] = 0;
+  __trap();
+#endif
+}
+
+// The kernels of variant configs (FA3_DEFINE_VARIANT_KERNEL's bodies): the plain kernels'
+// arguments, then FaVariant.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_variant_kernel(const FaParams p, const __grid_constant__ CUtensorMap tma_q,
+                       const __grid_constant__ CUtensorMap tma_k,
+                       const __grid_constant__ CUtensorMap tma_v, const FaVariant var) {
+  static_assert(!T::Varlen && T::kVariant, "a dense variant config");
+#if defined(FA3_LAUNCH_SM90A_)
+  fwd_body<T>(p, &tma_q, &tma_k, &tma_v, VarlenArgs{}, var);
+#elif defined(__CUDA_ARCH__)
+  __shared__ unsigned char stub_marker[kStubMarkerBytes];  // a stub, as fwd_kernel's
+  reinterpret_cast<volatile unsigned char*>(stub_marker)[threadIdx.x % kStubMarkerBytes] = 0;
+  __trap();
+#endif
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    fwd_varlen_variant_kernel(const FaParams p, const VarlenArgs vl,
+                              const __grid_constant__ CUtensorMap tma_q,
+                              const __grid_constant__ CUtensorMap tma_k,
+                              const __grid_constant__ CUtensorMap tma_v, const FaVariant var) {
+  static_assert(T::Varlen && T::kVariant, "a varlen variant config");
+#if defined(FA3_LAUNCH_SM90A_)
+  fwd_body<T>(p, &tma_q, &tma_k, &tma_v, vl, var);
+#elif defined(__CUDA_ARCH__)
+  __shared__ unsigned char stub_marker[kStubMarkerBytes];  // a stub, as fwd_kernel's
   reinterpret_cast<volatile unsigned char*>(stub_marker)[threadIdx.x % kStubMarkerBytes] = 0;
   __trap();
 #endif
@@ -144,14 +195,28 @@ inline bool is_cc90(int dev) {
   return yes;
 }
 
-// The kernel a config compiles to: fwd_varlen_kernel for a varlen Traits, else fwd_kernel
-// (only the one taken is instantiated).
+// The kernel a config compiles to: fwd_varlen_kernel for a varlen Traits, else fwd_kernel,
+// or their variant twins for a variant Traits (only the one taken is instantiated).
 template <class T>
 constexpr auto kernel_of() {
-  if constexpr (T::Varlen)
+  if constexpr (T::kVariant && T::Varlen)
+    return &fwd_varlen_variant_kernel<T>;
+  else if constexpr (T::kVariant)
+    return &fwd_variant_kernel<T>;
+  else if constexpr (T::Varlen)
     return &fwd_varlen_kernel<T>;
   else
     return &fwd_kernel<T>;
+}
+
+// Whether a variant config's kernel can take `var`: window bounds of -1 (none) or more, a
+// chunk of 0 (none) or more, and for a softcap kernel a cap above 0 (it divides by it). The
+// switches a kernel lacks leave their fields unread.
+template <class T>
+bool valid_variant(const FaVariant& var) {
+  if (T::Local && (var.window_left < -1 || var.window_right < -1 || var.chunk < 0)) return false;
+  if (T::Softcap && !(var.softcap > 0.f)) return false;
+  return true;
 }
 
 // Per kernel and device, once: the device is cc 9.0, the image the runtime loaded for
@@ -302,6 +367,17 @@ cudaError_t encode(const TensorView& t, int rows, CUtensorMap* map) {
   return res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// The three descriptors of a launch of T: Q in BlockM-row boxes, K and V in BlockN-row boxes.
+template <class T>
+cudaError_t encode_all(const TensorView& q, const TensorView& k, const TensorView& v,
+                       CUtensorMap* tma_q, CUtensorMap* tma_k, CUtensorMap* tma_v) {
+  using Elem = typename T::Elem;
+  cudaError_t err;
+  if ((err = encode<Elem>(q, T::BlockM, tma_q)) != cudaSuccess) return err;
+  if ((err = encode<Elem>(k, T::BlockN, tma_k)) != cudaSuccess) return err;
+  return encode<Elem>(v, T::BlockN, tma_v);
+}
+
 }  // namespace launch_detail
 
 template <class T>
@@ -318,10 +394,8 @@ cudaError_t launch(const FaParams& p, cudaStream_t stream) {
   cudaError_t err = launch_detail::prepare<T>(launch_detail::current_device());
   if (err != cudaSuccess) return err;
   CUtensorMap tma_q, tma_k, tma_v;
-  using Elem = typename T::Elem;
-  if ((err = launch_detail::encode<Elem>(q, T::BlockM, &tma_q)) != cudaSuccess) return err;
-  if ((err = launch_detail::encode<Elem>(k, T::BlockN, &tma_k)) != cudaSuccess) return err;
-  if ((err = launch_detail::encode<Elem>(v, T::BlockN, &tma_v)) != cudaSuccess) return err;
+  if ((err = launch_detail::encode_all<T>(q, k, v, &tma_q, &tma_k, &tma_v)) != cudaSuccess)
+    return err;
   const dim3 grid((p.nq + T::BlockM - 1) / T::BlockM, p.q_heads, p.batch);
   fwd_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, tma_q, tma_k, tma_v);
   return cudaGetLastError();
@@ -352,16 +426,54 @@ cudaError_t launch_varlen(const FaParams& p, const FaVarlen& vl, cudaStream_t st
   cudaError_t err = launch_detail::prepare<T>(launch_detail::current_device());
   if (err != cudaSuccess) return err;
   CUtensorMap tma_q, tma_k, tma_v;
-  using Elem = typename T::Elem;
-  if ((err = launch_detail::encode<Elem>(q, T::BlockM, &tma_q)) != cudaSuccess) return err;
-  if ((err = launch_detail::encode<Elem>(k, T::BlockN, &tma_k)) != cudaSuccess) return err;
-  if ((err = launch_detail::encode<Elem>(v, T::BlockN, &tma_v)) != cudaSuccess) return err;
+  if ((err = launch_detail::encode_all<T>(q, k, v, &tma_q, &tma_k, &tma_v)) != cudaSuccess)
+    return err;
   // The kernel's own name for FaVarlen's bytes; reserved goes as 0, as the GPU stage's
   // launches pass it (measure/varlen.py): total_k was only the host's.
   const VarlenArgs args{vl.cu_seqlens_q, vl.cu_seqlens_k, vl.total_q, 0};
   const dim3 grid((p.nq + T::BlockM - 1) / T::BlockM, p.q_heads, p.batch);
   fwd_varlen_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, args, tma_q, tma_k,
                                                                       tma_v);
+  return cudaGetLastError();
+}
+
+// The variant twins of launch and launch_varlen (the top: FaVariant travels by value as the
+// kernels' last argument; the descriptors are those of the plain kernels).
+template <class T>
+cudaError_t launch_variant(const FaParams& p, const FaVariant& var, cudaStream_t stream) {
+  static_assert(!T::Varlen && T::kVariant, "a dense variant config");
+  if (!launch_detail::valid_variant<T>(var)) return cudaErrorInvalidValue;
+  launch_detail::TensorView q, k, v;
+  if (!launch_detail::tma_views(p, T::D, &q, &k, &v)) return cudaErrorInvalidValue;
+  cudaError_t err = launch_detail::prepare<T>(launch_detail::current_device());
+  if (err != cudaSuccess) return err;
+  CUtensorMap tma_q, tma_k, tma_v;
+  if ((err = launch_detail::encode_all<T>(q, k, v, &tma_q, &tma_k, &tma_v)) != cudaSuccess)
+    return err;
+  const dim3 grid((p.nq + T::BlockM - 1) / T::BlockM, p.q_heads, p.batch);
+  fwd_variant_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, tma_q, tma_k, tma_v,
+                                                                       var);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t launch_varlen_variant(const FaParams& p, const FaVarlen& vl, const FaVariant& var,
+                                  cudaStream_t stream) {
+  static_assert(T::Varlen && T::kVariant, "a varlen variant config");
+  if (!launch_detail::valid_variant<T>(var)) return cudaErrorInvalidValue;
+  launch_detail::TensorView q, k, v;
+  if (!launch_detail::varlen_views(p, T::D, vl.total_q, vl.reserved, &q, &k, &v))
+    return cudaErrorInvalidValue;
+  if (vl.cu_seqlens_q == nullptr || vl.cu_seqlens_k == nullptr) return cudaErrorInvalidValue;
+  cudaError_t err = launch_detail::prepare<T>(launch_detail::current_device());
+  if (err != cudaSuccess) return err;
+  CUtensorMap tma_q, tma_k, tma_v;
+  if ((err = launch_detail::encode_all<T>(q, k, v, &tma_q, &tma_k, &tma_v)) != cudaSuccess)
+    return err;
+  const VarlenArgs args{vl.cu_seqlens_q, vl.cu_seqlens_k, vl.total_q, 0};  // as launch_varlen
+  const dim3 grid((p.nq + T::BlockM - 1) / T::BlockM, p.q_heads, p.batch);
+  fwd_varlen_variant_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(
+      p, args, tma_q, tma_k, tma_v, var);
   return cudaGetLastError();
 }
 

@@ -55,7 +55,9 @@ FA3 = Family(
     check=_check,
     seeds=_seeds,
     default=space.default_config,
-    render=lambda config: declared.instantiation(_fa3(config), "fa3_fwd.cuh", "FA3_DEFINE_KERNEL"),
+    render=lambda config: declared.instantiation(
+        _fa3(config), "fa3_fwd.cuh", "FA3_DEFINE_KERNEL", "FA3_DEFINE_VARIANT_KERNEL"
+    ),
     grid=_grid,
     header=HeaderPart(
         template="fa3_launch.cuh",  # includes fa3_fwd.cuh

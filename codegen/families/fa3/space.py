@@ -42,7 +42,10 @@ REG_HEADROOM = 32  # addresses, loop state, softmax row max/sum beside the accum
 MAX_REGS = 255
 
 #: The attention-variant switches this family's kernels are built with (core.variant).
-VARIANT_SWITCHES: tuple[str, ...] = ()
+#: Every one, alone or together, dense or varlen, in either launch order (a causal config's
+#: longest-first twin with softcap or sinks still has unequal blocks; with a window the
+#: blocks are near equal, and the order is left to the search like any other choice).
+VARIANT_SWITCHES: tuple[str, ...] = ("local", "softcap", "sinks")
 
 
 def launch_regs(config: Fa3Config) -> int:
