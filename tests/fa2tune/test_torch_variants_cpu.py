@@ -419,3 +419,32 @@ def test_ops_dispatch_with_variants_on_cpu() -> None:
                              window_size=(2, 0), softcap=1.5, sinks=sinks)  # fmt: skip
     torch.testing.assert_close(o, o2)
     torch.testing.assert_close(lse, lse2)
+
+
+def test_variants_traced_by_torch_compile_fullgraph() -> None:
+    """Dynamo traces a variant call to the one custom op (window, chunk, softcap and the
+    sinks tensor as its arguments, no graph break); on CPU tensors it falls back inside."""
+    from fa2tune.torch import attention, attention_varlen
+
+    q, k, v = _qkv(2, 8, 12, 4, 2)
+    sinks = torch.tensor([0.1, 0.2, -0.3, 0.4])
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    cu_k = torch.tensor([0, 12], dtype=torch.int32)
+
+    def block(q: Any, k: Any, v: Any, sinks: Any) -> Any:
+        dense = attention(q * 1.0, k, v, causal=True, window_size=(3, 0), attention_chunk=5,
+                          softcap=2.0, sinks=sinks)  # fmt: skip
+        packed = attention_varlen(q[0] * 1.0, k[0], v[0], cu, cu_k, 8, 12, window_size=(2, 2),
+                                  sinks=sinks)  # fmt: skip
+        return dense.sum(dim=-1), packed.sum(dim=-1)
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning, inside the op
+        dense, packed = compiled(q, k, v, sinks)
+    _, variant = normalize(True, 3, 0, 5, softcap=2.0, sinks=True)
+    ref = _reference(q, k, v, True, variant, 1 / math.sqrt(8), sinks)[0].sum(dim=-1)
+    torch.testing.assert_close(dense.double(), ref, atol=1e-4, rtol=1e-4)
+    ref_p = _reference(q[:1], k[:1], v[:1], False, Variant(2, 2, sinks=True), 1 / math.sqrt(8),
+                       sinks)[0][0].sum(dim=-1)  # fmt: skip
+    torch.testing.assert_close(packed.double(), ref_p, atol=1e-4, rtol=1e-4)
