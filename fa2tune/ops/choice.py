@@ -317,6 +317,7 @@ def choose(store: Store | None, call: Call) -> Choice:
         if packed is not None
         else default_config(call.d, call.dtype, call.causal, call.shape, call.sm_count, variant)
     )
+    built = default is not None  # a family builds the variant (before the GPU is asked)
     if default is not None and family_of(default).arch_for(cc) is None:
         default = None
     found = None
@@ -336,7 +337,7 @@ def choose(store: Store | None, call: Call) -> Choice:
         if fits and family_of(config).arch_for(cc) is not None:
             return Choice(config, "exact" if best.exact else "nearest", found.measured)
     if default is None:
-        if not variant.plain:
+        if not built and not variant.plain:
             raise Unsupported(_variant_refusal(call))
         raise Unsupported(
             f"no varlen kernel builds for compute capability {cc}"

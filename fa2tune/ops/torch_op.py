@@ -419,7 +419,10 @@ def run(
                 entry(q, k, v, o, lse, scale, lay, seqs, sinks)
         else:  # the kernel lives in that device's context: make it current for the launch
             with torch.cuda.device(q.device):
-                entry(q, k, v, o, lse, scale, lay, seqs, sinks)
+                if sinks is None:
+                    entry(q, k, v, o, lse, scale, lay, seqs)
+                else:
+                    entry(q, k, v, o, lse, scale, lay, seqs, sinks)
     except ValueError as exc:  # strides, alignment (or a packed call's empty k)
         if not fallback:
             raise Unsupported(str(exc)) from exc
