@@ -216,13 +216,6 @@ def check_sinks(sinks: object, q: torch.Tensor, heads: int) -> torch.Tensor:
     return sinks if sinks.is_contiguous() else sinks.contiguous()
 
 
-def _variant_args(
-    window: tuple[int, int], chunk: int, softcap: float, sinks: torch.Tensor | None
-) -> bool:
-    """Whether a call passed only the default variant arguments (nothing to normalise)."""
-    return window == (-1, -1) and chunk == 0 and softcap == 0 and sinks is None
-
-
 def _warn_once(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
@@ -348,7 +341,9 @@ def run(
     """
     entry: Launcher | PackedLauncher | str | None
     variant = PLAIN
-    plain_args = _variant_args(window, chunk, softcap, sinks)
+    # Only the default variant arguments: nothing to normalise (inline: the per-call path).
+    plain_args = (window is NO_WINDOW or window == NO_WINDOW) and not chunk and not softcap
+    plain_args = plain_args and sinks is None
     if seqs is None:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
