@@ -4,6 +4,7 @@
     o = attention(q, k, v, causal=True)              # q [B, Nq, Hq, D], k/v [B, Nk, Hkv, D]
     o, lse = attention(q, k, v, return_lse=True, layout="bhnd")
     o = attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # packed [total, H, D]
+    o = attention(q, k, v, causal=True, window_size=(4096, 0), softcap=50.0, sinks=s)  # variants
     autotune("on_first_call", budget_s=30)       # tune untuned shapes in the background
 
 Importing this module imports torch and registers ``torch.ops.fa2tune.attention`` and

@@ -17,6 +17,13 @@ offsets (reading them would wait for the GPU): the number of sequences and the m
 length, bucketed (:func:`mean_bucket`), which with the device, dtype, head dim, heads and
 effective mask is the op's decision key (:func:`decision_key`).
 
+A call with an attention variant (:mod:`core.variant`: a window, a chunk, a softcap, sinks)
+carries it normalised (:func:`normalize_call`) in its :class:`Call` and its decision key:
+the store is asked for configs built with exactly the variant's switches, and a default is
+the family default with those switches set (``dataclasses.replace(config,
+**variant.needs)``), served only by a family whose kernels are built with them (its space
+says so); otherwise the call is not served (the op falls back, or raises with the reason).
+
 Nothing here imports torch: the op (:mod:`fa2tune.ops.torch_op`) turns tensors into plain
 values and asks :func:`choose` and :func:`call_reason`, so these rules are tested on machines
 without torch or a GPU.
@@ -27,7 +34,8 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, replace
-from typing import Literal
+from functools import lru_cache
+from typing import Any, Literal, cast
 
 from codegen.families import FAMILIES, family, family_of
 from codegen.targets import SUPPORTED_ARCHS
@@ -37,6 +45,7 @@ from core.family import AnyConfig
 from core.lookup import Packed
 from core.problem import Problem
 from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal
+from core.variant import PLAIN, Variant, normalize
 from db.store import Store
 
 log = logging.getLogger(__name__)
@@ -124,6 +133,7 @@ class Call:
         shape: the call's shape; a packed batch's is ``packed.shape(heads, kv_heads)``.
         causal: the effective mask (:func:`core.shape.effective_causal`'s rule).
         packed: the packed batch's descriptor (count, bucketed mean), None for a dense call.
+        variant: the call's attention variant, normalised (:func:`normalize_call`).
     """
 
     device: int
@@ -135,23 +145,26 @@ class Call:
     causal: bool
     d: int
     packed: Packed | None = None
+    variant: Variant = PLAIN
 
     def problem(self) -> Problem:
         """The tuning problem of a dense call (what ``fa2tune tune`` would tune)."""
         s = self.shape
         return Problem(
             gpu=self.gpu, d=self.d, n=s.nq, nk=s.nk, batch=s.batch, heads=s.heads,
-            kv_heads=s.kv_heads, dtype=self.dtype, causal=self.causal,
+            kv_heads=s.kv_heads, dtype=self.dtype, causal=self.causal, variant=self.variant,
         )  # fmt: skip
 
     @property
-    def tag(self) -> tuple[int, str, int, bool, Shape]:
+    def tag(self) -> tuple[int, str, int, bool, Shape, Variant]:
         """The key the op's decisions are forgotten by when a tuning job ends."""
-        return (self.device, self.dtype, self.d, self.causal, self.shape)
+        return (self.device, self.dtype, self.d, self.causal, self.shape, self.variant)
 
     def describe(self, line: str, layout: str) -> str:
         """One line for FA2TUNE_PRINT_CHOICE: the call, then ``line`` (the choice's)."""
         mask = "causal" if self.causal else "full"
+        if not self.variant.plain:
+            mask += f" ({self.variant.describe()})"
         p = self.packed
         how = layout if p is None else f"packed {p.count} sequences, mean ~{p.mean}"
         return f"{self.gpu} {self.dtype} {mask} D={self.d} {how}: {line}"
@@ -167,16 +180,29 @@ def arch_of(compute_capability: str) -> str | None:
     return arch if arch in SUPPORTED_ARCHS else None
 
 
-def default_config(
-    d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int
-) -> AnyConfig | None:
-    """The config that serves an untuned dense call, or None when no family has head dim ``d``.
+#: A shared-memory limit no config reaches: a default asked only whether its family's
+#: kernels take a variant's switches (its other rules hold already).
+_ANY_SMEM = 1 << 40
 
-    Split-KV's default for decode-like calls (the split-KV family serves the shape, few packed
-    query rows per KV head, and one block per 128 query rows would not fill the GPU) and for
-    head dims only split-KV has; FlashAttention-2's default otherwise. Both from the family
-    registry.
-    """
+
+def with_variant(config: AnyConfig, variant: Variant) -> tuple[AnyConfig | None, str]:
+    """``config`` built for ``variant`` (``dataclasses.replace(config, **variant.needs)``) and
+    ``""``, or ``(None, why)`` when its family's kernels are not built with those switches
+    (the family's space says which it takes). A plain variant leaves the config as it is."""
+    if variant.plain:
+        return config, ""
+    try:
+        built: AnyConfig = replace(cast(Any, config), **variant.needs)
+    except TypeError:  # a config type that declares no switches (a plug-in family)
+        return None, f"the {config.family} family has no variant kernels"
+    ok, why = family_of(built).check(built, _ANY_SMEM)
+    return (built, "") if ok else (None, why)
+
+
+def _default_candidates(
+    d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int
+) -> list[AnyConfig]:
+    """The plain defaults of a dense call, best first (see :func:`default_config`)."""
     fa2, splitkv = family("fa2"), family("splitkv")
     in_splitkv = d in splitkv.head_dims
     problem = Problem(
@@ -184,24 +210,69 @@ def default_config(
         kv_heads=shape.kv_heads, dtype=dtype, causal=causal,
     )  # fmt: skip
     blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
-    if in_splitkv and splitkv.serves(problem) and blocks < max(sm_count, 1):
-        return splitkv.default(d, dtype, causal)
+    decode = in_splitkv and splitkv.serves(problem) and blocks < max(sm_count, 1)
+    out: list[AnyConfig] = []
+    if decode:
+        out.append(splitkv.default(d, dtype, causal))
     if d in fa2.head_dims:
-        return fa2.default(d, dtype, causal)
-    if in_splitkv:
-        return splitkv.default(d, dtype, causal)
+        out.append(fa2.default(d, dtype, causal))
+    if in_splitkv and not decode:
+        out.append(splitkv.default(d, dtype, causal))
+    return out
+
+
+def default_config(
+    d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int, variant: Variant = PLAIN
+) -> AnyConfig | None:
+    """The config that serves an untuned dense call, or None when no family has head dim ``d``
+    (or, for a ``variant``, none whose kernels take its switches).
+
+    Split-KV's default for decode-like calls (the split-KV family serves the shape, few packed
+    query rows per KV head, and one block per 128 query rows would not fill the GPU) and for
+    head dims only split-KV has; FlashAttention-2's default otherwise. Both from the family
+    registry. With a variant, the first of these whose family builds the variant's switches,
+    with them set.
+    """
+    for config in _default_candidates(d, dtype, causal, shape, sm_count):
+        built, _ = with_variant(config, variant)
+        if built is not None:
+            return built
     return None
 
 
-def default_varlen_config(d: int, dtype: Dtype, causal: bool) -> AnyConfig:
-    """FlashAttention-2's default config for ``d`` as a packed-sequence (``_vl``) kernel.
+def default_varlen_config(
+    d: int, dtype: Dtype, causal: bool, variant: Variant = PLAIN
+) -> AnyConfig | None:
+    """FlashAttention-2's default config for ``d`` as a packed-sequence (``_vl``) kernel, with
+    ``variant``'s switches set; None when the family's kernels do not take them.
 
     Raises:
         ValueError: ``d`` is not a FlashAttention-2 head dim.
     """
     config = family("fa2").default(d, dtype, causal)
     assert isinstance(config, Fa2Config)  # the fa2 family's default is its own config type
-    return replace(config, varlen=True)
+    return with_variant(replace(config, varlen=True), variant)[0]
+
+
+def _variant_refusal(call: Call) -> str:
+    """Why no default serves ``call``'s variant: the families' own reasons."""
+    v = call.variant
+    if call.packed is not None:
+        base = family("fa2").default(call.d, call.dtype, call.causal)
+        reasons = [with_variant(replace(cast(Any, base), varlen=True), v)[1]]
+    else:
+        candidates = _default_candidates(call.d, call.dtype, call.causal, call.shape,
+                                         call.sm_count)  # fmt: skip
+        reasons = [with_variant(c, v)[1] for c in candidates]
+    why = "; ".join(dict.fromkeys(r for r in reasons if r))
+    return f"no kernel serves the variant ({v.describe()}): {why or 'no family builds it'}"
+
+
+def serves_variant(config: AnyConfig, variant: Variant) -> bool:
+    """Whether ``config`` is built with exactly ``variant``'s switches (a stored answer is
+    checked: a config of another variant would compute another function)."""
+    switches = getattr(config, "variant_switches", {})
+    return all(bool(switches.get(name, False)) == on for name, on in variant.needs.items())
 
 
 def check_supported(dtype: str, d: int, compute_capability: str, *, packed: bool = False) -> None:
@@ -238,28 +309,36 @@ def choose(store: Store | None, call: Call) -> Choice:
     """
     packed = call.packed
     cc = call.compute_capability
+    variant = call.variant
     check_supported(call.dtype, call.d, cc, packed=packed is not None)
     # The default first (pure, cheap), so that the store's answer is the last thing asked.
     default = (
-        default_varlen_config(call.d, call.dtype, call.causal)
+        default_varlen_config(call.d, call.dtype, call.causal, variant)
         if packed is not None
-        else default_config(call.d, call.dtype, call.causal, call.shape, call.sm_count)
+        else default_config(call.d, call.dtype, call.causal, call.shape, call.sm_count, variant)
     )
+    built = default is not None  # a family builds the variant (before the GPU is asked)
     if default is not None and family_of(default).arch_for(cc) is None:
         default = None
     found = None
     if store is not None:
+        # Only a variant call names its variant: the store's lookup gained the keyword with
+        # the variants, and a plain call asks exactly what it always asked.
+        extra: dict[str, Any] = {} if variant.plain else {"variant": variant}
         try:
             found = store.best_match(call.gpu, call.d, call.dtype, call.causal, call.shape,
-                                     packed=packed)  # fmt: skip
+                                     packed=packed, **extra)  # fmt: skip
         except Exception as exc:  # a broken database must not break the model: defaults
             log.warning("fa2tune.torch: database lookup failed, using defaults: %s", exc)
     if found is not None:
         best, config = found.result, found.result.config
         mode_fits = bool(getattr(config, "varlen", False)) == (packed is not None)
-        if mode_fits and family_of(config).arch_for(cc) is not None:
+        fits = mode_fits and (variant.plain or serves_variant(config, variant))
+        if fits and family_of(config).arch_for(cc) is not None:
             return Choice(config, "exact" if best.exact else "nearest", found.measured)
     if default is None:
+        if not built and not variant.plain:
+            raise Unsupported(_variant_refusal(call))
         raise Unsupported(
             f"no varlen kernel builds for compute capability {cc}"
             if packed is not None
@@ -368,14 +447,49 @@ def decision_key(
     count: int,
     total_q: int,
     max_seqlen_q: int,
+    variant: Variant = PLAIN,
 ) -> tuple[object, ...]:
     """The key the op caches a packed call's decision by: (device, dtype, D, Hq, Hkv,
-    effective causal, number of sequences, :func:`mean_bucket`). The number of sequences is
-    kept exact (it is bounded by a server's batch size, so it adds few keys); the launch
-    geometry, which also depends on ``max_seqlen_q``, is worked out per call and is not part
-    of the key."""
-    return (device, dtype, d, heads, kv_heads, effective_varlen_causal(causal, max_seqlen_q),
-            count, mean_bucket(total_q, count))  # fmt: skip
+    effective causal, number of sequences, :func:`mean_bucket`), and the normalised
+    ``variant`` when it is not plain (a plain call's key is what it always was). The number
+    of sequences is kept exact (it is bounded by a server's batch size, so it adds few keys);
+    the launch geometry, which also depends on ``max_seqlen_q``, is worked out per call and is
+    not part of the key."""
+    key = (device, dtype, d, heads, kv_heads, effective_varlen_causal(causal, max_seqlen_q),
+           count, mean_bucket(total_q, count))  # fmt: skip
+    return key if variant is PLAIN or variant.plain else (*key, variant)
+
+
+@lru_cache(maxsize=4096)
+def normalize_call(
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    chunk: int,
+    softcap: float,
+    sinks: bool,
+    nq: int,
+    nk: int,
+    packed: bool = False,
+) -> tuple[bool, Variant]:
+    """A call's ``(causal, variant)`` as the store and the kernels take it
+    (:func:`core.variant.normalize` with the call's lengths), cached: a serving loop asks
+    the same few variants and lengths again and again.
+
+    ``nq``, ``nk``: a dense call's lengths; a packed batch's longest ones (``packed``). A
+    bound that reaches past the longest sequence reaches past every sequence, so the window
+    rules hold for a batch as for one call; the chunk rule (a chunk holding every key is no
+    chunk) needs every sequence to have at least as many keys as queries, which the longest
+    lengths do not tell, so a packed batch keeps its chunk (``nq`` is raised past ``nk`` for
+    that rule only where the chunk reaches past ``nk``; a longer ``nq`` only keeps bounds).
+
+    Raises:
+        core.variant.VariantError: an argument out of its domain (the message names it).
+    """
+    if packed and chunk > 0 and chunk >= nk:
+        nq = max(nq, nk + 1)
+    return normalize(causal, window_left, window_right, chunk, nq=nq, nk=nk,
+                     softcap=softcap, sinks=sinks)  # fmt: skip
 
 
 def check_varlen_shapes(

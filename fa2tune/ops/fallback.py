@@ -15,6 +15,7 @@ import logging
 
 import torch
 
+from core.variant import PLAIN, Variant
 from measure.params import ALIGN_BYTES, Layout
 
 log = logging.getLogger("fa2tune.torch")
@@ -25,6 +26,31 @@ def no_lse(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((0,), dtype=torch.float32)
 
 
+def visible_keys(
+    nq: int, nk: int, causal: bool, variant: Variant, device: torch.device | str
+) -> torch.Tensor | None:
+    """``[nq, nk]`` bool, True where query ``i`` sees key ``j``, or None when every key is
+    seen: with ``pos = i + nk - nq``, causal keeps ``j <= pos``, a window ``pos - left <= j
+    <= pos + right`` (a bound -1 is none), a chunk ``j`` in ``pos``'s chunk ``[pos - pos mod
+    chunk, + chunk)`` (mod rounding down, so rows before the first key see none)."""
+    left, right, chunk = variant.window_left, variant.window_right, variant.chunk
+    if not causal and left < 0 and right < 0 and chunk <= 0:
+        return None
+    pos = torch.arange(nq, device=device).unsqueeze(1) + (nk - nq)
+    j = torch.arange(nk, device=device).unsqueeze(0)
+    seen = torch.ones(nq, nk, dtype=torch.bool, device=device)
+    if causal:
+        seen &= j <= pos
+    if right >= 0:
+        seen &= j <= pos + right
+    if left >= 0:
+        seen &= j >= pos - left
+    if chunk > 0:
+        start = pos - torch.remainder(pos, chunk)  # remainder rounds down, as the kernels do
+        seen &= (j >= start) & (j < start + chunk)
+    return seen
+
+
 def sdpa_fallback(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -33,6 +59,8 @@ def sdpa_fallback(
     scale: float,
     layout: Layout,
     return_lse: bool,
+    variant: Variant = PLAIN,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The op's semantics on torch alone: SDPA, or float32 math where SDPA differs.
 
@@ -40,7 +68,8 @@ def sdpa_fallback(
     ``j <= i + nk - nq``) and a row that sees no key gives O = 0, LSE = -inf; SDPA's
     ``is_causal`` is top-left aligned. So a causal call with ``nq != nk`` gets an explicit
     mask, and calls asking for the LSE (SDPA does not return it) or with rows that see no key
-    are computed in float32 here.
+    are computed in float32 here, and so is every call with a ``variant`` (``sinks``: the
+    float32 ``[Hq]`` sink logits of a variant with sinks).
     """
     qh, kh, vh = (t if layout == "bhnd" else t.transpose(1, 2) for t in (q, k, v))
     if any(s % 8 for t in (qh, kh, vh) for s in t.stride()[:-1]):
@@ -52,21 +81,32 @@ def sdpa_fallback(
     group = h // int(kh.shape[1])
     if group > 1:
         kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+    plain = variant.plain
     mask = None
-    if causal and nq != nk:
+    if not plain:
+        mask = visible_keys(nq, nk, causal, variant, q.device)
+    elif causal and nq != nk:
         mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(diagonal=nk - nq)
-    if not return_lse and not (causal and nq > nk):
+    if plain and not return_lse and not (causal and nq > nk):
         o = torch.nn.functional.scaled_dot_product_attention(
             qh, kh, vh, attn_mask=mask, is_causal=causal and mask is None, scale=scale
         )
         lse = no_lse(q)
     else:
         s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * scale
-        if causal:
-            visible = mask if mask is not None else torch.ones(
-                nq, nk, dtype=torch.bool, device=q.device).tril()  # fmt: skip
+        if variant.softcap > 0:
+            s = torch.tanh(s / variant.softcap) * variant.softcap
+        visible = mask
+        if visible is None and causal:
+            visible = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril()
+        if visible is not None:
             s = s.masked_fill(~visible, float("-inf"))
-        lse_full = torch.logsumexp(s, dim=-1)
+        if variant.sinks and sinks is not None:
+            # The sink joins each row's denominator as one more logit with a zero value row.
+            sink = sinks.float().view(1, h, 1, 1).expand(int(s.shape[0]), h, nq, 1)
+            lse_full = torch.logsumexp(torch.cat((s, sink), dim=-1), dim=-1)
+        else:
+            lse_full = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse_full.unsqueeze(-1)).nan_to_num(0.0)  # dead rows: -inf - -inf
         o = torch.matmul(p, vh.float()).to(q.dtype)
         lse = lse_full.contiguous() if return_lse else no_lse(q)
@@ -110,10 +150,14 @@ def _per_sequence(
     causal: bool,
     scale: float,
     return_lse: bool,
+    variant: Variant = PLAIN,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The op's semantics one sequence at a time on :func:`sdpa_fallback`
-    (SDPA, or float32 math for the LSE and rows that see no key). Reads the offsets on the
-    host (a sync). Rows no sequence covers get O = 0 and LSE = -inf.
+    (SDPA, or float32 math for the LSE, rows that see no key and variants: each sequence's
+    mask bottom-right aligned on its own lengths). Reads the offsets on the host (a sync).
+    Rows no sequence covers get O = 0 and LSE = -inf; the rows of a sequence with no keys
+    O = 0 and LSE = -inf, or their head's sink logit with sinks.
 
     Raises:
         ValueError: offsets that do not start at 0, decrease or pass the packed tensors' rows.
@@ -132,10 +176,12 @@ def _per_sequence(
     for i in range(len(bq) - 1):
         s, e, ks, ke = bq[i], bq[i + 1], bk[i], bk[i + 1]
         if e == s or ke == ks:  # no queries, or no keys: O = 0, LSE = -inf (as allocated)
+            if lse is not None and e > s and variant.sinks and sinks is not None:
+                lse[:, s:e] = sinks.float().unsqueeze(1)  # only the sink in the denominator
             continue
         o_i, lse_i = sdpa_fallback(q[s:e].unsqueeze(0), k[ks:ke].unsqueeze(0),
                                    v[ks:ke].unsqueeze(0), causal, scale, "bnhd",
-                                   return_lse)  # fmt: skip
+                                   return_lse, variant, sinks)  # fmt: skip
         o[s:e] = o_i[0]
         if lse is not None:
             lse[:, s:e] = lse_i[0]
@@ -153,12 +199,14 @@ def varlen_fallback(
     causal: bool,
     scale: float,
     return_lse: bool,
+    variant: Variant = PLAIN,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The op's semantics on torch alone: ``aten._flash_attention_forward`` (torch's
-    FlashAttention-2 varlen kernel, bottom-right causal as the kernels here) when it applies
-    and no LSE is asked for (its LSE layout differs between torch versions), else
-    :func:`_per_sequence` (reads the offsets on the host)."""
-    if not return_lse and _aten_flash_applies(q, k, v):
+    FlashAttention-2 varlen kernel, bottom-right causal as the kernels here) when it applies,
+    the call is plain and no LSE is asked for (its LSE layout differs between torch
+    versions), else :func:`_per_sequence` (reads the offsets on the host)."""
+    if variant.plain and not return_lse and _aten_flash_applies(q, k, v):
         # Its vector loads assume 16-byte aligned rows: a dense copy of other tensors.
         qa, ka, va = (_aligned_rows(t) for t in (q, k, v))
         cq = cu_q if cu_q.is_contiguous() else cu_q.contiguous()
@@ -171,4 +219,4 @@ def varlen_fallback(
             return out[0].contiguous(), None
         except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
             log.debug("aten._flash_attention_forward refused the call (%s): per sequence", exc)
-    return _per_sequence(q, k, v, cu_q, cu_k, causal, scale, return_lse)
+    return _per_sequence(q, k, v, cu_q, cu_k, causal, scale, return_lse, variant, sinks)

@@ -17,6 +17,11 @@ loader's packed mode, its grid from each call's longest query length and number 
 sequences, the offsets and lengths patched per call. Split-KV's workspace is
 :mod:`fa2tune.ops.workspace`'s.
 
+A decision with an attention variant has a config built with the variant's switches, whose
+kernel takes :class:`measure.params.FaVariant` as its last argument: one per launcher
+(:func:`measure.params.variant_arg` of the decision's normalised variant), every bound
+launch pointing at it, the sinks pointer patched per call like the tensors' pointers.
+
 Imports torch: only :mod:`fa2tune.ops.torch_op` imports this module.
 """
 
@@ -36,6 +41,7 @@ from codegen.families import family_of
 from core.family import AnyConfig
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
+from core.variant import PLAIN, Variant
 from fa2tune.ops.choice import Call, Choice, Unsupported, arch_of
 from fa2tune.ops.workspace import SplitKvWorkspace
 from measure.loader import (
@@ -122,9 +128,22 @@ def make_launcher(kernel: LoadedKernel, choice: Choice, call: Call) -> Launcher 
     """The launcher of one decision: :class:`Launcher` for a dense call (its geometry is the
     call's), :class:`PackedLauncher` for a packed one (its grid is worked out per call)."""
     if call.packed is None:
-        return Launcher(kernel, choice.config, choice.source, call.shape, call.tag)
+        return Launcher(kernel, choice.config, choice.source, call.shape, call.tag, call.variant)
     s = call.shape
-    return PackedLauncher(kernel, choice.config, choice.source, s.heads, s.kv_heads)
+    return PackedLauncher(kernel, choice.config, choice.source, s.heads, s.kv_heads,
+                          call.variant)  # fmt: skip
+
+
+def variant_argument(config: AnyConfig, variant: Variant) -> Any | None:
+    """The kernel's last argument for a config built with variant switches (the variant's
+    run-time values, its sinks pointer null until a call patches it), or None for a config
+    without (its kernel takes no such argument)."""
+    if not getattr(config, "has_variant", False):
+        return None
+    # Only variant decisions need it (measure.params gains it with the variant launches).
+    from measure.params import variant_arg  # type: ignore[attr-defined,unused-ignore]
+
+    return variant_arg(variant, None)
 
 
 def load_kernel(config: AnyConfig, device: DeviceInfo) -> LoadedKernel:
@@ -197,8 +216,8 @@ class Launcher:
     """
 
     __slots__ = (
-        "_block", "_grid", "_lock", "_prep", "_sliced", "_smem", "_variants", "_ws", "_ws_args",
-        "config", "kernel", "source", "tag",
+        "_block", "_fv", "_fv_args", "_grid", "_lock", "_prep", "_sliced", "_smem", "_variants",
+        "_ws", "_ws_args", "config", "kernel", "source", "tag",
     )  # fmt: skip
 
     def __init__(
@@ -208,11 +227,15 @@ class Launcher:
         source: str,
         shape: Shape,
         tag: object = None,
+        variant: Variant = PLAIN,
     ) -> None:
         self.kernel = kernel
         self.config = config
         self.source = source
         self.tag = tag
+        # The variant kernel's last argument (one object: every bound launch points at it).
+        self._fv = variant_argument(config, variant)
+        self._fv_args: tuple[Any, ...] = () if self._fv is None else (self._fv,)
         grid, block = launch_geometry(
             config, shape.nq, shape.heads, shape.batch, nk=shape.nk, kv_heads=shape.kv_heads
         )
@@ -246,8 +269,10 @@ class Launcher:
         scale: float,
         layout: Layout,
         seqs: CuSeqlens | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
-        """Launch once into ``o`` (and ``lse``); ``seqs`` is a packed call's (None here).
+        """Launch once into ``o`` (and ``lse``); ``seqs`` is a packed call's (None here);
+        ``sinks`` the fp32 ``[Hq]`` sink logits of a variant with sinks.
 
         Raises:
             ValueError: tensors the ABI does not take (strides, alignment): the caller falls
@@ -255,8 +280,14 @@ class Launcher:
             CudaError: the driver refused the launch.
         """
         stream = current_stream(q.device)
+        fv = self._fv
         if self._sliced:
-            self.kernel.bind_config(self.config, q, k, v, o, lse, scale, layout, stream)()
+            with self._lock:
+                if fv is not None:
+                    fv.sinks = sinks.data_ptr() if sinks is not None else None
+                extra: dict[str, Any] = {} if fv is None else {"variant_arg": fv}
+                self.kernel.bind_config(self.config, q, k, v, o, lse, scale, layout, stream,
+                                        **extra)()  # fmt: skip
             return
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
         variant = self._variants.get((q.stride(), k.stride(), v.stride()))
@@ -278,15 +309,17 @@ class Launcher:
             p.q, p.k, p.v, p.o = qp, kp, vp, op
             p.lse = lse.data_ptr() if lse is not None else None
             p.softmax_scale = scale
+            if fv is not None:
+                fv.sinks = sinks.data_ptr() if sinks is not None else None
             if self._prep is not None:
                 # fa3: TMA descriptors hold the pointers (and this pattern's shape and
                 # strides): encoded once per pointer triple, the last few kept.
                 tma_key = (qp, kp, vp, stream)
                 bound = variant.tma.get(tma_key)
                 if bound is None:
-                    extra = self._prep(self.config, q, k, v, layout)  # may raise ValueError
+                    prep = self._prep(self.config, q, k, v, layout)  # may raise ValueError
                     bound = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
-                                             extra)  # fmt: skip
+                                             (*prep, *self._fv_args))  # fmt: skip
                     if len(variant.tma) >= _TMA_CACHE:
                         del variant.tma[next(iter(variant.tma))]
                     variant.tma[tma_key] = bound
@@ -295,16 +328,17 @@ class Launcher:
             if keep is not None:  # captured: a one-off bound launch on this call's workspace
                 assert ws is not None
                 self.kernel.bind(p, self._grid, self._block, self._smem, stream,
-                                 ws.args(count_ptr, partials_ptr))()  # fmt: skip
+                                 (*ws.args(count_ptr, partials_ptr), *self._fv_args))()  # fmt: skip
                 del keep  # the launch is queued: the workspace may go back to the pool
                 return
             key: object = ws_key if ws_key is not None else stream
             bound = variant.bound.get(key)
             if bound is None:
-                extra = self._ws_args  # null pointers with one split; () for fa2
+                args = self._ws_args  # null pointers with one split; () for fa2
                 if ws is not None and ws_key is not None:
-                    extra = ws.args(ws_key[1], ws_key[2])
-                bound = self.kernel.bind(p, self._grid, self._block, self._smem, stream, extra)
+                    args = ws.args(ws_key[1], ws_key[2])
+                bound = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
+                                         (*args, *self._fv_args))  # fmt: skip
                 variant.bound[key] = bound
             bound()
 
@@ -367,15 +401,23 @@ class PackedLauncher:
         kernel, config, source: what serves the decision and where the choice came from.
     """
 
-    __slots__ = ("_block", "_extra", "_heads", "_kv_heads", "_lock", "_smem", "_variants",
-                 "config", "kernel", "source")  # fmt: skip
+    __slots__ = ("_block", "_extra", "_fv", "_fv_args", "_heads", "_kv_heads", "_lock", "_smem",
+                 "_variants", "config", "kernel", "source")  # fmt: skip
 
     def __init__(
-        self, kernel: LoadedKernel, config: AnyConfig, source: str, heads: int, kv_heads: int
+        self,
+        kernel: LoadedKernel,
+        config: AnyConfig,
+        source: str,
+        heads: int,
+        kv_heads: int,
+        variant: Variant = PLAIN,
     ) -> None:
         self.kernel = kernel
         self.config = config
         self.source = source
+        self._fv = variant_argument(config, variant)
+        self._fv_args: tuple[Any, ...] = () if self._fv is None else (self._fv,)
         self._heads = heads
         self._kv_heads = kv_heads
         # A family whose packed kernels take extra arguments (TMA descriptors) after FaVarlen.
@@ -400,6 +442,7 @@ class PackedLauncher:
         scale: float,
         layout: Layout,
         seqs: CuSeqlens | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Launch once into ``o`` (and ``lse``), on the current stream of q's device
         (:class:`Launcher`'s call with the sequences; ``layout`` is unused: packed).
@@ -437,6 +480,8 @@ class PackedLauncher:
             p.nq, p.nk = max_seqlen_q, max_seqlen_k
             vl = variant.varlen
             vl.cu_seqlens_q, vl.cu_seqlens_k, vl.total_q = cqp, ckp, total_q
+            if self._fv is not None:
+                self._fv.sinks = sinks.data_ptr() if sinks is not None else None
             if count > GRID_YZ_LIMIT:  # rare: launches over slices of the offsets
                 if self._extra:
                     maps = self._maps(q, k, v)
@@ -447,7 +492,7 @@ class PackedLauncher:
                     part_vl = FaVarlen(cqp + 4 * b0, ckp + 4 * b0, total_q, 0)
                     grid = self._grid(max_seqlen_q, max_seqlen_k, n)
                     self.kernel.bind(part, grid, self._block, self._smem, stream,
-                                     (part_vl, *maps))()  # fmt: skip
+                                     (part_vl, *maps, *self._fv_args))()  # fmt: skip
                 return
             p.batch = count
             grid = self._grid(max_seqlen_q, max_seqlen_k, count)
@@ -457,7 +502,8 @@ class PackedLauncher:
             if bound is None:
                 if self._extra:
                     maps = self._maps(q, k, v)  # may raise ValueError
-                bound = self.kernel.bind(p, grid, self._block, self._smem, stream, (vl, *maps))
+                bound = self.kernel.bind(p, grid, self._block, self._smem, stream,
+                                         (vl, *maps, *self._fv_args))  # fmt: skip
                 if len(variant.bound) >= _BOUND_CACHE:
                     del variant.bound[next(iter(variant.bound))]
                 variant.bound[key] = bound

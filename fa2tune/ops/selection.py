@@ -13,9 +13,11 @@ a packed batch alike (a :class:`~fa2tune.ops.choice.Call`, ``packed`` set for th
    exactly starts one background tuning job; the choice above serves meanwhile.
 
 A packed batch asks only the local results (the service and first-use tuning take whole
-length lists, which the op does not read). In ``off`` mode none of this runs: every call gets
-its default config, with no database opened and no service asked (a baseline, or a process
-that must not read results).
+length lists, which the op does not read), and so does a call with an attention variant
+(the service's query and ``fa2tune tune``'s command line name no variant yet: a variant
+call is served by its variant's tuned configs in the local results, else its default).
+In ``off`` mode none of this runs: every call gets its default config, with no database
+opened and no service asked (a baseline, or a process that must not read results).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.shape import Shape
+from core.variant import Variant
 from fa2tune.ops import autotune
 from fa2tune.ops.choice import Call, Choice, check_supported, choose, open_store
 from fa2tune.ops.remote import reset_service_state, service_choice
@@ -30,11 +33,11 @@ from fa2tune.ops.remote import reset_service_state, service_choice
 __all__ = ["Call", "Selected", "job_tag", "reset_service_state", "select"]
 
 
-def job_tag(job: autotune.TuneJob) -> tuple[int, str, int, bool, Shape]:
+def job_tag(job: autotune.TuneJob) -> tuple[int, str, int, bool, Shape, Variant]:
     """:attr:`Call.tag` of the call a job was started for."""
     p = job.problem
     return (job.device, p.dtype, p.d, p.causal,
-            Shape(p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads))  # fmt: skip
+            Shape(p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads), p.variant)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -61,11 +64,12 @@ def select(call: Call) -> Selected:
 
     settings = get_settings()
     dense = call.packed is None
+    plain = call.variant.plain
     check_supported(call.dtype, call.d, call.compute_capability, packed=not dense)
-    problem = call.problem() if dense else None  # what first-use tuning would tune
+    problem = call.problem() if dense and plain else None  # what first-use tuning would tune
     off = autotune.current().mode == "off"
     remote = None
-    if settings.service_url and dense and not off:
+    if settings.service_url and dense and plain and not off:
         remote = service_choice(call, settings.service_url, settings.service_timeout_s)
     choice = remote
     if remote is None or remote.source != "exact":

@@ -261,3 +261,84 @@ def test_packed_launches_patch_offsets_and_lengths(
         many.data_ptr(),
         many.data_ptr() + 4 * GRID_YZ_LIMIT,
     ]
+
+
+class _FakeVariantArg(ctypes.Structure):
+    """fa_params.cuh's FaVariant, as measure.params.variant_arg makes it (its stand-in until
+    the measure layer's variant launches land here)."""
+
+    _fields_ = [
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("chunk", ctypes.c_int32),
+        ("softcap", ctypes.c_float),
+        ("sinks", ctypes.c_void_p),
+    ]
+
+
+def _fake_variant_arg(variant: Any, sinks: Any) -> _FakeVariantArg:
+    ptr = sinks.data_ptr() if sinks is not None else None
+    return _FakeVariantArg(variant.window_left, variant.window_right, variant.chunk,
+                           variant.softcap, ptr)  # fmt: skip
+
+
+def test_variant_argument_is_last_and_its_sinks_pointer_patched(
+    kernels: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config built with variant switches gets FaVariant as its last kernel argument (one
+    object per launcher, its run-time values from the decision's variant); the sinks
+    pointer is patched per call; a plain config's arguments stay as they were."""
+    from dataclasses import replace
+
+    from core.variant import Variant
+
+    monkeypatch.setattr(mp, "variant_arg", _fake_variant_arg, raising=False)
+    kernel = FakeKernel()
+    config = replace(fa2_default_config(64, "fp16", True), local=True, sinks=True)
+    variant = Variant(16, 0, sinks=True)
+    launcher = kernels.Launcher(kernel, config, "default", Shape(128, 128, 2, 4, 4), None,
+                                variant)  # fmt: skip
+    q, k, v = _qkv(2, 4, 4, 128, 128, 64)
+    o = torch.empty_like(q)
+    sinks, sinks2 = torch.zeros(4), torch.ones(4)
+    launcher(q, k, v, o, None, 0.125, "bnhd", None, sinks)
+    (fv,) = kernel.log[-1]["extra"]
+    assert isinstance(fv, _FakeVariantArg)
+    assert (fv.window_left, fv.window_right, fv.chunk) == (16, 0, 0)
+    launcher(q, k, v, o, None, 0.125, "bnhd", None, sinks2)
+    assert kernel.binds == 1 and fv.sinks == sinks2.data_ptr()  # one bound launch, patched
+    plain = kernels.Launcher(FakeKernel(), fa2_default_config(64, "fp16", True), "default",
+                             Shape(128, 128, 2, 4, 4))  # fmt: skip
+    assert plain._fv is None and plain._fv_args == ()
+    # split-KV: the workspace arguments first, FaVariant last.
+    skv = replace(splitkv_default(64, "fp16", False), softcap=True)
+    kernel = FakeKernel()
+    launcher = kernels.Launcher(kernel, skv, "default", Shape(1, 4096, 1, 4, 4), None,
+                                Variant(softcap=30.0))  # fmt: skip
+    q, k, v = _qkv(1, 4, 4, 1, 4096, 64)
+    launcher(q, k, v, torch.empty_like(q), None, 0.125, "bnhd")
+    extra = kernel.log[-1]["extra"]
+    assert isinstance(extra[-1], _FakeVariantArg) and abs(extra[-1].softcap - 30.0) < 1e-6
+    assert extra[-1].sinks is None and len(extra) >= 2
+
+
+def test_packed_variant_argument_follows_the_varlen_argument(
+    kernels: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
+
+    from core.variant import Variant
+
+    monkeypatch.setattr(mp, "variant_arg", _fake_variant_arg, raising=False)
+    monkeypatch.setattr(kernels, "packed_params", _packed_params)
+    kernel = FakeKernel()
+    config = replace(fa2_default_config(64, "fp16", True), varlen=True, local=True)
+    launcher = kernels.PackedLauncher(kernel, config, "default", 4, 2, Variant(chunk=32))
+    q = torch.randn(300, 4, 64, dtype=torch.float16)
+    k = torch.randn(500, 2, 64, dtype=torch.float16)
+    cu_q = torch.tensor([0, 100, 300], dtype=torch.int32)
+    cu_k = torch.tensor([0, 200, 500], dtype=torch.int32)
+    launcher(q, k, k, torch.empty_like(q), None, 0.125, "bnhd",
+             kernels.CuSeqlens(cu_q, cu_k, 200, 300))  # fmt: skip
+    vl, fv = kernel.log[-1]["extra"]
+    assert vl.total_q == 300 and isinstance(fv, _FakeVariantArg) and fv.chunk == 32

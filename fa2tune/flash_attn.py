@@ -1,0 +1,380 @@
+"""``fa2tune.flash_attn``: FlashAttention-3's ``flash_attn_interface`` on fa2tune's kernels.
+
+    from fa2tune.flash_attn import flash_attn_func, flash_attn_varlen_func
+    out = flash_attn_func(q, k, v, causal=True, window_size=(128, 0))   # q [B, Nq, Hq, D]
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, return_attn_probs=True)
+
+The functions take FlashAttention-3's arguments in its order with its defaults (hopper's
+``flash_attn_interface``) and return what it returns, so code written against it (and its
+test suite, bench/peer/) runs by changing one import. Underneath is the torch op
+(:mod:`fa2tune.ops.torch_op`) with ``fallback=False``: a call the tuned kernels cannot serve
+raises :class:`NotImplementedError` with the reason, never runs on another implementation.
+
+What differs, on purpose:
+
+* Forward only. Outputs of inputs that record gradients carry a graph node whose backward
+  raises :class:`NotImplementedError` (a loss through them fails loudly instead of training
+  with gradients silently missing).
+* Arguments fa2tune does not run raise :class:`NotImplementedError` naming them: ``qv``, the
+  fp8 descales and fp8 inputs, a V head dim other than Q's, ``seqused_q``/``seqused_k``,
+  ``deterministic=True``, and in :func:`flash_attn_with_kvcache` everything beyond a plain
+  contiguous cache (appending K/V, rotary, cache lengths per sequence, batch indices,
+  left padding, paged caches, packed queries: issue 24). Scheduling hints (``num_splits``,
+  ``pack_gqa``, ``sm_margin``, ``scheduler_metadata``) are accepted and ignored: fa2tune's
+  tuned config decides the schedule.
+* The LSE of a row that sees no key is +inf, as FlashAttention returns it (fa2tune's own op
+  says -inf; converted here). With sinks such a row's LSE is its sink logit, as in the op.
+* ``sinks=`` (keyword only, an fa2tune extension: hopper's interface has no sink argument):
+  ``[Hq]`` float32 logits (GPT-OSS's attention sinks), see :func:`fa2tune.torch.attention`.
+
+Importing this module imports torch (and registers the op).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fa2tune.ops.choice import Unsupported
+from fa2tune.ops.kernels import CuSeqlens
+from fa2tune.ops.torch_op import run
+
+__all__ = [
+    "flash_attn_combine",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "get_scheduler_metadata",
+]
+
+
+def _refuse(what: str) -> NotImplementedError:
+    return NotImplementedError(f"fa2tune.flash_attn does not run {what}")
+
+
+def _window(window_size: Any) -> tuple[int, int]:
+    """FlashAttention's ``window_size`` (a pair; its tests pass a 2-element tensor too)."""
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be (left, right), got {window_size!r}") from None
+    return left, right
+
+
+def _check_common(
+    q: torch.Tensor,
+    v: torch.Tensor,
+    qv: Any,
+    q_descale: Any,
+    k_descale: Any,
+    v_descale: Any,
+    deterministic: bool,
+) -> None:
+    """The arguments every entry refuses (NotImplementedError naming the argument)."""
+    if qv is not None:
+        raise _refuse("qv (an extra Q-V product, FlashAttention-3's MLA path)")
+    for name, value in (("q_descale", q_descale), ("k_descale", k_descale),
+                        ("v_descale", v_descale)):  # fmt: skip
+        if value is not None:
+            raise _refuse(f"{name} (fp8 attention)")
+    if q.dtype.is_floating_point and q.dtype.itemsize == 1:
+        raise _refuse(f"fp8 inputs ({q.dtype})")
+    if int(v.shape[-1]) != int(q.shape[-1]):
+        raise _refuse(f"a V head dim ({v.shape[-1]}) other than Q's ({q.shape[-1]})")
+    if deterministic:
+        raise _refuse("deterministic=True (a backward option; fa2tune has no backward)")
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _fa_lse(lse: torch.Tensor) -> torch.Tensor:
+    """fa2tune's LSE in FlashAttention's convention: a row that sees no key is +inf."""
+    return lse.masked_fill_(lse == float("-inf"), float("inf"))
+
+
+class _ForwardOnly(torch.autograd.Function):
+    """A forward whose backward refuses: the output of inputs that need gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        o, lse = compute()
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise NotImplementedError(
+            "fa2tune.flash_attn is forward-only: no backward pass (gradients of q, k, v)"
+        )
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqs: CuSeqlens | None,
+    softmax_scale: float | None,
+    causal: bool,
+    window_size: Any,
+    attention_chunk: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` in FlashAttention's conventions, from the torch op without fallback
+    (``lse`` an empty tensor unless ``return_lse``)."""
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    window = _window(window_size)
+
+    def compute() -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            o, lse = run(q, k, v, bool(causal), float(scale), "bnhd", return_lse, False, seqs,
+                         window, int(attention_chunk), float(softcap), sinks)  # fmt: skip
+        except Unsupported as exc:
+            raise NotImplementedError(f"fa2tune does not run this call: {exc.reason}") from exc
+        if lse is None:
+            return o, o.new_empty((0,), dtype=torch.float32)
+        return o, _fa_lse(lse)
+
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sinks)
+    )
+    if needs_grad:
+        tensors = [t for t in (q, k, v, sinks) if t is not None]
+        o, lse = _ForwardOnly.apply(compute, *tensors)  # type: ignore[no-untyped-call]
+        return o, lse
+    return compute()
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-3's ``flash_attn_func`` (forward): ``out`` ``[B, Nq, Hq, D]``, or with
+    ``return_attn_probs`` ``(out, softmax_lse)``, the LSE ``[B, Hq, Nq]`` float32.
+
+    q ``[B, Nq, Hq, D]``, k and v ``[B, Nk, Hkv, D]``; causal and windows bottom-right
+    aligned; ``num_splits``, ``pack_gqa``, ``sm_margin`` are hints (ignored). ``sinks``: an
+    fa2tune extension (see the module docstring).
+
+    Raises:
+        NotImplementedError: an argument fa2tune does not run (named), or a call its kernels
+            cannot serve (with the reason).
+        ValueError: bad arguments.
+    """
+    del num_splits, pack_gqa, sm_margin  # scheduling hints: the tuned config decides
+    _check_common(q, v, qv, q_descale, k_descale, v_descale, deterministic)
+    out, lse = _attend(q, k, v, None, softmax_scale, causal, window_size, attention_chunk,
+                       softcap, sinks, return_attn_probs)  # fmt: skip
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-3's ``flash_attn_varlen_func`` (forward) over a packed batch:
+    ``out`` ``[total_q, Hq, D]``, or ``(out, softmax_lse)`` with the LSE ``[Hq, total_q]``.
+
+    ``cu_seqlens_*``: int32 ``[num_seqs + 1]`` offsets; masks aligned per sequence.
+
+    Raises:
+        NotImplementedError: ``seqused_q``/``seqused_k`` (sequences using fewer rows than
+            their offsets give), another refused argument, or a call the kernels cannot
+            serve.
+        ValueError: bad arguments.
+    """
+    del num_splits, pack_gqa, sm_margin  # scheduling hints: the tuned config decides
+    if seqused_q is not None:
+        raise _refuse("seqused_q (per-sequence used query lengths)")
+    if seqused_k is not None:
+        raise _refuse("seqused_k (per-sequence used key lengths)")
+    _check_common(q, v, qv, q_descale, k_descale, v_descale, deterministic)
+    seqs = CuSeqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out, lse = _attend(q, k, v, seqs, softmax_scale, causal, window_size, attention_chunk,
+                       softcap, sinks, return_attn_probs)  # fmt: skip
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    rotary_seqlens: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: torch.Tensor | None = None,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-3's ``flash_attn_with_kvcache``, the plain contiguous case only:
+    attention of ``q`` ``[B, Nq, Hq, D]`` over a cache ``[B, Ncache, Hkv, D]`` every sequence
+    of which uses the same number of keys (``cache_seqlens`` None: all of them, or one int:
+    the first that many). That is :func:`flash_attn_func` on the cache (sliced to the int).
+
+    Returns:
+        ``out``, or with ``return_softmax_lse`` ``(out, softmax_lse)`` (``[B, Hq, Nq]``).
+
+    Raises:
+        NotImplementedError: new K/V to append, rotary embedding, cache lengths as a tensor,
+            batch indices, left padding, a page table, packed queries (issue 24), or another
+            refused argument (named).
+    """
+    del rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin  # hints
+    refused = {
+        "k (appending new keys to the cache)": k,
+        "v (appending new values to the cache)": v,
+        "rotary_cos (rotary embedding)": rotary_cos,
+        "rotary_sin (rotary embedding)": rotary_sin,
+        "rotary_seqlens (rotary embedding)": rotary_seqlens,
+        "cache_batch_idx (batch indices into the cache)": cache_batch_idx,
+        "cache_leftpad (left-padded caches)": cache_leftpad,
+        "page_table (paged KV caches)": page_table,
+        "cu_seqlens_q (packed queries over a cache)": cu_seqlens_q,
+        "cu_seqlens_k_new (packed new keys)": cu_seqlens_k_new,
+        "max_seqlen_q (packed queries over a cache)": max_seqlen_q,
+    }
+    for what, value in refused.items():
+        if value is not None:
+            raise _refuse(what)
+    if isinstance(cache_seqlens, torch.Tensor):
+        raise _refuse("cache_seqlens as a tensor (a length per sequence: issue 24)")
+    _check_common(q, v_cache, qv, q_descale, k_descale, v_descale, False)
+    keys, values = k_cache, v_cache
+    if cache_seqlens is not None:
+        n = int(cache_seqlens)
+        if not 0 <= n <= int(k_cache.shape[1]):
+            raise ValueError(f"cache_seqlens {n} is outside the cache's {k_cache.shape[1]} rows")
+        keys, values = k_cache[:, :n], v_cache[:, :n]
+    out, lse = _attend(q, keys, values, None, softmax_scale, causal, window_size,
+                       attention_chunk, softcap, sinks, return_softmax_lse)  # fmt: skip
+    return (out, lse) if return_softmax_lse else out
+
+
+def flash_attn_combine(
+    out_partial: torch.Tensor,
+    lse_partial: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-3's ``flash_attn_combine`` on torch (no kernel: fa2tune's split-KV
+    kernels combine their own splits): partial outputs ``[S, ..., D]`` with their LSEs
+    ``[S, ...]`` merged into ``(out [..., D], lse [...])``, float32 math; a split whose LSE
+    is -inf counts for nothing.
+
+    Args:
+        out_partial: each split's normalised output, float32.
+        lse_partial: each split's LSE.
+        out: where to write the output (its dtype wins), else a new tensor.
+        out_dtype: the new output's dtype (default: ``out_partial``'s).
+    """
+    lse_p = lse_partial.float()
+    lse = torch.logsumexp(lse_p, dim=0)
+    weight = torch.exp(lse_p - lse.unsqueeze(0)).nan_to_num(0.0, posinf=0.0, neginf=0.0)
+    combined = (weight.unsqueeze(-1) * out_partial.float()).sum(dim=0)
+    if out is not None:
+        out.copy_(combined)
+        return out, lse
+    return combined.to(out_dtype or out_partial.dtype), lse
+
+
+def get_scheduler_metadata(
+    batch_size: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    num_heads_q: int,
+    num_heads_kv: int,
+    headdim: int,
+    cache_seqlens: torch.Tensor,
+    qkv_dtype: torch.dtype = torch.bfloat16,
+    headdim_v: int | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    page_size: int | None = None,
+    max_seqlen_k_new: int = 0,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    has_softcap: bool = False,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    sm_margin: int = 0,
+) -> torch.Tensor:
+    """FlashAttention-3's ``get_scheduler_metadata``: an empty int32 tensor on the cache
+    lengths' device. fa2tune schedules when a call's config is decided, so there is nothing
+    to precompute; :func:`flash_attn_with_kvcache` accepts the result and ignores it."""
+    del batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, qkv_dtype
+    del headdim_v, cu_seqlens_q, cu_seqlens_k_new, cache_leftpad, page_size, max_seqlen_k_new
+    del causal, window_size, attention_chunk, has_softcap, num_splits, pack_gqa, sm_margin
+    return torch.empty((0,), dtype=torch.int32, device=cache_seqlens.device)
