@@ -137,13 +137,15 @@ def make_launcher(kernel: LoadedKernel, choice: Choice, call: Call) -> Launcher 
 def variant_argument(config: AnyConfig, variant: Variant) -> Any | None:
     """The kernel's last argument for a config built with variant switches (the variant's
     run-time values, its sinks pointer null until a call patches it), or None for a config
-    without (its kernel takes no such argument)."""
+    without (its kernel takes no such argument). The decision's variant is normalised with
+    the call's lengths already; :func:`measure.params.launch_variant` gives the window the
+    kernel takes (a causal config's right bound 0)."""
     if not getattr(config, "has_variant", False):
         return None
-    # Only variant decisions need it (measure.params gains it with the variant launches).
-    from measure.params import variant_arg  # type: ignore[attr-defined,unused-ignore]
+    from measure.params import FaVariant, launch_variant
 
-    return variant_arg(variant, None)
+    w = launch_variant(config.causal, variant)
+    return FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), None)
 
 
 def load_kernel(config: AnyConfig, device: DeviceInfo) -> LoadedKernel:
@@ -216,8 +218,22 @@ class Launcher:
     """
 
     __slots__ = (
-        "_block", "_fv", "_fv_args", "_grid", "_lock", "_prep", "_sliced", "_smem", "_variants",
-        "_ws", "_ws_args", "config", "kernel", "source", "tag",
+        "_block",
+        "_fv",
+        "_fv_args",
+        "_grid",
+        "_lock",
+        "_prep",
+        "_sliced",
+        "_smem",
+        "_variant_of_call",
+        "_variants",
+        "_ws",
+        "_ws_args",
+        "config",
+        "kernel",
+        "source",
+        "tag",
     )  # fmt: skip
 
     def __init__(
@@ -236,6 +252,7 @@ class Launcher:
         # The variant kernel's last argument (one object: every bound launch points at it).
         self._fv = variant_argument(config, variant)
         self._fv_args: tuple[Any, ...] = () if self._fv is None else (self._fv,)
+        self._variant_of_call = variant
         grid, block = launch_geometry(
             config, shape.nq, shape.heads, shape.batch, nk=shape.nk, kv_heads=shape.kv_heads
         )
@@ -283,11 +300,9 @@ class Launcher:
         fv = self._fv
         if self._sliced:
             with self._lock:
-                if fv is not None:
-                    fv.sinks = sinks.data_ptr() if sinks is not None else None
-                extra: dict[str, Any] = {} if fv is None else {"variant_arg": fv}
+                # The slow path binds afresh: the loader builds the FaVariant of the slices.
                 self.kernel.bind_config(self.config, q, k, v, o, lse, scale, layout, stream,
-                                        **extra)()  # fmt: skip
+                                        variant=self._variant_of_call, sinks=sinks)()  # fmt: skip
             return
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
         variant = self._variants.get((q.stride(), k.stride(), v.stride()))

@@ -263,25 +263,6 @@ def test_packed_launches_patch_offsets_and_lengths(
     ]
 
 
-class _FakeVariantArg(ctypes.Structure):
-    """fa_params.cuh's FaVariant, as measure.params.variant_arg makes it (its stand-in until
-    the measure layer's variant launches land here)."""
-
-    _fields_ = [
-        ("window_left", ctypes.c_int32),
-        ("window_right", ctypes.c_int32),
-        ("chunk", ctypes.c_int32),
-        ("softcap", ctypes.c_float),
-        ("sinks", ctypes.c_void_p),
-    ]
-
-
-def _fake_variant_arg(variant: Any, sinks: Any) -> _FakeVariantArg:
-    ptr = sinks.data_ptr() if sinks is not None else None
-    return _FakeVariantArg(variant.window_left, variant.window_right, variant.chunk,
-                           variant.softcap, ptr)  # fmt: skip
-
-
 def test_variant_argument_is_last_and_its_sinks_pointer_patched(
     kernels: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -292,7 +273,6 @@ def test_variant_argument_is_last_and_its_sinks_pointer_patched(
 
     from core.variant import Variant
 
-    monkeypatch.setattr(mp, "variant_arg", _fake_variant_arg, raising=False)
     kernel = FakeKernel()
     config = replace(fa2_default_config(64, "fp16", True), local=True, sinks=True)
     variant = Variant(16, 0, sinks=True)
@@ -303,7 +283,7 @@ def test_variant_argument_is_last_and_its_sinks_pointer_patched(
     sinks, sinks2 = torch.zeros(4), torch.ones(4)
     launcher(q, k, v, o, None, 0.125, "bnhd", None, sinks)
     (fv,) = kernel.log[-1]["extra"]
-    assert isinstance(fv, _FakeVariantArg)
+    assert isinstance(fv, mp.FaVariant)
     assert (fv.window_left, fv.window_right, fv.chunk) == (16, 0, 0)
     launcher(q, k, v, o, None, 0.125, "bnhd", None, sinks2)
     assert kernel.binds == 1 and fv.sinks == sinks2.data_ptr()  # one bound launch, patched
@@ -318,7 +298,7 @@ def test_variant_argument_is_last_and_its_sinks_pointer_patched(
     q, k, v = _qkv(1, 4, 4, 1, 4096, 64)
     launcher(q, k, v, torch.empty_like(q), None, 0.125, "bnhd")
     extra = kernel.log[-1]["extra"]
-    assert isinstance(extra[-1], _FakeVariantArg) and abs(extra[-1].softcap - 30.0) < 1e-6
+    assert isinstance(extra[-1], mp.FaVariant) and abs(extra[-1].softcap - 30.0) < 1e-6
     assert extra[-1].sinks is None and len(extra) >= 2
 
 
@@ -329,7 +309,6 @@ def test_packed_variant_argument_follows_the_varlen_argument(
 
     from core.variant import Variant
 
-    monkeypatch.setattr(mp, "variant_arg", _fake_variant_arg, raising=False)
     monkeypatch.setattr(kernels, "packed_params", _packed_params)
     kernel = FakeKernel()
     config = replace(fa2_default_config(64, "fp16", True), varlen=True, local=True)
@@ -341,4 +320,4 @@ def test_packed_variant_argument_follows_the_varlen_argument(
     launcher(q, k, k, torch.empty_like(q), None, 0.125, "bnhd",
              kernels.CuSeqlens(cu_q, cu_k, 200, 300))  # fmt: skip
     vl, fv = kernel.log[-1]["extra"]
-    assert vl.total_q == 300 and isinstance(fv, _FakeVariantArg) and fv.chunk == 32
+    assert vl.total_q == 300 and isinstance(fv, mp.FaVariant) and fv.chunk == 32
