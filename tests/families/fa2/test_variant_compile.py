@@ -13,6 +13,8 @@
 * ``test_variant_kernels_take_faparams_then_favariant`` (compile): the kernels' signatures,
   checked by assigning them to typed function pointers (dense: ``(FaParams, FaVariant)``;
   varlen: ``(FaParams, FaVarlen, FaVariant)``) and the templated kernels and launchers exist.
+* ``test_the_gpu_check_program_builds`` (compile): the GPU tier's program
+  (``mma_variant_check.cu``) compiles.
 
 Marked ``compile`` (but the render test); skipped when nvcc is not on PATH. About 40 nvcc
 calls of 1-3 s each.
@@ -40,16 +42,18 @@ from core.settings import get_settings
 log = logging.getLogger(__name__)
 
 NVCC = get_settings().nvcc
-needs_nvcc = pytest.mark.skipif(shutil.which(NVCC) is None, reason=f"nvcc ({NVCC!r}) is not on PATH")
+needs_nvcc = pytest.mark.skipif(
+    shutil.which(NVCC) is None, reason=f"nvcc ({NVCC!r}) is not on PATH"
+)
 
-LOCAL = {"local": True}
-SOFTCAP = {"softcap": True}
-SINKS = {"sinks": True}
-ALL = {"local": True, "softcap": True, "sinks": True}
+LOCAL = ("local",)
+SOFTCAP = ("softcap",)
+SINKS = ("sinks",)
+ALL = ("local", "softcap", "sinks")
 
 #: Plain tiles and the switches built on them; spill-free on sm_90 with CUDA 13.0 (on sm_80,
 #: whose 128-thread blocks get fewer registers, the D=64 pad-8 two-stage tiles spill plain).
-TILES: list[tuple[Fa2Config, list[dict[str, bool]]]] = [
+TILES: list[tuple[Fa2Config, list[tuple[str, ...]]]] = [
     (Fa2Config(64, "fp16", False, 64, 64, 4, 2, pad=8), [LOCAL, SOFTCAP, SINKS, ALL]),
     (Fa2Config(64, "bf16", True, 64, 64, 4, 2, pad=8, varlen=True), [LOCAL, ALL]),
     (Fa2Config(128, "bf16", True, 64, 64, 4, 1, swizzle=True), [LOCAL, SOFTCAP, SINKS, ALL]),
@@ -57,6 +61,13 @@ TILES: list[tuple[Fa2Config, list[dict[str, bool]]]] = [
     (Fa2Config(256, "bf16", False, 64, 32, 4, 1, swizzle=True), [LOCAL, ALL]),
     (Fa2Config(256, "fp16", True, 64, 32, 4, 1, swizzle=True), [SOFTCAP, SINKS]),
 ]
+
+
+def with_switches(tile: Fa2Config, switches: tuple[str, ...]) -> Fa2Config:
+    """``tile`` with the named variant switches set."""
+    return replace(
+        tile, local="local" in switches, softcap="softcap" in switches, sinks="sinks" in switches
+    )
 
 
 def _spill_free(r: BuildReport) -> bool:
@@ -94,7 +105,7 @@ def test_variant_config_renders_the_variant_macro() -> None:
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_variant_sample_builds(arch: str, tmp_path: Path) -> None:
     plains = [tile for tile, _ in TILES]
-    variants = [replace(tile, **sw) for tile, switches in TILES for sw in switches]
+    variants = [with_switches(tile, sw) for tile, switches in TILES for sw in switches]
     assert all(is_valid(c) == (True, "") for c in plains + variants)
     reports = build_configs([*plains, *variants], arch, cache_dir=tmp_path, jobs=1)
     by_name = {r.config.name: r for r in reports}
@@ -103,7 +114,7 @@ def test_variant_sample_builds(arch: str, tmp_path: Path) -> None:
         plain = by_name[tile.name]
         assert plain.status in (BuildStatus.OK, BuildStatus.SPILLS), f"{tile.name}: {plain.error}"
         for sw in switches:
-            c = replace(tile, **sw)
+            c = with_switches(tile, sw)
             r = by_name[c.name]
             log.info(
                 "%s %s: %s registers, %s B spilled (plain %s, %s B)", arch, c.name, r.registers,
@@ -121,6 +132,7 @@ def test_variant_sample_builds(arch: str, tmp_path: Path) -> None:
                 f"{plain.registers} registers, no spill"
             )
     assert compared >= len(reports) // 2  # most of the sample is spill-free plain
+
 
 SIGNATURES = r"""
 #include "fa2_fwd.cuh"
@@ -154,3 +166,16 @@ def test_variant_kernels_take_faparams_then_favariant(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"[-4000:]
+
+
+@pytest.mark.compile
+@needs_nvcc
+def test_the_gpu_check_program_builds(tmp_path: Path) -> None:
+    """The GPU tier's program (mma_variant_check.cu, fa2 and splitkv) keeps compiling."""
+    source = Path(__file__).with_name("mma_variant_check.cu")
+    proc = subprocess.run(
+        [NVCC, "-O3", "-std=c++17", "-gencode=arch=compute_90,code=sm_90",
+         f"-I{template_dir()}", str(source), "-o", str(tmp_path / "check")],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]

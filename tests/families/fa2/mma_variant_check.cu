@@ -1,8 +1,11 @@
-// fa2tune test program: the fa2 variant kernels against a brute-force host reference.
+// fa2tune test program: the mma.sync families' variant kernels (fa2, splitkv) against a
+// brute-force host reference.
 //
-// Built and run by tests/families/fa2/test_variant_gpu.py (nvcc, one GPU; no torch). For each
+// Built and run by tests/families/fa2/test_variant_gpu.py (argument "fa2") and
+// tests/families/splitkv/test_variant_gpu.py ("splitkv"): nvcc and one GPU, no torch. For each
 // (config, case) it fills Q, K, V and the sinks with random values, poisons O and LSE with
-// NaN, launches fa2::launch_variant / launch_varlen_variant and compares with a double
+// NaN, launches fa2::launch_variant / launch_varlen_variant or splitkv::launch_variant (its
+// own workspace; the splits follow nk) and compares with a double
 // reference that applies the rules of core/variant.py literally, key by key: bottom-right
 // positions pos = i + nk - nq, the window [pos - left, pos + right], pos's chunk, causality,
 // softcap * tanh(s / softcap), the sink logit in the denominator; a row that sees no key has
@@ -14,7 +17,10 @@
 #include <random>
 #include <vector>
 
+#include <cstring>
+
 #include "fa2_fwd.cuh"
+#include "splitkv_launch.cuh"
 
 #define CHECK(x)                                                                  \
   do {                                                                            \
@@ -57,9 +63,10 @@ template <>
 __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
 // Runs one case; returns true when it passes. Layout [total rows, heads, D] (bnhd, packed when
-// varlen), LSE [batch, heads, nq] (dense) or [heads, total_q] (varlen).
-template <class T>
-static bool run_case(const char* name, const Case& c, unsigned seed) {
+// varlen), LSE [batch, heads, nq] (dense) or [heads, total_q] (varlen). `launch(p, vl, var)`
+// launches T's kernel.
+template <class T, bool Varlen, class Launch>
+static bool run_case(const char* name, const Case& c, unsigned seed, const Launch& launch) {
   using Elem = typename T::Elem;
   constexpr int D = T::DHead;
   std::mt19937 rng(seed);
@@ -67,15 +74,15 @@ static bool run_case(const char* name, const Case& c, unsigned seed) {
   std::vector<int> lq(c.batch), lk(c.batch), cq(c.batch + 1, 0), ck(c.batch + 1, 0);
   for (int b = 0; b < c.batch; ++b) {
     lq[b] = c.nq, lk[b] = c.nk;
-    if (T::Varlen && b > 0) {  // shorter sequences after the first (which has the longest)
+    if (Varlen && b > 0) {  // shorter sequences after the first (which has the longest)
       lq[b] = 1 + static_cast<int>(rng() % c.nq);
       lk[b] = 1 + static_cast<int>(rng() % c.nk);
     }
     cq[b + 1] = cq[b] + lq[b];
     ck[b + 1] = ck[b] + lk[b];
   }
-  const int tq = T::Varlen ? cq[c.batch] : c.batch * c.nq;
-  const int tk = T::Varlen ? ck[c.batch] : c.batch * c.nk;
+  const int tq = Varlen ? cq[c.batch] : c.batch * c.nq;
+  const int tk = Varlen ? ck[c.batch] : c.batch * c.nk;
   std::vector<Elem> q(size_t(tq) * c.heads * D), k(size_t(tk) * c.kv_heads * D),
       v(size_t(tk) * c.kv_heads * D);
   for (auto& x : q) x = from_float<Elem>(normal(rng));
@@ -120,12 +127,7 @@ static bool run_case(const char* name, const Case& c, unsigned seed) {
   var.chunk = T::Local ? c.chunk : 0;
   var.softcap = T::Softcap ? c.softcap : 0.f;
   var.sinks = T::Sinks && c.sinks ? dsinks : nullptr;  // null: no sink
-  if constexpr (T::Varlen) {
-    FaVarlen vl{dcq, dck, tq, 0};
-    CHECK(fa2::launch_varlen_variant<T>(p, vl, var, 0));
-  } else {
-    CHECK(fa2::launch_variant<T>(p, var, 0));
-  }
+  CHECK(launch(p, FaVarlen{dcq, dck, tq, 0}, var));
   CHECK(cudaDeviceSynchronize());
   std::vector<Elem> out(q.size());
   std::vector<float> lse(size_t(tq) * c.heads);
@@ -143,12 +145,12 @@ static bool run_case(const char* name, const Case& c, unsigned seed) {
     for (int h = 0; h < c.heads; ++h) {
       const int kvh = h / (c.heads / c.kv_heads);
       for (int i = 0; i < lq[b]; ++i) {
-        const int qrow = T::Varlen ? cq[b] + i : b * c.nq + i;
+        const int qrow = Varlen ? cq[b] + i : b * c.nq + i;
         double mx = eff.sinks ? sinks[h] : -INFINITY;
         for (int j = 0; j < lk[b]; ++j) {
           sc[j] = -INFINITY;
           if (!visible(T::Causal, eff, lq[b], lk[b], i, j)) continue;
-          const int krow = T::Varlen ? ck[b] + j : b * c.nk + j;
+          const int krow = Varlen ? ck[b] + j : b * c.nk + j;
           double s = 0;
           for (int d = 0; d < D; ++d)
             s += double(to_float(q[(size_t(qrow) * c.heads + h) * D + d])) *
@@ -164,7 +166,7 @@ static bool run_case(const char* name, const Case& c, unsigned seed) {
           if (sc[j] == -INFINITY) continue;
           const double w = std::exp(sc[j] - mx);
           l += w;
-          const int krow = T::Varlen ? ck[b] + j : b * c.nk + j;
+          const int krow = Varlen ? ck[b] + j : b * c.nk + j;
           for (int d = 0; d < D; ++d) acc[d] += w * to_float(v[(size_t(krow) * c.kv_heads + kvh) * D + d]);
         }
         const double ref_lse = l > 0 ? mx + std::log(l) : -INFINITY;
@@ -175,7 +177,7 @@ static bool run_case(const char* name, const Case& c, unsigned seed) {
           if (!(err <= 2e-2 + 1e-2 * std::fabs(ref))) ++bad;
           if (err > max_err || std::isnan(err)) max_err = std::isnan(err) ? INFINITY : err;
         }
-        const float got_lse = T::Varlen ? lse[size_t(h) * tq + qrow]
+        const float got_lse = Varlen ? lse[size_t(h) * tq + qrow]
                                         : lse[(size_t(b) * c.heads + h) * c.nq + i];
         double lerr = 0;
         if (std::isinf(ref_lse)) lerr = got_lse == -INFINITY ? 0 : INFINITY;
@@ -190,7 +192,7 @@ static bool run_case(const char* name, const Case& c, unsigned seed) {
   return bad == 0;
 }
 
-// The cases every config runs: windows, chunks, causal windows, rows that see no key
+// The cases every fa2 config runs: windows, chunks, causal windows, rows that see no key
 // (nq > nk), one query row, GQA, a window past every key.
 static const Case kCases[] = {
     {2, 4, 2, 300, 300, 64, 0, 0, 30.f, true},     // causal sliding window (left 64)
@@ -204,36 +206,96 @@ static const Case kCases[] = {
     {1, 2, 2, 64, 3000, 16, 5, 0, 30.f, false},    // narrow window far from key 0
 };
 
+// The cases every splitkv config runs: decode (nq 1..5 rows, GQA and MQA) with windows,
+// chunks, rows that see no key (nq > nk), one key tile (one split: the block's own merge takes
+// the sink), many splits past a window's tiles (neutral partials), no sink pointer.
+static const Case kDecodeCases[] = {
+    {2, 8, 2, 1, 5000, 256, 0, 0, 30.f, true},     // decode, sliding window: most splits empty
+    {1, 8, 1, 4, 3000, 100, 0, 0, 20.f, true},     // speculative rows, MQA
+    {2, 4, 4, 3, 1000, -1, -1, 128, 10.f, true},   // chunked
+    {1, 8, 2, 2, 700, 1000, 1000, 0, 30.f, true},  // a window past every key
+    {1, 4, 2, 5, 4, 2, 0, 0, 30.f, true},          // nq > nk: a row sees no key
+    {1, 8, 2, 1, 16, 4, 0, 0, 30.f, true},         // one key tile: one split
+    {1, 4, 2, 1, 9000, 16, 0, 0, 30.f, false},     // narrow window, no sink pointer
+    {3, 4, 2, 2, 333, 64, 5, 32, 30.f, true},      // window and chunk, odd nk
+    {1, 32, 8, 1, 8192, 1024, 0, 0, 50.f, true},   // GQA decode, a wide window
+};
+
 template <class T>
-static int run_all(const char* name) {
+static int run_fa2(const char* name) {
   int failed = 0;
   unsigned seed = 1;
-  for (const Case& c : kCases) failed += !run_case<T>(name, c, seed++);
+  for (const Case& c : kCases)
+    failed += !run_case<T, T::Varlen>(name, c, seed++,
+                                      [](const FaParams& p, const FaVarlen& vl, const FaVariant& var) {
+                                        if constexpr (T::Varlen) return fa2::launch_varlen_variant<T>(p, vl, var, 0);
+                                        else return fa2::launch_variant<T>(p, var, 0);
+                                      });
   return failed;
 }
 
-int main() {
+template <class T>
+static int run_splitkv(const char* name) {
+  int failed = 0;
+  unsigned seed = 100;
+  for (const Case& c : kDecodeCases)
+    failed += !run_case<T, false>(name, c, seed++,
+                                  [](const FaParams& p, const FaVarlen&, const FaVariant& var) {
+                                    return splitkv::launch_variant<T>(p, var, 0);
+                                  });
+  return failed;
+}
+
+static int splitkv_main() {
+  int failed = 0;
+  failed += run_splitkv<splitkv::VariantTraits<128, __half, false, 16, 32, 4, 2, 16, true, true, true>>(
+      "skv_d128_fp16_r16_n32_w4_s2_k16_loc_cap_snk");
+  failed += run_splitkv<splitkv::VariantTraits<128, __nv_bfloat16, true, 32, 16, 2, 2, 8, true, false, true>>(
+      "skv_d128_bf16_causal_r32_n16_w2_s2_k8_loc_snk");
+  failed += run_splitkv<splitkv::VariantTraits<64, __half, false, 16, 32, 4, 3, 8, false, true, false>>(
+      "skv_d64_fp16_r16_n32_w4_s3_k8_cap");
+  failed += run_splitkv<splitkv::VariantTraits<40, __half, true, 16, 32, 4, 2, 16, true, false, false>>(
+      "skv_d40_fp16_causal_r16_n32_w4_s2_k16_loc");
+  failed += run_splitkv<splitkv::VariantTraits<256, __nv_bfloat16, false, 16, 16, 4, 2, 32, false, false, true>>(
+      "skv_d256_bf16_r16_n16_w4_s2_k32_snk");
+  failed += run_splitkv<splitkv::VariantTraits<64, __half, false, 64, 32, 4, 2, 4, true, true, true>>(
+      "skv_d64_fp16_r64_n32_w4_s2_k4_loc_cap_snk");
+  failed += run_splitkv<splitkv::VariantTraits<128, __half, false, 16, 64, 1, 2, 64, true, false, true>>(
+      "skv_d128_fp16_r16_n64_w1_s2_k64_loc_snk");
+  return failed;
+}
+
+static int fa2_main() {
   int failed = 0;
   // Dense: every switch, each alone and together, pipeline depths 1..3, D 64/128/256.
-  failed += run_all<fa2::Traits<64, __half, false, 64, 64, 4, 2, 8, false, false, true, true, true>>(
+  failed += run_fa2<fa2::Traits<64, __half, false, 64, 64, 4, 2, 8, false, false, true, true, true>>(
       "d64_fp16_s2_pad8_loc_cap_snk");
-  failed += run_all<fa2::Traits<64, __half, true, 64, 64, 4, 3, 8, false, false, true, false, false>>(
+  failed += run_fa2<fa2::Traits<64, __half, true, 64, 64, 4, 3, 8, false, false, true, false, false>>(
       "d64_fp16_causal_s3_pad8_loc");
-  failed += run_all<fa2::Traits<128, __nv_bfloat16, true, 64, 64, 4, 1, 0, true, false, true, false, true>>(
+  failed += run_fa2<fa2::Traits<128, __nv_bfloat16, true, 64, 64, 4, 1, 0, true, false, true, false, true>>(
       "d128_bf16_causal_s1_swz_loc_snk");
-  failed += run_all<fa2::Traits<128, __half, false, 128, 64, 4, 2, 0, true, false, false, true, false>>(
+  failed += run_fa2<fa2::Traits<128, __half, false, 128, 64, 4, 2, 0, true, false, false, true, false>>(
       "d128_fp16_s2_swz_cap");
-  failed += run_all<fa2::Traits<128, __half, false, 64, 32, 2, 4, 0, true, false, false, false, true>>(
+  failed += run_fa2<fa2::Traits<128, __half, false, 64, 32, 2, 4, 0, true, false, false, false, true>>(
       "d128_fp16_w2_s4_swz_snk");
-  failed += run_all<fa2::Traits<256, __nv_bfloat16, false, 64, 32, 4, 1, 0, true, false, true, true, true>>(
+  failed += run_fa2<fa2::Traits<256, __nv_bfloat16, false, 64, 32, 4, 1, 0, true, false, true, true, true>>(
       "d256_bf16_s1_swz_loc_cap_snk");
-  failed += run_all<fa2::Traits<40, __half, false, 64, 64, 4, 2, 8, false, false, true, false, false>>(
+  failed += run_fa2<fa2::Traits<40, __half, false, 64, 64, 4, 2, 8, false, false, true, false, false>>(
       "d40_fp16_s2_pad8_loc");
   // Packed sequences.
-  failed += run_all<fa2::Traits<64, __half, true, 64, 64, 4, 2, 8, false, true, true, true, true>>(
+  failed += run_fa2<fa2::Traits<64, __half, true, 64, 64, 4, 2, 8, false, true, true, true, true>>(
       "d64_fp16_causal_s2_vl_loc_cap_snk");
-  failed += run_all<fa2::Traits<128, __nv_bfloat16, false, 64, 64, 4, 3, 0, true, true, true, false, false>>(
+  failed += run_fa2<fa2::Traits<128, __nv_bfloat16, false, 64, 64, 4, 3, 0, true, true, true, false, false>>(
       "d128_bf16_s3_swz_vl_loc");
+  return failed;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2 || (std::strcmp(argv[1], "fa2") != 0 && std::strcmp(argv[1], "splitkv") != 0)) {
+    std::printf("usage: %s fa2|splitkv\n", argv[0]);
+    return 100;
+  }
+  const int failed = std::strcmp(argv[1], "fa2") == 0 ? fa2_main() : splitkv_main();
   std::printf("%d failed\n", failed);
-  return failed > 100 ? 100 : failed;
+  return failed > 99 ? 99 : failed;
 }
