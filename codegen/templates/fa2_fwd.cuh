@@ -348,6 +348,19 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl,
                     sQ_a + mt * 16 * kRowBytes + 2 * T::frag_chunk_offset(ks, a_term));
   }
 
+  // A left-bounded mask's rows see [begin, limit): the same for every tile, so computed once.
+  int row_begin[Mask::kLeftBound ? kMT : 1][2], row_limit[Mask::kLeftBound ? kMT : 1][2];
+  if constexpr (Mask::kLeftBound) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_row0 + mt * 16 + g + 8 * h;
+        row_begin[mt][h] = mask.key_begin(row);
+        row_limit[mt][h] = mask.key_limit(row);
+      }
+  }
+
   for (int j = n_begin; j < n_tiles; ++j) {
     cp_async_wait<2 * S - 2>();  // K(j) (and Q) landed
     __syncthreads();             // ... for every thread; and all warps finished PV(j-1)
@@ -403,9 +416,12 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl,
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = m0 + warp_row0 + mt * 16 + g + 8 * h;
-          const int limit = mask.key_limit(row);  // keys < limit
+          int limit = mask.key_limit(row);  // keys < limit
           int begin = 0;
-          if constexpr (Mask::kLeftBound) begin = mask.key_begin(row);  // ... and >= begin
+          if constexpr (Mask::kLeftBound) {
+            begin = row_begin[mt][h];  // ... and >= begin
+            limit = row_limit[mt][h];
+          }
 #pragma unroll
           for (int nt = 0; nt < kST; ++nt)
 #pragma unroll

@@ -7,9 +7,9 @@
   dense and varlen, D 64/128/256, fp16 and bf16, next to the plain config of the same tile;
   every variant builds, and none spills where its plain tile does not (ptxas, CUDA 13.0). The
   registers are logged (plain vs variant). Not in the sample, because it does spill: D=256
-  causal 64x64 varlen with ``local`` (plain 248 registers, spill-free; local 255 and ~80 bytes
-  of spill on sm_90): the window's per-row bounds cost up to ~25 registers on the largest
-  tiles, and the tuner's ptxas check is what keeps such configs out.
+  causal 64x64 varlen with ``local`` (plain 248 registers, spill-free; local 255 and 40 bytes
+  of spill stores on sm_90): the window's per-row bounds cost registers (up to ~25 on the
+  largest tiles), and the tuner's ptxas check is what keeps such configs out.
 * ``test_variant_kernels_take_faparams_then_favariant`` (compile): the kernels' signatures,
   checked by assigning them to typed function pointers (dense: ``(FaParams, FaVariant)``;
   varlen: ``(FaParams, FaVarlen, FaVariant)``) and the templated kernels and launchers exist.
