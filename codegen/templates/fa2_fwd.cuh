@@ -19,6 +19,14 @@
 // ([total, heads, D]); FaVarlen's cumulative offsets say where each sequence starts. FaParams
 // then holds the longest lengths (nq, nk: they size the grid), batch is the number of
 // sequences and the batch strides are unused; LSE is [q_heads, total_q].
+//
+// Attention variants (Local, Softcap, Sinks: off by default, so plain kernels keep their code
+// and arguments): a variant kernel takes FaVariant as its last argument. Local masks with
+// fa::LocalMask (a window and/or a chunk); its first key tile n_block_min is above 0, so the
+// key loop and the cp.async pipeline start there and a window's cost follows the keys it
+// sees. Softcap transforms S after the GEMM (fa::SoftcapScore) and changes the softmax's
+// scale; Sinks starts each row's running max at its head's sink logit and its running sum at
+// 1, so O and LSE include the sink's term of the denominator (docs/variants.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -47,13 +55,18 @@ using fa::smem_u32;
 // ---------------------------------------------------------------------------------------------
 // Every constant of one instantiation, derived from its parameters and checked here.
 template <int DHead_, typename Elem_, bool Causal_, int Br_, int Bc_, int Warps_, int Stages_,
-          int Pad_, bool Swizzle_, bool Varlen_ = false>
+          int Pad_, bool Swizzle_, bool Varlen_ = false, bool Local_ = false,
+          bool Softcap_ = false, bool Sinks_ = false>
 struct Traits {
   using Elem = Elem_;
   static constexpr int DHead = DHead_;            // the head dim of the tensors
   static constexpr int D = (DHead_ + 31) / 32 * 32;  // the tile's: rounded up to 32
   static constexpr bool Varlen = Varlen_;
   static constexpr bool Causal = Causal_;
+  static constexpr bool Local = Local_;      // window / chunk mask (fa::LocalMask)
+  static constexpr bool Softcap = Softcap_;  // tanh logit cap (fa::SoftcapScore)
+  static constexpr bool Sinks = Sinks_;      // per-head sink logits in the denominator
+  static constexpr bool kVariant = Local || Softcap || Sinks;  // takes FaVariant
   static constexpr int Br = Br_;
   static constexpr int Bc = Bc_;
   static constexpr int Warps = Warps_;
@@ -166,12 +179,14 @@ __device__ __forceinline__ void load_tile(typename T::Elem* smem, const typename
 }
 
 // ---------------------------------------------------------------------------------------------
+// `var` is read only where a variant switch is on (plain kernels pass FaVariant{}).
 template <class T>
-__device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) {
+__device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl,
+                                         const FaVariant& var) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
-  using Mask = fa::MaskFor<T::Causal>;
-  using Score = fa::ScoreIdentity;
+  using Mask = fa::VariantMask<T::Causal, T::Local>;
+  using Score = fa::ScoreFor<T::Softcap>;
   constexpr int Br = T::Br, Bc = T::Bc, D = T::D, S = T::Stages;
   constexpr int kMT = T::kMTiles, kST = T::kSTiles, kOT = T::kOTiles;
   constexpr float kNegInf = fa::kNegInf;
@@ -207,8 +222,16 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
     if (m0 >= nq) return;
   }
   const int q_rows = min(Br, nq - m0);
-  const Mask mask(nq, nk);
-  const int n_tiles = mask.n_block_max(m0 + Br, Bc);  // key tiles [0, n_tiles)
+  const Mask mask(nq, nk, var.window_left, var.window_right, var.chunk);
+  // Key tiles [n_begin, n_tiles). A left-bounded mask sizes the range by the block's valid
+  // rows (rows past nq only widen it; nothing of theirs is stored); the others start at 0.
+  int n_begin = 0;
+  int q_last = m0 + Br - 1;
+  if constexpr (Mask::kLeftBound) {
+    q_last = m0 + q_rows - 1;
+    n_begin = mask.n_block_min(m0, Bc);
+  }
+  const int n_tiles = mask.n_block_max(q_last + 1, Bc);
 
   // Row offsets: with packed sequences a sequence's rows start at its cumulative offset.
   const int64_t q_seq = T::Varlen ? sq * p.q_row_stride : batch * p.q_batch_stride;
@@ -230,13 +253,19 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
     }
   }
 
-  if (n_tiles == 0) {  // every row of this block sees no key
+  // A sink's logit (natural log) or -inf: what a row that sees no key reports as its LSE.
+  float sink = kNegInf;
+  if constexpr (T::Sinks) {
+    if (var.sinks != nullptr) sink = var.sinks[head];
+  }
+
+  if (Mask::kLeftBound ? n_tiles <= n_begin : n_tiles == 0) {  // no row of this block sees a key
     for (int idx = tid; idx < q_rows * T::kHeadChunks; idx += T::kThreads) {
       const int r = idx / T::kHeadChunks, c = idx % T::kHeadChunks;
       *reinterpret_cast<uint4*>(gO + r * p.o_row_stride + c * 8) = make_uint4(0, 0, 0, 0);
     }
     if (gLse != nullptr)
-      for (int r = tid; r < q_rows; r += T::kThreads) gLse[r] = kNegInf;
+      for (int r = tid; r < q_rows; r += T::kThreads) gLse[r] = sink;
     return;
   }
 
@@ -257,12 +286,13 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
 
   // Pipeline: groups are issued in the order Q+K0, V0, K1, V1, ... so before tile j's K is
   // needed exactly 2S-2 younger groups may still be in flight, and the same holds for V.
+  // Tiles count from n_begin; tile j lives in buffer j % S, whatever j the range starts at.
   load_tile<T, Br>(sQ, gQ, p.q_row_stride, q_rows, tid);
   for (int s = 0; s < S - 1; ++s) {
-    load_k(s);
-    load_v(s);
+    load_k(n_begin + s);
+    load_v(n_begin + s);
   }
-  load_k(S - 1);
+  load_k(n_begin + S - 1);
 
   float o_acc[kMT][kOT][4];
   float row_max[kMT][2];
@@ -276,8 +306,21 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
     row_max[mt][0] = row_max[mt][1] = kNegInf;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
+  // Read here, where the plain kernels always read the scale (their code stays the same).
+  const Score score(p.softmax_scale, var.softcap);
+  const float softmax_scale = score.softmax_scale(p.softmax_scale);  // of what apply() left
+  if constexpr (T::Sinks) {  // the sink joins as one more term: max at its logit, sum 1 ...
+    const float sink_max = fa::sink_row_max(sink, softmax_scale);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mt][h] = sink_max;
+        row_sum[mt][h] = t == 0 ? 1.f : 0.f;  // ... on one thread: sums are reduced over the quad
+      }
+  }
 
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  const float scale_log2 = softmax_scale * kLog2e;
   const int warp_row0 = warp * T::kWarpRows;
   // ldmatrix lane -> (row, chunk) maps for the A operand (Q), B from K, and B from V^T.
   const int a_row = warp_row0 + (lane % 8) + 8 * ((lane / 8) % 2);
@@ -305,7 +348,20 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
                     sQ_a + mt * 16 * kRowBytes + 2 * T::frag_chunk_offset(ks, a_term));
   }
 
-  for (int j = 0; j < n_tiles; ++j) {
+  // A left-bounded mask's rows see [begin, limit): the same for every tile, so computed once.
+  int row_begin[Mask::kLeftBound ? kMT : 1][2], row_limit[Mask::kLeftBound ? kMT : 1][2];
+  if constexpr (Mask::kLeftBound) {
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_row0 + mt * 16 + g + 8 * h;
+        row_begin[mt][h] = mask.key_begin(row);
+        row_limit[mt][h] = mask.key_limit(row);
+      }
+  }
+
+  for (int j = n_begin; j < n_tiles; ++j) {
     cp_async_wait<2 * S - 2>();  // K(j) (and Q) landed
     __syncthreads();             // ... for every thread; and all warps finished PV(j-1)
     load_v(j + S - 1);
@@ -344,26 +400,38 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
       }
     }
 
-    Score::apply(s_acc);
+    score.apply(s_acc);
 
-    // Mask the tail of the key range and, when causal, keys past the diagonal. Only tiles
-    // that reach past the last key or the first row's diagonal pay for this.
+    // Mask the tail of the key range and, when causal, keys past the diagonal (a window's
+    // right edge); a left-bounded mask also keys before the last row's first key. Only tiles
+    // that cross one of those pay for this.
     const int n0 = j * Bc;
     const bool tail = n0 + Bc > nk;
     const bool edge = n0 + Bc - 1 > mask.edge_key(m0);  // the first row's diagonal
-    if (tail || edge) {
+    bool left_edge = false;
+    if constexpr (Mask::kLeftBound) left_edge = n0 < mask.begin_edge(q_last);
+    if (tail || edge || left_edge) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = m0 + warp_row0 + mt * 16 + g + 8 * h;
-          const int limit = mask.key_limit(row);  // keys < limit
+          int limit = mask.key_limit(row);  // keys < limit
+          int begin = 0;
+          if constexpr (Mask::kLeftBound) {
+            begin = row_begin[mt][h];  // ... and >= begin
+            limit = row_limit[mt][h];
+          }
 #pragma unroll
           for (int nt = 0; nt < kST; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int key = n0 + nt * 8 + 2 * t + e;
-              if (key >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+              if constexpr (Mask::kLeftBound) {
+                if (key < begin || key >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+              } else {
+                if (key >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+              }
             }
         }
     }
@@ -417,7 +485,8 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
         *reinterpret_cast<uint32_t*>(sQ + T::offset(r, dt) + 2 * t) = packed;
       }
       if (gLse != nullptr && t == 0 && r < q_rows)
-        gLse[r] = l > 0.f ? row_max[mt][h] * p.softmax_scale + logf(l) : kNegInf;
+        gLse[r] = l > 0.f ? row_max[mt][h] * score.softmax_scale(p.softmax_scale) + logf(l)
+                          : kNegInf;
     }
   __syncthreads();
   for (int idx = tid; idx < q_rows * T::kHeadChunks; idx += T::kThreads) {
@@ -428,16 +497,33 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const FaVarlen& vl) 
 }
 
 // Dense kernels take FaParams only; varlen kernels take FaVarlen after it.
+// Variant kernels (a Local, Softcap or Sinks switch on) take FaVariant last.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads) fwd_kernel(const FaParams p) {
   static_assert(!T::Varlen, "varlen kernels take FaVarlen: fwd_varlen_kernel");
-  fwd_body<T>(p, FaVarlen{});
+  static_assert(!T::kVariant, "variant kernels take FaVariant: fwd_variant_kernel");
+  fwd_body<T>(p, FaVarlen{}, FaVariant{});
 }
 template <class T>
 __global__ void __launch_bounds__(T::kThreads) fwd_varlen_kernel(const FaParams p,
                                                                   const FaVarlen vl) {
   static_assert(T::Varlen, "dense kernels take FaParams only: fwd_kernel");
-  fwd_body<T>(p, vl);
+  static_assert(!T::kVariant, "variant kernels take FaVariant: fwd_varlen_variant_kernel");
+  fwd_body<T>(p, vl, FaVariant{});
+}
+template <class T>
+__global__ void __launch_bounds__(T::kThreads) fwd_variant_kernel(const FaParams p,
+                                                                   const FaVariant var) {
+  static_assert(!T::Varlen, "varlen kernels take FaVarlen: fwd_varlen_variant_kernel");
+  static_assert(T::kVariant, "plain kernels take no FaVariant: fwd_kernel");
+  fwd_body<T>(p, FaVarlen{}, var);
+}
+template <class T>
+__global__ void __launch_bounds__(T::kThreads)
+    fwd_varlen_variant_kernel(const FaParams p, const FaVarlen vl, const FaVariant var) {
+  static_assert(T::Varlen, "dense kernels take no FaVarlen: fwd_variant_kernel");
+  static_assert(T::kVariant, "plain kernels take no FaVariant: fwd_varlen_kernel");
+  fwd_body<T>(p, vl, var);
 }
 
 // Host-side launchers for programs that compile the template themselves (the exported header).
@@ -462,6 +548,28 @@ inline cudaError_t launch_varlen(const FaParams& p, const FaVarlen& vl, cudaStre
   fwd_varlen_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, vl);
   return cudaGetLastError();
 }
+// The variant kernels' launchers: the same grid (a window shortens the key loop, not the grid).
+template <class T>
+inline cudaError_t launch_variant(const FaParams& p, const FaVariant& var, cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(fwd_variant_kernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.nq + T::Br - 1) / T::Br, p.q_heads, p.batch);
+  fwd_variant_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, var);
+  return cudaGetLastError();
+}
+template <class T>
+inline cudaError_t launch_varlen_variant(const FaParams& p, const FaVarlen& vl,
+                                         const FaVariant& var, cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(fwd_varlen_variant_kernel<T>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         T::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.nq + T::Br - 1) / T::Br, p.q_heads, p.batch);
+  fwd_varlen_variant_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, vl, var);
+  return cudaGetLastError();
+}
 
 }  // namespace fa2
 
@@ -470,12 +578,31 @@ inline cudaError_t launch_varlen(const FaParams& p, const FaVarlen& vl, cudaStre
   using NAME##_traits = fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE>;    \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
       NAME(const FaParams p) {                                                               \
-    fa2::fwd_body<NAME##_traits>(p, FaVarlen{});                                              \
+    fa2::fwd_body<NAME##_traits>(p, FaVarlen{}, FaVariant{});                                 \
   }
 #define FA2_DEFINE_VARLEN_KERNEL(NAME, D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE)  \
   using NAME##_traits =                                                                       \
       fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE, true>;                \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
       NAME(const FaParams p, const FaVarlen vl) {                                            \
-    fa2::fwd_body<NAME##_traits>(p, vl);                                                      \
+    fa2::fwd_body<NAME##_traits>(p, vl, FaVariant{});                                         \
+  }
+
+// A variant config (a LOCAL, SOFTCAP or SINKS switch on): every Traits argument, switches last;
+// the kernel takes FaVariant after FaParams (and FaVarlen when VARLEN is true). VARLEN's token
+// (true / false) picks the argument list and the FaVarlen passed on.
+#define FA2_PASTE_(A, B) A##B
+#define FA2_PASTE(A, B) FA2_PASTE_(A, B)
+#define FA2_VARIANT_ARGS_false const FaParams p, const FaVariant var
+#define FA2_VARIANT_ARGS_true const FaParams p, const FaVarlen vl, const FaVariant var
+#define FA2_VARIANT_VARLEN_false FaVarlen{}
+#define FA2_VARIANT_VARLEN_true vl
+#define FA2_DEFINE_VARIANT_KERNEL(NAME, D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE,  \
+                                  VARLEN, LOCAL, SOFTCAP, SINKS)                               \
+  using NAME##_traits = fa2::Traits<D, ELEM, CAUSAL, BR, BC, WARPS, STAGES, PAD, SWIZZLE,      \
+                                    VARLEN, LOCAL, SOFTCAP, SINKS>;                             \
+  static_assert(NAME##_traits::kVariant, "a variant kernel sets a variant switch");           \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                      \
+      NAME(FA2_PASTE(FA2_VARIANT_ARGS_, VARLEN)) {                                            \
+    fa2::fwd_body<NAME##_traits>(p, FA2_PASTE(FA2_VARIANT_VARLEN_, VARLEN), var);             \
   }

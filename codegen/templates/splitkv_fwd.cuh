@@ -31,6 +31,18 @@
 // docs/splitkv_kernel.md). Grid: (row tiles * kv_heads * batch, splits); row tiles =
 // ceil(group * nq / Rows). Batch * heads lives in grid.x, so any batch up to the int32 limits
 // launches.
+//
+// Attention variants (VariantTraits: Traits plus the Local, Softcap and Sinks switches; plain
+// kernels keep Traits, their code, their arguments and the name of `last`, which carries
+// fwd_body's signature): the kernel takes FaVariant after the workspace pointers. Local
+// masks with fa::LocalMask; a row tile's key range is [n_block_min(first query row),
+// n_block_max(last query row + 1)), and the splits divide that range, so a window reads only
+// its keys and every split that has tiles does useful work. The host keeps sizing the grid
+// and the workspace from nk (splits_for): splits past the range's tiles see no key and write
+// the neutral partial (O 0, LSE -inf) that the merge skips. Softcap transforms S after the
+// GEMM (fa::SoftcapScore). Sinks join the softmax's denominator once, where the result is
+// final: in the block's own merge with one split, in the last block's merge of the splits
+// otherwise; a row no split saw a key for gets O = 0 and LSE = its head's sink logit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -65,6 +77,10 @@ struct Traits {
   static constexpr int Warps = Warps_;
   static constexpr int Stages = Stages_;
   static constexpr int Splits = Splits_;  // most blocks per row tile; the host may use fewer
+  static constexpr bool Local = false;    // VariantTraits sets these
+  static constexpr bool Softcap = false;
+  static constexpr bool Sinks = false;
+  static constexpr bool kVariant = false;
 
   static constexpr int kThreads = 32 * Warps;
   static constexpr int kMTiles = Rows / 16;
@@ -103,6 +119,19 @@ struct Traits {
   static __device__ __forceinline__ int offset(int r, int c) {
     return r * D + (c ^ swizzle_term(r)) * 8;
   }
+};
+
+// A variant kernel's traits: a plain tile's plus the variant switches (a type of its own, not
+// more Traits parameters: the plain kernels' `last` is named by fwd_body<Traits<...>>).
+template <int DHead_, typename Elem_, bool Causal_, int Rows_, int Bc_, int Warps_, int Stages_,
+          int Splits_, bool Local_ = false, bool Softcap_ = false, bool Sinks_ = false>
+struct VariantTraits : Traits<DHead_, Elem_, Causal_, Rows_, Bc_, Warps_, Stages_, Splits_> {
+  using Plain = Traits<DHead_, Elem_, Causal_, Rows_, Bc_, Warps_, Stages_, Splits_>;
+  static constexpr bool Local = Local_;      // window / chunk mask (fa::LocalMask)
+  static constexpr bool Softcap = Softcap_;  // tanh logit cap (fa::SoftcapScore)
+  static constexpr bool Sinks = Sinks_;      // per-head sink logits in the denominator
+  static constexpr bool kVariant = Local || Softcap || Sinks;
+  static_assert(kVariant, "a variant kernel sets a variant switch (plain ones use Traits)");
 };
 
 // Byte offsets of the chunks a lane's ldmatrix reads, for fragment rows row0 + 16 * i (same
@@ -144,13 +173,16 @@ inline int splits_for(const FaParams& p) {
   return tiles < T::Splits ? (tiles > 0 ? tiles : 1) : T::Splits;
 }
 
+// The kernel body; `last` is the caller's __shared__ flag (see fwd_body) and `var` is read
+// only where a variant switch is on.
 template <class T>
-__device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
-                                         float* __restrict__ ws_lse, int* __restrict__ ws_count) {
+__device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ ws_o,
+                                         float* __restrict__ ws_lse, int* __restrict__ ws_count,
+                                         const FaVariant& var, int& last) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
-  using Mask = fa::MaskFor<T::Causal>;
-  using Score = fa::ScoreIdentity;
+  using Mask = fa::VariantMask<T::Causal, T::Local>;
+  using Score = fa::ScoreFor<T::Softcap>;
   constexpr int Rows = T::Rows, Bc = T::Bc, D = T::D, S = T::Stages, W = T::Warps;
   constexpr int kMT = T::kMTiles, kST = T::kSTiles, kCh = T::kChunks;
   constexpr int kHCh = T::kHeadChunks, kUCh = T::kUsedChunks, kKS = T::kKSteps;
@@ -184,17 +216,28 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   const int splits = gridDim.y;
   const int r0 = m_tile * Rows;
   const int valid_rows = min(Rows, packed - r0);
-  const Mask mask(p.nq, p.nk);
-  // Key tiles [0, n_tiles): the keys the tile's last query row sees (packed row r holds query
-  // row r / group), the most any of its rows sees: the mask policy's key_limit of that row,
-  // spelled with this association so that the kernels' code stays the same
-  // (bench/ptx_identity.py).
-  int key_end = p.nk;
-  if constexpr (Mask::kCausal) key_end = min(p.nk, (r0 + valid_rows - 1) / group + mask.diag + 1);
-  const int n_tiles = fa::key_tiles(key_end, Bc);
-  const int per_split = (n_tiles + splits - 1) / splits;
-  const int t_begin = min(split * per_split, n_tiles);
-  const int t_end = min(t_begin + per_split, n_tiles);
+  const Mask mask(p.nq, p.nk, var.window_left, var.window_right, var.chunk);
+  const int q_last = (r0 + valid_rows - 1) / group;  // the block's last query row
+  int t_begin, t_end;  // this split's key tiles
+  if constexpr (Mask::kLeftBound) {
+    // Key tiles [n_begin, n_end) of the tile's rows, divided among the splits.
+    const int n_begin = mask.n_block_min(r0 / group, Bc);
+    const int n_range = max(mask.n_block_max(q_last + 1, Bc) - n_begin, 0);
+    const int per_split = (n_range + splits - 1) / splits;
+    t_begin = n_begin + min(split * per_split, n_range);
+    t_end = min(t_begin + per_split, n_begin + n_range);
+  } else {
+    // Key tiles [0, n_tiles): the keys the tile's last query row sees (packed row r holds
+    // query row r / group), the most any of its rows sees: the mask policy's key_limit of
+    // that row, spelled with this association so that the kernels' code stays the same
+    // (bench/ptx_identity.py).
+    int key_end = p.nk;
+    if constexpr (Mask::kCausal) key_end = min(p.nk, (r0 + valid_rows - 1) / group + mask.diag + 1);
+    const int n_tiles = fa::key_tiles(key_end, Bc);
+    const int per_split = (n_tiles + splits - 1) / splits;
+    t_begin = min(split * per_split, n_tiles);
+    t_end = min(t_begin + per_split, n_tiles);
+  }
   const int my_tiles = t_end - t_begin > warp ? (t_end - t_begin - warp + W - 1) / W : 0;
 
   // Q rows are gathered from `group` heads; rows past the end, and chunks past the head dim
@@ -291,7 +334,8 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
 
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  const Score score(p.softmax_scale, var.softcap);
+  const float scale_log2 = score.softmax_scale(p.softmax_scale) * kLog2e;
   const int a_row = (lane % 8) + 8 * ((lane / 8) % 2);
   const int k_row = (lane % 8) + 8 * (lane / 16);
   const int v_row = (lane % 8) + 8 * ((lane / 8) % 2);
@@ -349,24 +393,38 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
       }
     }
 
-    Score::apply(s_acc);
+    score.apply(s_acc);
 
-    // Mask keys past nk and, when causal, past each row's diagonal.
+    // Mask keys past nk and, when causal, past each row's diagonal (a window's right edge);
+    // a left-bounded mask also keys before a row's first key.
     const bool tail = key0 + Bc > p.nk;
     const bool edge = key0 + Bc - 1 > mask.edge_key(q_first);
-    if (edge || tail) {
+    bool left_edge = false;
+    if constexpr (Mask::kLeftBound) left_edge = key0 < mask.begin_edge(q_last);
+    if (edge || tail || left_edge) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int q_row = (r0 + mt * 16 + g + 8 * h) / group;
-          // FaParams' lengths read here, where the kernel always read them (same code).
-          const int limit = Mask::of_diag(p.nk, mask.diag).key_limit(q_row);
+          if constexpr (Mask::kLeftBound) {
+            const int begin = mask.key_begin(q_row), limit = mask.key_limit(q_row);
 #pragma unroll
-          for (int nt = 0; nt < kST; ++nt)
+            for (int nt = 0; nt < kST; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (key0 + nt * 8 + 2 * t + e >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+              for (int e = 0; e < 2; ++e) {
+                const int key = key0 + nt * 8 + 2 * t + e;
+                if (key < begin || key >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+              }
+          } else {
+            // FaParams' lengths read here, where the kernel always read them (same code).
+            const int limit = Mask::of_diag(p.nk, mask.diag).key_limit(q_row);
+#pragma unroll
+            for (int nt = 0; nt < kST; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (key0 + nt * 8 + 2 * t + e >= limit) s_acc[mt][nt][2 * h + e] = kNegInf;
+          }
         }
     }
 
@@ -414,15 +472,32 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
       }
     }
   __syncthreads();
+  // Packed row r's sink logit (natural log), or -inf (no sinks, or none given).
+  auto sink_of = [&](int r) {
+    float sink = kNegInf;
+    if constexpr (T::Sinks) {
+      if (var.sinks != nullptr) sink = var.sinks[kv_head * group + (r0 + r) % group];
+    }
+    return sink;
+  };
   for (int r = tid; r < Rows; r += T::kThreads) {  // merged max and sum of row r
     float mx = kNegInf;
     for (int w = 0; w < W; ++w) mx = fmaxf(mx, sMax[w * Rows + r]);
+    // With one split this merge is final: the sink joins it as one more term.
+    float sink_max = kNegInf;
+    if constexpr (T::Sinks) {
+      if (splits == 1) sink_max = fa::sink_row_max(sink_of(r), score.softmax_scale(p.softmax_scale));
+      mx = fmaxf(mx, sink_max);
+    }
     float l = 0.f;
     if (mx != kNegInf)
       for (int w = 0; w < W; ++w) {
         const float m_w = sMax[w * Rows + r];
         if (m_w != kNegInf) l += sSum[w * Rows + r] * fast_exp2((m_w - mx) * scale_log2);
       }
+    if constexpr (T::Sinks) {
+      if (sink_max != kNegInf) l += fast_exp2((sink_max - mx) * scale_log2);
+    }
     sRowMax[r] = mx;
     sRowSum[r] = l;
   }
@@ -458,7 +533,8 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
     }
   };
   auto row_lse = [&](int r) {
-    return sRowSum[r] > 0.f ? sRowMax[r] * p.softmax_scale + logf(sRowSum[r]) : kNegInf;
+    return sRowSum[r] > 0.f ? sRowMax[r] * score.softmax_scale(p.softmax_scale) + logf(sRowSum[r])
+                            : kNegInf;
   };
   Elem* o_base = static_cast<Elem*>(p.o) + batch * p.o_batch_stride;
   auto o_row = [&](int r) {  // packed row r of this tile -> its O row
@@ -503,7 +579,6 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   for (int r = tid; r < valid_rows; r += T::kThreads) ws_lse[part + r] = row_lse(r);
   __threadfence();  // the partial is visible device-wide before the counter says so
   __syncthreads();
-  __shared__ int last;
   if (tid == 0) last = atomicAdd(ws_count + blockIdx.x, 1) == splits - 1;
   __syncthreads();
   if (!last) return;
@@ -515,12 +590,20 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   for (int r = tid; r < valid_rows; r += T::kThreads) {
     float mx = kNegInf;
     for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(ws_lse + part0 + s * Rows + r));
+    float sink = kNegInf;  // the sink joins the final merge (the partials are without it)
+    if constexpr (T::Sinks) {
+      sink = sink_of(r);
+      mx = fmaxf(mx, sink);
+    }
     float sum = 0.f;
     for (int s = 0; s < splits; ++s) {
       const float lse_s = __ldcg(ws_lse + part0 + s * Rows + r);
       const float w = mx == kNegInf || lse_s == kNegInf ? 0.f : __expf(lse_s - mx);
       sWeight[r * splits + s] = w;
       sum += w;
+    }
+    if constexpr (T::Sinks) {
+      if (sink != kNegInf) sum += __expf(sink - mx);
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     for (int s = 0; s < splits; ++s) sWeight[r * splits + s] *= inv;
@@ -546,10 +629,34 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   if (tid == 0) ws_count[blockIdx.x] = 0;  // ready for the next launch on this stream
 }
 
+// The plain kernels' body: its signature and T (Traits) name the block's `last` flag in the
+// PTX, so they stay what they were; a variant kernel's takes FaVariant too.
+template <class T>
+__device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
+                                         float* __restrict__ ws_lse, int* __restrict__ ws_count) {
+  static_assert(!T::kVariant, "variant kernels take FaVariant");
+  __shared__ int last;
+  fwd_main<T>(p, ws_o, ws_lse, ws_count, FaVariant{}, last);
+}
+template <class T>
+__device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
+                                         float* __restrict__ ws_lse, int* __restrict__ ws_count,
+                                         const FaVariant& var) {
+  static_assert(T::kVariant, "plain kernels take no FaVariant");
+  __shared__ int last;
+  fwd_main<T>(p, ws_o, ws_lse, ws_count, var, last);
+}
+
 template <class T>
 __global__ void __launch_bounds__(T::kThreads)
     fwd_kernel(const FaParams p, float* ws_o, float* ws_lse, int* ws_count) {
   fwd_body<T>(p, ws_o, ws_lse, ws_count);
+}
+template <class T>
+__global__ void __launch_bounds__(T::kThreads) fwd_variant_kernel(const FaParams p, float* ws_o,
+                                                                   float* ws_lse, int* ws_count,
+                                                                   const FaVariant var) {
+  fwd_body<T>(p, ws_o, ws_lse, ws_count, var);
 }
 
 }  // namespace splitkv
@@ -560,4 +667,15 @@ __global__ void __launch_bounds__(T::kThreads)
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                    \
       NAME(const FaParams p, float* ws_o, float* ws_lse, int* ws_count) {                  \
     splitkv::fwd_body<NAME##_traits>(p, ws_o, ws_lse, ws_count);                            \
+  }
+
+// A variant config (a LOCAL, SOFTCAP or SINKS switch on): every Traits argument, switches
+// last; the kernel takes FaVariant after the workspace pointers.
+#define SPLITKV_DEFINE_VARIANT_KERNEL(NAME, D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS,  \
+                                      LOCAL, SOFTCAP, SINKS)                                 \
+  using NAME##_traits = splitkv::VariantTraits<D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES,      \
+                                               SPLITS, LOCAL, SOFTCAP, SINKS>;                \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                    \
+      NAME(const FaParams p, float* ws_o, float* ws_lse, int* ws_count, const FaVariant var) { \
+    splitkv::fwd_body<NAME##_traits>(p, ws_o, ws_lse, ws_count, var);                       \
   }

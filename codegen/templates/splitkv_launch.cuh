@@ -18,6 +18,11 @@
 // its partials after it. So a launch leaves the buffer ready for any later launch ordered
 // after it (same stream) with the same (nq, batch, q_heads, kv_heads); zero it again before
 // using it for other values of those (or after a failed launch).
+//
+// Variant configs (VariantTraits) launch through launch_variant() and
+// launch_variant_with_workspace(), which take FaVariant and are otherwise the same: the grid
+// and the workspace are sized from nk as for plain configs (a window's row tiles divide only
+// the keys it sees among the splits; splits past those write neutral partials).
 #pragma once
 
 #include <cstdint>
@@ -55,19 +60,29 @@ inline size_t partial_bytes(const FaParams& p, int splits) {
   return static_cast<size_t>(row_tiles<T>(p) * splits * T::Rows * (T::DHead + 1) * 4);
 }
 
+// `var`: the variant's values (a VariantTraits T; null for a plain one).
 template <class T>
 inline cudaError_t run(const FaParams& p, int splits, float* ws_o, int* ws_count,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, const FaVariant* var = nullptr) {
   const int64_t tiles = row_tiles<T>(p);
   if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const int64_t partial = splits > 1 ? tiles * splits * T::Rows : 0;
   float* ws_lse = ws_o == nullptr ? nullptr : ws_o + partial * T::DHead;
-  cudaError_t err = cudaFuncSetAttribute(fwd_kernel<T>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         T::kSmemBytes);
-  if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
-  fwd_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, ws_o, ws_lse, ws_count);
+  if constexpr (T::kVariant) {
+    cudaError_t err = cudaFuncSetAttribute(fwd_variant_kernel<T>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           T::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    fwd_variant_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, ws_o, ws_lse,
+                                                                       ws_count, *var);
+  } else {
+    cudaError_t err = cudaFuncSetAttribute(fwd_kernel<T>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           T::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    fwd_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, ws_o, ws_lse, ws_count);
+  }
   return cudaGetLastError();
 }
 
@@ -107,35 +122,67 @@ inline size_t workspace_size(const FaParams& p) {
   return partial == 0 ? 0 : launch_detail::counter_bytes(p) + partial;
 }
 
+namespace launch_detail {
+
 template <class T>
-inline cudaError_t launch_with_workspace(const FaParams& p, void* workspace, size_t bytes,
-                                         cudaStream_t stream) {
+inline cudaError_t with_workspace(const FaParams& p, void* workspace, size_t bytes,
+                                  cudaStream_t stream, const FaVariant* var) {
   const size_t need = workspace_size<T>(p);
-  if (need == 0) return launch_detail::run<T>(p, 1, nullptr, nullptr, stream);
+  if (need == 0) return run<T>(p, 1, nullptr, nullptr, stream, var);
   if (bytes < need || workspace == nullptr ||
       (reinterpret_cast<std::uintptr_t>(workspace) & 15u) != 0)
     return cudaErrorInvalidValue;
   char* base = static_cast<char*>(workspace);
-  float* ws_o = reinterpret_cast<float*>(base + launch_detail::counter_bytes(p));
-  return launch_detail::run<T>(p, splits_for<T>(p), ws_o, reinterpret_cast<int*>(base), stream);
+  float* ws_o = reinterpret_cast<float*>(base + counter_bytes(p));
+  return run<T>(p, splits_for<T>(p), ws_o, reinterpret_cast<int*>(base), stream, var);
+}
+
+template <class T>
+inline cudaError_t cached(const FaParams& p, cudaStream_t stream, const FaVariant* var) {
+  const int splits = splits_for<T>(p);
+  const size_t partial = partial_bytes<T>(p, splits);
+  if (partial == 0) return run<T>(p, 1, nullptr, nullptr, stream, var);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  WorkspaceCache& cache = workspace_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto& slot = cache.slots[{device, stream}];
+  const size_t counters = static_cast<size_t>(row_tiles<T>(p)) * 4;
+  if ((err = slot.first.reserve(counters, true, stream)) != cudaSuccess) return err;
+  if ((err = slot.second.reserve(partial, false, stream)) != cudaSuccess) return err;
+  return run<T>(p, splits, static_cast<float*>(slot.second.ptr),
+                static_cast<int*>(slot.first.ptr), stream, var);
+}
+
+}  // namespace launch_detail
+
+template <class T>
+inline cudaError_t launch_with_workspace(const FaParams& p, void* workspace, size_t bytes,
+                                         cudaStream_t stream) {
+  static_assert(!T::kVariant, "variant configs launch with launch_variant_with_workspace");
+  return launch_detail::with_workspace<T>(p, workspace, bytes, stream, nullptr);
 }
 
 template <class T>
 inline cudaError_t launch(const FaParams& p, cudaStream_t stream) {
-  const int splits = splits_for<T>(p);
-  const size_t partial = launch_detail::partial_bytes<T>(p, splits);
-  if (partial == 0) return launch_detail::run<T>(p, 1, nullptr, nullptr, stream);
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  launch_detail::WorkspaceCache& cache = launch_detail::workspace_cache();
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  auto& slot = cache.slots[{device, stream}];
-  const size_t counters = static_cast<size_t>(launch_detail::row_tiles<T>(p)) * 4;
-  if ((err = slot.first.reserve(counters, true, stream)) != cudaSuccess) return err;
-  if ((err = slot.second.reserve(partial, false, stream)) != cudaSuccess) return err;
-  return launch_detail::run<T>(p, splits, static_cast<float*>(slot.second.ptr),
-                               static_cast<int*>(slot.first.ptr), stream);
+  static_assert(!T::kVariant, "variant configs launch with launch_variant");
+  return launch_detail::cached<T>(p, stream, nullptr);
+}
+
+// The variant kernels' launchers (a VariantTraits T): the plain ones' with FaVariant.
+template <class T>
+inline cudaError_t launch_variant_with_workspace(const FaParams& p, const FaVariant& var,
+                                                 void* workspace, size_t bytes,
+                                                 cudaStream_t stream) {
+  static_assert(T::kVariant, "plain configs launch with launch_with_workspace");
+  return launch_detail::with_workspace<T>(p, workspace, bytes, stream, &var);
+}
+
+template <class T>
+inline cudaError_t launch_variant(const FaParams& p, const FaVariant& var, cudaStream_t stream) {
+  static_assert(T::kVariant, "plain configs launch with launch");
+  return launch_detail::cached<T>(p, stream, &var);
 }
 
 // Hooks the exported header's dispatch finds by argument-dependent lookup on a config's
@@ -151,5 +198,16 @@ inline cudaError_t workspace_hook_launch(Traits<D, E, C, R, B, W, S, P>*, const 
                                          void* workspace, size_t bytes, cudaStream_t stream) {
   return launch_with_workspace<Traits<D, E, C, R, B, W, S, P>>(p, workspace, bytes, stream);
 }
+
+// A VariantTraits pointer converts to its Traits base, which would find the plain hooks
+// above and launch the plain kernel: these exact matches refuse that at compile time (a
+// variant's hooks take FaVariant; the header's dispatch of variants is not wired yet).
+template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN>
+size_t workspace_hook_size(VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*,
+                           const FaParams& p) = delete;
+template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN>
+cudaError_t workspace_hook_launch(VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*,
+                                  const FaParams& p, void* workspace, size_t bytes,
+                                  cudaStream_t stream) = delete;
 
 }  // namespace splitkv

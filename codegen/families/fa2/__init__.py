@@ -28,8 +28,12 @@ def _fa2(config: AnyConfig) -> Fa2Config:
 def render_instantiation(config: Fa2Config) -> str:
     """The ``.cu`` text that instantiates ``config`` as an ``extern "C"`` kernel:
     ``#include "fa2_fwd.cuh"`` and one ``FA2_DEFINE_KERNEL(...)`` line (a varlen config:
-    ``FA2_DEFINE_VARLEN_KERNEL(...)``), newline-terminated."""
-    return declared.instantiation(config, TEMPLATE, "FA2_DEFINE_KERNEL")
+    ``FA2_DEFINE_VARLEN_KERNEL(...)``; a config with a variant switch set:
+    ``FA2_DEFINE_VARIANT_KERNEL(...)`` over every Traits argument, whose kernel takes
+    ``FaVariant`` last), newline-terminated."""
+    return declared.instantiation(
+        config, TEMPLATE, "FA2_DEFINE_KERNEL", variant_macro="FA2_DEFINE_VARIANT_KERNEL"
+    )
 
 
 def _grid(config: AnyConfig, shape: Shape) -> Grid:

@@ -84,8 +84,10 @@ SEED_TILES: tuple[tuple[int, int, int], ...] = (
 )
 SEED_STAGES: tuple[int, ...] = (1, 2)
 
-#: The attention-variant switches this family's kernels are built with (core.variant).
-VARIANT_SWITCHES: tuple[str, ...] = ()
+#: The attention-variant switches this family's kernels are built with (core.variant). A
+#: variant config follows the plain space rules: its registers may differ from the plain
+#: tile's, and the tuner's ptxas check catches a spill.
+VARIANT_SWITCHES: tuple[str, ...] = ("local", "softcap", "sinks")
 
 
 def estimate_registers(config: Fa2Config) -> int:

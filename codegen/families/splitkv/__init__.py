@@ -20,6 +20,9 @@ from core.family import AnyConfig
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
 
+#: The family's kernel template.
+TEMPLATE = "splitkv_fwd.cuh"
+
 
 def _skv(config: AnyConfig) -> SplitKvConfig:
     assert isinstance(config, SplitKvConfig)
@@ -33,6 +36,24 @@ def _grid(config: AnyConfig, shape: Shape) -> Grid:
     return (row_tiles * shape.kv_heads * shape.batch, c.splits_for(shape.nk), 1)
 
 
+def render_instantiation(config: SplitKvConfig) -> str:
+    """The ``.cu`` text of ``config``: ``SPLITKV_DEFINE_KERNEL(...)``, or with a variant switch
+    set ``SPLITKV_DEFINE_VARIANT_KERNEL(...)`` (every Traits argument, switches last; its
+    kernel takes ``FaVariant`` after the workspace pointers)."""
+    return declared.instantiation(
+        config, TEMPLATE, "SPLITKV_DEFINE_KERNEL", variant_macro="SPLITKV_DEFINE_VARIANT_KERNEL"
+    )
+
+
+def traits(config: SplitKvConfig) -> str:
+    """The C++ type naming ``config``: ``splitkv::Traits<...>``, a variant config's
+    ``splitkv::VariantTraits<...>`` (the plain kernels' Traits keep their eight parameters:
+    the PTX names a block's merge flag by them)."""
+    return declared.traits(
+        config, "splitkv::VariantTraits" if config.has_variant else "splitkv::Traits"
+    )
+
+
 def _space(d: int, dtype: Dtype, causal: bool, smem_limit: int, arch: str) -> list[AnyConfig]:
     return list(space.enumerate_space(d, dtype, causal, smem_limit))
 
@@ -44,19 +65,17 @@ def _seeds(d: int, dtype: Dtype, causal: bool) -> list[AnyConfig]:
 SPLITKV = Family(
     name="splitkv",
     summary="split-KV decode forward: packed GQA rows, warps and blocks split the keys (sm_80+)",
-    templates=("splitkv_fwd.cuh",),
+    templates=(TEMPLATE,),
     archs=FA2.archs,
     space=_space,
     check=lambda config, smem_limit: space.is_valid(_skv(config), smem_limit),
     seeds=_seeds,
     default=space.default_config,
-    render=lambda config: declared.instantiation(
-        _skv(config), "splitkv_fwd.cuh", "SPLITKV_DEFINE_KERNEL"
-    ),
+    render=lambda config: render_instantiation(_skv(config)),
     grid=_grid,
     header=HeaderPart(
         template="splitkv_launch.cuh",  # includes splitkv_fwd.cuh
-        traits=lambda config: declared.traits(_skv(config), "splitkv::Traits"),
+        traits=lambda config: traits(_skv(config)),
         kernel="splitkv::fwd_kernel",
         launcher="splitkv::launch",
         kernel_params="const FaParams, float*, float*, int*",  # p, ws_o, ws_lse, ws_count
@@ -67,4 +86,4 @@ SPLITKV = Family(
     est_registers=lambda config: space.accumulator_regs(_skv(config)),
 )
 
-__all__ = ["SPLITKV", "space"]
+__all__ = ["SPLITKV", "TEMPLATE", "render_instantiation", "space", "traits"]

@@ -37,8 +37,9 @@ MAX_ACC_REGS = 160
 #: per (batch, KV head); past it the split-Q families' tiles do the same work better.
 MAX_PACKED_ROWS = 256
 
-#: The attention-variant switches this family's kernels are built with (core.variant).
-VARIANT_SWITCHES: tuple[str, ...] = ()
+#: The attention-variant switches this family's kernels are built with (core.variant). A
+#: variant config follows the plain space rules (the tuner's ptxas check catches a spill).
+VARIANT_SWITCHES: tuple[str, ...] = ("local", "softcap", "sinks")
 
 
 def accumulator_regs(config: SplitKvConfig) -> int:
