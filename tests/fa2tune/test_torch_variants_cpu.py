@@ -336,8 +336,14 @@ def test_variant_defaults_get_the_switches(monkeypatch: pytest.MonkeyPatch) -> N
     packed = choose(None, _call(Variant(chunk=64), Packed(4, 256)))
     got: Any = packed.config
     assert got.varlen and got.local and not got.sinks
-    # A decode-like call prefers split-KV; without its switches fa2's default serves it.
+    # A decode-like call prefers split-KV, with the variant's switches; a family without
+    # them is passed over: then fa2's default serves it.
     decode = Shape(1, 4096, 1, 8, 8)
+    config = default_config(128, "bf16", False, decode, 132, Variant(softcap=5.0))
+    assert config is not None and config.family == "splitkv" and config.softcap
+    from codegen.families.splitkv import space as splitkv_space
+
+    monkeypatch.setattr(splitkv_space, "VARIANT_SWITCHES", ())
     config = default_config(128, "bf16", False, decode, 132, Variant(softcap=5.0))
     assert config is not None and config.family == "fa2" and config.softcap
 
