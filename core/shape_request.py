@@ -194,3 +194,22 @@ def no_variant_results(gpu: str, d: int, dtype: str, causal: bool, variant: Vari
     D, dtype and mask (or, with exact, not at its window and shape)."""
     mask = "causal" if causal else "full"
     return f"no results for {gpu!r}, D={d}, {dtype}, {mask} with {variant.describe()}"
+
+
+_WINDOW_RE = re.compile(r"-?[0-9]{1,10},-?[0-9]{1,10}")
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """A window given as ``"LEFT,RIGHT"`` (the CLI's ``--window 4096,0``), each -1 or more.
+
+    Raises:
+        ShapeParamError: ``param`` ``"window"``: not two integers separated by a comma, or a
+            bound below -1 or past 2^31-1.
+    """
+    if not _WINDOW_RE.fullmatch(text.strip()):
+        raise ShapeParamError("window", f"must be LEFT,RIGHT (two integers, -1: none), got {text!r}")
+    left, right = (int(x) for x in text.split(","))
+    for value in (left, right):
+        if not -1 <= value <= MAX_DIM:
+            raise ShapeParamError("window", f"bounds must be between -1 and {MAX_DIM}", value)
+    return left, right
