@@ -132,12 +132,6 @@ Number = Annotated[float, BeforeValidator(_json_number)]
 # published under pydantic's names (ge, le) instead of JSON Schema's (minimum, maximum).
 OptionalInteger = Annotated[int | None, BeforeValidator(json_integer)]
 OptionalNumber = Annotated[float | None, BeforeValidator(_json_number)]
-#: A window bound: an integer from -1 (no bound) to the int32 limit.
-WindowBound = Annotated[int, BeforeValidator(json_integer), Field(ge=-1, le=INT32_MAX)]
-#: A softcap: a finite JSON number >= 0 (0: none).
-SoftcapNumber = Annotated[
-    float, BeforeValidator(_json_number), Field(ge=0, allow_inf_nan=False)
-]
 #: A timestamp: an ISO 8601 string, not a number of seconds.
 Timestamp = Annotated[datetime, BeforeValidator(_json_timestamp)]
 

@@ -58,8 +58,6 @@ from db.dump_fields import (
     OptionalInteger,
     OptionalNumber,
     Printable,
-    SoftcapNumber,
-    WindowBound,
     Timestamp,
     int32_field,
     json_integer,
@@ -251,12 +249,12 @@ class ProblemRecord(_Record):
     )
     # The attention variant (core.variant), written only when it is not plain's, so files of
     # plain problems read and re-export as they did before variants.
-    window_left: WindowBound = Field(
-        default=-1, exclude_if=lambda v: v == -1,
+    window_left: Integer = Field(
+        default=-1, ge=-1, le=INT32_MAX, exclude_if=lambda v: v == -1,
         description="local attention: keys this far left of a query's position (-1: no bound)",
     )
-    window_right: WindowBound = Field(
-        default=-1, exclude_if=lambda v: v == -1,
+    window_right: Integer = Field(
+        default=-1, ge=-1, le=INT32_MAX, exclude_if=lambda v: v == -1,
         description="local attention: keys this far right of a query's position (-1: no "
         "bound; a causal window's is 0)",
     )
@@ -265,8 +263,8 @@ class ProblemRecord(_Record):
         description="chunked attention: keys only in the query position's chunk of this "
         "many (0: none)",
     )
-    softcap: SoftcapNumber = Field(
-        default=0.0, exclude_if=lambda v: v == 0,
+    softcap: Number = Field(
+        default=0.0, ge=0, allow_inf_nan=False, exclude_if=lambda v: v == 0,
         description="logit softcap (0: none); finite and >= 0",
     )
     sinks: StrictBool = Field(

@@ -40,10 +40,10 @@ NO_CONTROL_PATTERN = f"^[^{_CONTROLS}]*$"
 #: "+4096", " 4096" and "4096.0", and one value must not have several spellings that answer
 #: alike: a cache key or a log line would tell them apart.
 _PLAIN_INT = re.compile(r"-?[0-9]{1,19}")
-#: The only number spelling a query takes: ASCII digits with an optional fraction, a minus
-#: sign for a negative value (refused by its range). pydantic's lax mode also reads "inf",
-#: "nan", "1e3", " 30" and "30_0".
-_PLAIN_FLOAT = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,19})?")
+#: The number spellings a query takes: ASCII digits with an optional fraction and exponent, a
+#: minus sign for a negative value (refused by its range): what JSON and Python write a float
+#: as. pydantic's lax mode also reads "inf", "nan", "+30", " 30" and "30_0".
+_PLAIN_FLOAT = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,19})?([eE][-+]?[0-9]{1,3})?")
 #: The boolean spellings a query takes (any letter case for true/false); pydantic's lax mode
 #: also reads "yes", "on", "t", "y".
 _PLAIN_BOOLS = {"true": True, "false": False, "1": True, "0": False}
@@ -57,7 +57,8 @@ def _plain_int(value: object) -> object:
 
 def _plain_float(value: object) -> object:
     if isinstance(value, str) and not _PLAIN_FLOAT.fullmatch(value):
-        raise ValueError("must be a plain decimal number (digits 0-9, maybe a fraction)")
+        raise ValueError("must be a plain decimal number (digits 0-9, maybe a fraction and an "
+                         "exponent; not inf or nan)")
     return value
 
 

@@ -100,7 +100,9 @@ def test_softcap_and_sinks_match_by_switch(client: TestClient) -> None:
         ({"softcap": "-1"}, "softcap"),
         ({"softcap": "inf"}, "softcap"),
         ({"softcap": "nan"}, "softcap"),
-        ({"softcap": "1e3"}, "softcap"),
+        ({"softcap": "+3"}, "softcap"),
+        ({"softcap": "3_0"}, "softcap"),
+        ({"softcap": "1e999"}, "softcap"),
         ({"sinks": "yes"}, "sinks"),
     ],
 )
