@@ -207,7 +207,9 @@ def parse_window(text: str) -> tuple[int, int]:
             bound below -1 or past 2^31-1.
     """
     if not _WINDOW_RE.fullmatch(text.strip()):
-        raise ShapeParamError("window", f"must be LEFT,RIGHT (two integers, -1: none), got {text!r}")
+        raise ShapeParamError(
+            "window", f"must be LEFT,RIGHT (two integers, -1: none), got {text!r}"
+        )
     left, right = (int(x) for x in text.split(","))
     for value in (left, right):
         if not -1 <= value <= MAX_DIM:

@@ -118,9 +118,7 @@ def _table(result: BestResult, rows: list[tuple[str, str]]) -> Table:
     return table
 
 
-def _best_table(
-    result: BestResult, asked: Shape | None = None, variant: Variant = PLAIN
-) -> Table:
+def _best_table(result: BestResult, asked: Shape | None = None, variant: Variant = PLAIN) -> Table:
     mask = "causal" if result.causal else "full"
     if asked is None:
         where = (
@@ -315,12 +313,8 @@ def best(
     window_right: Annotated[
         int | None, typer.Option("--window-right", help="the window's right bound")
     ] = None,
-    chunk: Annotated[
-        int, typer.Option("--chunk", help="chunked attention's chunk (0: none)")
-    ] = 0,
-    softcap: Annotated[
-        float, typer.Option("--softcap", help="logit softcap (0: none)")
-    ] = 0.0,
+    chunk: Annotated[int, typer.Option("--chunk", help="chunked attention's chunk (0: none)")] = 0,
+    softcap: Annotated[float, typer.Option("--softcap", help="logit softcap (0: none)")] = 0.0,
     sinks: Annotated[bool, typer.Option("--sinks", help="attention sinks")] = False,
 ) -> None:
     """Show the fastest correct config measured for a GPU and problem.

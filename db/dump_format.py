@@ -76,9 +76,7 @@ BuildKey = tuple[str, str, str]
 #: A problem's attention variant as the store keys it: window left and right, chunk, whether a
 #: softcap applies, sinks (:data:`db.models.VARIANT_KEY_COLUMNS`).
 VariantKey = tuple[int, int, int, bool, bool]
-ProblemKey = tuple[
-    GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...], VariantKey
-]
+ProblemKey = tuple[GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...], VariantKey]
 PLAIN_KEY: Final[VariantKey] = (-1, -1, 0, False, False)
 
 
@@ -250,21 +248,33 @@ class ProblemRecord(_Record):
     # The attention variant (core.variant), written only when it is not plain's, so files of
     # plain problems read and re-export as they did before variants.
     window_left: Integer = Field(
-        default=-1, ge=-1, le=INT32_MAX, exclude_if=lambda v: v == -1,
+        default=-1,
+        ge=-1,
+        le=INT32_MAX,
+        exclude_if=lambda v: v == -1,
         description="local attention: keys this far left of a query's position (-1: no bound)",
     )
     window_right: Integer = Field(
-        default=-1, ge=-1, le=INT32_MAX, exclude_if=lambda v: v == -1,
+        default=-1,
+        ge=-1,
+        le=INT32_MAX,
+        exclude_if=lambda v: v == -1,
         description="local attention: keys this far right of a query's position (-1: no "
         "bound; a causal window's is 0)",
     )
     chunk: Integer = Field(
-        default=0, ge=0, le=INT32_MAX, exclude_if=lambda v: v == 0,
+        default=0,
+        ge=0,
+        le=INT32_MAX,
+        exclude_if=lambda v: v == 0,
         description="chunked attention: keys only in the query position's chunk of this "
         "many (0: none)",
     )
     softcap: Number = Field(
-        default=0.0, ge=0, allow_inf_nan=False, exclude_if=lambda v: v == 0,
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v == 0,
         description="logit softcap (0: none); finite and >= 0",
     )
     sinks: StrictBool = Field(

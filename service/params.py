@@ -57,8 +57,10 @@ def _plain_int(value: object) -> object:
 
 def _plain_float(value: object) -> object:
     if isinstance(value, str) and not _PLAIN_FLOAT.fullmatch(value):
-        raise ValueError("must be a plain decimal number (digits 0-9, maybe a fraction and an "
-                         "exponent; not inf or nan)")
+        raise ValueError(
+            "must be a plain decimal number (digits 0-9, maybe a fraction and an "
+            "exponent; not inf or nan)"
+        )
     return value
 
 

@@ -276,11 +276,13 @@ class VarlenBestOut(_Out):
         "core.shape's distance between the two as their count of sequences at the mean length"
     )
     variant: VariantOut | None = Field(
-        default=None, exclude_if=_absent,
+        default=None,
+        exclude_if=_absent,
         description="the attention variant answered for (normalised); absent when plain",
     )
     measured_variant: VariantOut | None = Field(
-        default=None, exclude_if=_absent,
+        default=None,
+        exclude_if=_absent,
         description="the variant measured_seqlens were tuned for; absent when plain",
     )
     gpu: str

@@ -408,8 +408,10 @@ def _defaults(
                 out.append(f)
             elif (f.name, lacking) not in noted_variants:
                 noted_variants.add((f.name, lacking))
-                log.info("%s: skipping %s for %s (its kernels have no %s switch)",
-                         p.study_name, f.name, p.variant.describe(), ", ".join(lacking))  # fmt: skip
+                log.info(
+                    "%s: skipping %s for %s (its kernels have no %s switch)",
+                    p.study_name, f.name, p.variant.describe(), ", ".join(lacking),
+                )  # fmt: skip
         return out
 
     def serving(p: Problem) -> list[Family]:
@@ -464,7 +466,7 @@ def with_variant(configs: Sequence[AnyConfig], problem: Problem) -> list[AnyConf
     if problem.variant.plain:
         return list(configs)
     needs = problem.variant.needs
-    return [replace(c, **needs) for c in configs]  # type: ignore[type-var]
+    return [replace(c, **needs) for c in configs]  # type: ignore[arg-type]
 
 
 def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:

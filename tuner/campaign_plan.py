@@ -117,8 +117,11 @@ class ShapeOptions:
             return resolve_variant(causal, window_left=left, window_right=right, chunk=chunk,
                                    softcap=softcap, sinks=sinks, nq=nq, nk=nk)  # fmt: skip
         except ShapeParamError as exc:
-            option = "--window" if self.window is not None and exc.param.startswith("window") \
+            option = (
+                "--window"
+                if self.window is not None and exc.param.startswith("window")
                 else f"--{exc.param.replace('_', '-')}"
+            )
             raise bad_option(option, str(exc)) from None
 
     @property

@@ -308,9 +308,7 @@ def _field_error(path: Path, index: int, exc: ValidationError) -> WorkloadError:
     return WorkloadError(f"{path}: entry {index}: field {name!r}: {message}")
 
 
-def _window(
-    entry: Entry, bad: Callable[[str, str], WorkloadError]
-) -> tuple[int, int, list[bool]]:
+def _window(entry: Entry, bad: Callable[[str, str], WorkloadError]) -> tuple[int, int, list[bool]]:
     """The entry's window bounds and its masks: ``window: N`` is the causal window (N, 0)."""
     if entry.window is None:
         return -1, -1, entry.causal

@@ -21,6 +21,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
+from core.shape import Shape
 from core.shape_request import (
     SEQLENS_PATTERN,
     ShapeParamError,
@@ -30,15 +31,14 @@ from core.shape_request import (
     resolve_variant,
     resolve_varlen,
 )
-from core.shape import Shape
 from core.variant import Variant
 from db.store import Store
 from service.deps import IndexDep, IndexHolderDep, SlowDep, StoreDep
-from service.index import gpu_key
-from service.index import NotTunedError
+from service.index import NotTunedError, gpu_key
 from service.params import (
     BatchQuery,
     CausalQuery,
+    ChunkQuery,
     DtypeQuery,
     GpuQuery,
     HeadDimQuery,
@@ -46,7 +46,6 @@ from service.params import (
     KvHeadsQuery,
     NkQuery,
     NqQuery,
-    ChunkQuery,
     OptionalSeqLenQuery,
     PlainBool,
     SinksQuery,

@@ -172,29 +172,38 @@ def _seed_0003(url: str) -> None:
     build = _config()
     try:
         with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO gpus (name, name_key, compute_capability, sm_count, "
-                "driver_version, cuda_version, memory_bytes, smem_optin_bytes, created_at, "
-                f"updated_at) VALUES ('NVIDIA H200', 'h200', '9.0', 132, 'd', 'c', 0, 0, {_AT}, "
-                f"{_AT})"
-            ))
-            conn.execute(text(
-                "INSERT INTO builds (config_key, config_name, family, d, dtype, causal, "
-                "params, arch, status, registers, spill_stores, spill_loads, stack_bytes, "
-                "static_smem, compile_seconds, source_hash, nvcc_version, flags, error, "
-                "created_at) VALUES (:key, :name, 'fa2', 128, 'fp16', true, :params, "
-                f"'sm_90', 'OK', 168, 0, 0, 0, 0, 1.0, 'h', 'v', '[]', NULL, {_AT})"
-            ), {"key": build.key, "name": build.name, "params": json.dumps(build.params())})
-            conn.execute(text(
-                "INSERT INTO problems (gpu_id, d, n, nk, batch, heads, kv_heads, dtype, "
-                "causal, seqlens, created_at) SELECT id, 128, 4096, 4096, 2, 16, 16, "
-                f"'fp16', true, '', {_AT} FROM gpus"
-            ))
-            conn.execute(text(
-                "INSERT INTO measurements (problem_id, build_id, status, median_ms, reps, "
-                "driver_version, cuda_version, created_at) SELECT p.id, b.id, 'OK', 1.5, 100, "
-                f"'d', 'c', {_AT} FROM problems p, builds b"
-            ))
+            conn.execute(
+                text(
+                    "INSERT INTO gpus (name, name_key, compute_capability, sm_count, "
+                    "driver_version, cuda_version, memory_bytes, smem_optin_bytes, created_at, "
+                    "updated_at) VALUES ('NVIDIA H200', 'h200', '9.0', 132, 'd', 'c', 0, 0, "
+                    f"{_AT}, {_AT})"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO builds (config_key, config_name, family, d, dtype, causal, "
+                    "params, arch, status, registers, spill_stores, spill_loads, stack_bytes, "
+                    "static_smem, compile_seconds, source_hash, nvcc_version, flags, error, "
+                    "created_at) VALUES (:key, :name, 'fa2', 128, 'fp16', true, :params, "
+                    f"'sm_90', 'OK', 168, 0, 0, 0, 0, 1.0, 'h', 'v', '[]', NULL, {_AT})"
+                ),
+                {"key": build.key, "name": build.name, "params": json.dumps(build.params())},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO problems (gpu_id, d, n, nk, batch, heads, kv_heads, dtype, "
+                    "causal, seqlens, created_at) SELECT id, 128, 4096, 4096, 2, 16, 16, "
+                    f"'fp16', true, '', {_AT} FROM gpus"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO measurements (problem_id, build_id, status, median_ms, reps, "
+                    "driver_version, cuda_version, created_at) SELECT p.id, b.id, 'OK', 1.5, 100, "
+                    f"'d', 'c', {_AT} FROM problems p, builds b"
+                )
+            )
     finally:
         engine.dispose()
 
