@@ -71,8 +71,9 @@ def _only_rules_beyond_the_schema(found: Found) -> bool:
         detail = str(json.loads(found.body)["detail"])
     except (ValueError, KeyError, TypeError):
         return False
-    # split("\n"), not splitlines(): a quoted bad value may hold \x1c, \x85, U+2028 ...
-    lines = [line.strip() for line in detail.split("\n")[1:]]
+    # Each error is a line indented by two blanks; split there, not at every "\n" nor with
+    # splitlines(): a quoted bad value may hold a newline, \x1c, \x85, U+2028 ...
+    lines = [line.strip() for line in detail.split("\n  ")[1:]]
     listed = [line for line in lines if line and not re.fullmatch(r"\.\.\. and \d+ more", line)]
     return bool(listed) and all(": Value error, " in line for line in listed)
 
