@@ -272,9 +272,14 @@ def run_campaign(
         group = _group(problem)
         configs = tuple(space_fn(problem))
         if not configs:
+            variant = (
+                "" if problem.variant.plain
+                else f" and attention variant ({problem.variant.describe()}: no family's "
+                "kernels have its switches yet)"
+            )  # fmt: skip
             raise ValueError(
                 f"no config to search for {problem.study_name}: no searched kernel family "
-                "has one for its head dim and shape (see --family)"
+                f"has one for its head dim and shape{variant} (see --family)"
             )
         if configs not in spaces:
             spaces[configs] = search.SearchSpace.from_configs(configs)

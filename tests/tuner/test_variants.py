@@ -171,3 +171,14 @@ def _shape(p: Problem):  # type: ignore[no-untyped-def]
     from core.shape import Shape
 
     return Shape(p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads)
+
+
+def test_a_variant_no_family_serves_is_refused_before_any_work(tmp_path: Path) -> None:
+    problem = Problem(gpu=GPU.name, d=64, n=8192, causal=True, variant=WINDOW)
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    with Store.from_url(url) as store, pytest.raises(ValueError, match="attention variant"):
+        run_campaign(
+            [problem], CampaignOptions(sampler="random", trials=1, families=("fa2",)),
+            store=store, storage_url=url, gpu=GPU, measure_fn=lambda r, p: ok_result(1.0, p),
+            build_fn=lambda cs: [],
+        )  # fmt: skip
