@@ -7,14 +7,17 @@ take it where a dense call has none (``packed=None``), so a packed batch is a mo
 path, not a path of its own.
 
 :func:`pick` is the lookup's rule for both modes, applied to the store's candidates
-(:class:`Candidate`, plain values of its rows): the GPU by name key, the mask, the exact shape
-(a packed batch: its very lengths) else the nearest by :func:`core.shape.nearest_key`, then
-the fastest. The store reads, this module decides; it imports only the floor below it.
+(:class:`Candidate`, plain values of its rows): the GPU by name key, the mask, the attention
+variant's switches (:attr:`core.variant.Variant.needs`) and then its window and chunk (the
+same, else the nearest: :func:`variant_distance`), the exact shape (a packed batch: its very
+lengths) else the nearest by :func:`core.shape.nearest_key`, then the fastest. The store
+reads, this module decides; it imports only the floor below it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,6 +31,7 @@ from core.shape import (
     shape_distance,
     varlen_shape,
 )
+from core.variant import PLAIN, Variant
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,7 @@ class Candidate:
         seqlens: the row's comma list of lengths, ``""`` for a dense problem.
         rank: ``(-throughput, median, measurement id)`` of its fastest verified measurement
             (the lowest wins among problems of one shape).
+        variant: the attention variant it was tuned for (plain for rows stored before).
     """
 
     problem_id: int
@@ -90,6 +95,31 @@ class Candidate:
     kv_heads: int
     seqlens: str
     rank: tuple[float, float, int]
+    variant: Variant = PLAIN
+
+
+def _bound_term(asked: int, stored: int, none: int, shift: int) -> tuple[int, float]:
+    """One window bound's (or the chunk's) part of :func:`variant_distance`."""
+    if asked == stored:
+        return (0, 0.0)
+    if none in (asked, stored):
+        return (1, 0.0)  # a bound on one side only
+    return (0, abs(math.log2((asked + shift) / (stored + shift))))
+
+
+def variant_distance(asked: Variant, stored: Variant) -> tuple[int, float]:
+    """How far a stored problem's window and chunk are from the asked ones (``(0, 0.0)``:
+    the same), compared as a key: first the number of bounds (left, right, chunk) that one
+    side has and the other has not, then the sum of ``|log2|`` of the ratios of the others
+    (a window bound counted from 1, so that a right bound 0, the causal one, compares).
+    The softcap's value and the sinks are not compared: the switches equal (:func:`pick`
+    asks that first), a config serves every value."""
+    terms = (
+        _bound_term(asked.window_left, stored.window_left, -1, 1),
+        _bound_term(asked.window_right, stored.window_right, -1, 1),
+        _bound_term(asked.chunk, stored.chunk, 0, 0),
+    )
+    return (sum(t[0] for t in terms), sum(t[1] for t in terms))
 
 
 @dataclass(frozen=True)
@@ -119,13 +149,18 @@ def pick(
     *,
     packed: Packed | None = None,
     exact: bool = False,
+    variant: Variant = PLAIN,
 ) -> Pick | None:
     """The rule of the store's one lookup, for a dense shape or a packed batch.
 
     Among the candidates of this GPU (by name key), the mask (a dense call's effective one,
-    :func:`core.shape.effective_causal`; a packed batch's as given) and the mode: a problem
-    measured at the asked shape (a packed batch: on its very lengths and heads) wins, else,
-    unless ``exact``, the nearest under :func:`core.shape.nearest_key` with the GPU's SM
+    :func:`core.shape.effective_causal`; a packed batch's as given), the mode and the
+    variant's switches (a plain ask sees only plain problems, a windowed one only problems
+    tuned with a window, ...): those whose window and chunk are the asked ones, else those
+    nearest to them under :func:`variant_distance` (not exact then, and refused when
+    ``exact``). The variant comes before the shape: a window tuned at another shape beats
+    another window at this shape. Among them a problem measured at the asked shape (a packed
+    batch: on its very lengths and heads) wins, else, unless ``exact``, the nearest under :func:`core.shape.nearest_key` with the GPU's SM
     count from ``sm_counts`` (ties: the lower shape for dense problems, as the header's sorted
     tables break them; the first tuned problem for packed ones). Among the dense problems of
     the chosen shape the best ``rank`` wins. A packed problem is compared as its count of
@@ -136,8 +171,11 @@ def pick(
     mask = served_mask(causal, shape, packed)
     lens = packed.seqlens if packed is not None else None
     compared: list[tuple[int, Shape, tuple[int, ...] | None]] = []
+    needs = variant.needs
     for i, c in enumerate(candidates):
         if c.name_key != key or c.causal != mask or bool(c.seqlens) != (packed is not None):
+            continue
+        if c.variant.needs != needs:
             continue
         measured = parse_seqlens(c.seqlens)
         try:
@@ -147,11 +185,22 @@ def pick(
             log.warning("problem %d skipped for shape lookups: %s", c.problem_id, exc)
             continue
         compared.append((i, sh, measured))
+    if not compared:
+        return None
+    if not variant.plain:  # the same window and chunk, else the nearest tuned ones
+        near = {i: variant_distance(variant, candidates[i].variant) for i, _, _ in compared}
+        closest = min(near.values())
+        if exact and closest != (0, 0.0):
+            return None
+        compared = [t for t in compared if near[t[0]] == closest]
+        same_variant = closest == (0, 0.0)
+    else:
+        same_variant = True
     hits = [t for t in compared if t[1] == shape and t[2] == lens]
     if hits and (packed is None or lens is not None):
         best = min(hits, key=lambda t: candidates[t[0]].rank)
-        return Pick(best[0], True, 0.0, shape, lens)
-    if exact or not compared:
+        return Pick(best[0], same_variant, 0.0, shape, lens)
+    if exact:
         return None
     sm_count = sm_counts[key]
     first = min(

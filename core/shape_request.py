@@ -7,15 +7,20 @@ keeps the nearest-N answer it always had). ``/v1/best/varlen`` and ``fa2tune bes
 add ``seqlens`` (a comma list): :func:`resolve_varlen` makes a :class:`VarlenRequest` of it,
 with the same error messages on both.
 A resolved varlen request gives its batch as a :class:`core.lookup.Packed` descriptor.
+Both take the attention variant (``window_left``, ``window_right``, ``chunk``, ``softcap``,
+``sinks``), resolved by :func:`resolve_variant` into FlashAttention's normal form
+(:func:`core.variant.normalize`), with the parameter named when a value is refused.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 from core.lookup import Packed
 from core.shape import MAX_DIM, Shape, ShapeError
+from core.variant import Variant, VariantError, normalize
 
 #: The campaign's batch size and head count (:class:`core.problem.Problem`'s defaults): a
 #: shape that leaves them out is asked at what the shipped results were tuned on.
@@ -26,7 +31,7 @@ DEFAULT_HEADS = 16
 class ShapeParamError(ShapeError):
     """One parameter of a request makes no shape; ``param`` names it (e.g. ``"kv_heads"``)."""
 
-    def __init__(self, param: str, message: str, value: int | None = None) -> None:
+    def __init__(self, param: str, message: str, value: float | None = None) -> None:
         super().__init__(message)
         self.param = param
         self.value = value
@@ -150,3 +155,63 @@ def no_varlen_results(gpu: str, d: int, dtype: str, causal: bool) -> str:
     has a verified, timed measurement."""
     mask = "causal" if causal else "full"
     return f"no varlen results for {gpu!r}, D={d}, {dtype}, {mask}"
+
+
+def resolve_variant(
+    causal: bool,
+    *,
+    window_left: int = -1,
+    window_right: int = -1,
+    chunk: int = 0,
+    softcap: float = 0.0,
+    sinks: bool = False,
+    nq: int | None = None,
+    nk: int | None = None,
+) -> tuple[bool, Variant]:
+    """A request's ``(causal, variant)`` in the store's form (:func:`core.variant.normalize`,
+    given the call's lengths: a window past every key is none, ``(-1, 0)`` is causal, ...).
+
+    Raises:
+        ShapeParamError: ``param`` names the argument: a window bound below -1 or past
+            2^31-1, a chunk below 0 or past it, a softcap that is negative or not finite.
+    """
+    for name, value in (("window_left", window_left), ("window_right", window_right)):
+        if not -1 <= value <= MAX_DIM:
+            raise ShapeParamError(name, f"must be between -1 (no bound) and {MAX_DIM}", value)
+    if not 0 <= chunk <= MAX_DIM:
+        raise ShapeParamError("chunk", f"must be between 0 (none) and {MAX_DIM}", chunk)
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ShapeParamError("softcap", "must be finite and >= 0 (0: none)", softcap)
+    try:
+        return normalize(causal, window_left, window_right, chunk, nq=nq, nk=nk,
+                         softcap=softcap, sinks=sinks)  # fmt: skip
+    except VariantError as exc:  # not reached after the checks above; named all the same
+        raise ShapeParamError("window_left", str(exc)) from None
+
+
+def no_variant_results(gpu: str, d: int, dtype: str, causal: bool, variant: Variant) -> str:
+    """Why a variant request has no answer: nothing of its switches is tuned for this GPU,
+    D, dtype and mask (or, with exact, not at its window and shape)."""
+    mask = "causal" if causal else "full"
+    return f"no results for {gpu!r}, D={d}, {dtype}, {mask} with {variant.describe()}"
+
+
+_WINDOW_RE = re.compile(r"-?[0-9]{1,10},-?[0-9]{1,10}")
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """A window given as ``"LEFT,RIGHT"`` (the CLI's ``--window 4096,0``), each -1 or more.
+
+    Raises:
+        ShapeParamError: ``param`` ``"window"``: not two integers separated by a comma, or a
+            bound below -1 or past 2^31-1.
+    """
+    if not _WINDOW_RE.fullmatch(text.strip()):
+        raise ShapeParamError(
+            "window", f"must be LEFT,RIGHT (two integers, -1: none), got {text!r}"
+        )
+    left, right = (int(x) for x in text.split(","))
+    for value in (left, right):
+        if not -1 <= value <= MAX_DIM:
+            raise ShapeParamError("window", f"bounds must be between -1 and {MAX_DIM}", value)
+    return left, right

@@ -24,10 +24,14 @@ from core.shape_request import (
     DEFAULT_HEADS,
     ShapeParamError,
     VarlenRequest,
+    no_variant_results,
     no_varlen_results,
+    parse_window,
     resolve_shape,
+    resolve_variant,
     resolve_varlen,
 )
+from core.variant import PLAIN, Variant
 from db.dump_format import TransferError
 from db.results import BestResult
 from db.shipped import load_shipped_results
@@ -114,7 +118,7 @@ def _table(result: BestResult, rows: list[tuple[str, str]]) -> Table:
     return table
 
 
-def _best_table(result: BestResult, asked: Shape | None = None) -> Table:
+def _best_table(result: BestResult, asked: Shape | None = None, variant: Variant = PLAIN) -> Table:
     mask = "causal" if result.causal else "full"
     if asked is None:
         where = (
@@ -134,6 +138,8 @@ def _best_table(result: BestResult, asked: Shape | None = None) -> Table:
         f"{result.heads} heads ({result.kv_heads} kv), Nk={result.nk}"
     )
     rows = [*_config_rows(result), ("problem", problem), ("measured at", where)]
+    if not variant.plain:
+        rows.append(("variant", f"{result.variant.describe()} (asked {variant.describe()})"))
     return _table(result, [*rows, *_measurement_rows(result)])
 
 
@@ -171,7 +177,59 @@ def _varlen_table(result: BestResult, asked: VarlenRequest, measured: tuple[int,
         ("lengths", lengths),
         ("measured at", where),
     ]
+    if not result.variant.plain:
+        rows.append(("variant", result.variant.describe()))
     return _table(result, [*rows, *_measurement_rows(result)])
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantArgs:
+    """The attention-variant options of ``best`` as given (``--window`` or its two halves,
+    ``--chunk``, ``--softcap``, ``--sinks``), checked against each other."""
+
+    window_left: int = -1
+    window_right: int = -1
+    chunk: int = 0
+    softcap: float = 0.0
+    sinks: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        window: str | None,
+        window_left: int | None,
+        window_right: int | None,
+        chunk: int,
+        softcap: float,
+        sinks: bool,
+    ) -> VariantArgs:
+        """Raises: typer.BadParameter: ``--window`` with one of its halves, or not L,R."""
+        if window is not None:
+            if window_left is not None or window_right is not None:
+                raise typer.BadParameter(
+                    "give --window LEFT,RIGHT or --window-left/--window-right, not both",
+                    param_hint="--window",
+                )
+            try:
+                window_left, window_right = parse_window(window)
+            except ShapeParamError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--window") from None
+        return cls(
+            -1 if window_left is None else window_left,
+            -1 if window_right is None else window_right,
+            chunk, softcap, sinks,
+        )  # fmt: skip
+
+    def resolve(self, causal: bool, nq: int | None, nk: int | None) -> tuple[bool, Variant]:
+        """:func:`core.shape_request.resolve_variant` of these options for the call's lengths.
+
+        Raises:
+            ShapeParamError: a value out of its domain (``param`` names it).
+        """
+        return resolve_variant(
+            causal, window_left=self.window_left, window_right=self.window_right,
+            chunk=self.chunk, softcap=self.softcap, sinks=self.sinks, nq=nq, nk=nk,
+        )  # fmt: skip
 
 
 def best(
@@ -241,6 +299,23 @@ def best(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    window: Annotated[
+        str | None,
+        typer.Option(
+            "--window",
+            help="local attention window LEFT,RIGHT (FlashAttention's window_size; -1: no "
+            "bound), e.g. 4096,0; or --window-left/--window-right",
+        ),
+    ] = None,
+    window_left: Annotated[
+        int | None, typer.Option("--window-left", help="the window's left bound")
+    ] = None,
+    window_right: Annotated[
+        int | None, typer.Option("--window-right", help="the window's right bound")
+    ] = None,
+    chunk: Annotated[int, typer.Option("--chunk", help="chunked attention's chunk (0: none)")] = 0,
+    softcap: Annotated[float, typer.Option("--softcap", help="logit softcap (0: none)")] = 0.0,
+    sinks: Annotated[bool, typer.Option("--sinks", help="attention sinks")] = False,
 ) -> None:
     """Show the fastest correct config measured for a GPU and problem.
 
@@ -249,9 +324,14 @@ def best(
     the nearest tuned shape (the distance of /v1/best). With --seqlens (and optionally
     --heads, --kv-heads): the fastest varlen config measured on those lengths, else on the
     nearest tuned varlen batch (as /v1/best/varlen answers).
+
+    With --window, --chunk, --softcap or --sinks: the attention variant (FlashAttention's
+    semantics), answered only by configs tuned with its switches, at the same window and
+    chunk else the nearest tuned ones (not exact then), as /v1/best answers it.
     """
     if dtype not in DTYPES:
         raise typer.BadParameter(f"must be one of {', '.join(DTYPES)}", param_hint="--dtype")
+    asked_variant = VariantArgs.of(window, window_left, window_right, chunk, softcap, sinks)
     if seqlens is not None:
         dense = {"--n": n, "--nq": nq, "--nk": nk, "--batch": batch}
         given = [name for name, value in dense.items() if value is not None]
@@ -263,13 +343,20 @@ def best(
             )
         try:
             request = resolve_varlen(seqlens, heads, kv_heads)
+            longest = max(request.seqlens)
+            causal, variant = asked_variant.resolve(causal, longest, longest)
         except ShapeParamError as exc:
             hint = f"--{exc.param.replace('_', '-')}"
             raise typer.BadParameter(str(exc), param_hint=hint) from None
-        _best_varlen(gpu, d, dtype, causal, request, exact=exact, as_json=as_json)
+        _best_varlen(gpu, d, dtype, causal, request, exact=exact, as_json=as_json,
+                     variant=variant)  # fmt: skip
         return
     try:
         shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
+        q = shape.nq if shape is not None else n
+        causal, variant = asked_variant.resolve(causal, q, shape.nk if shape is not None else q)
+        if not variant.plain and shape is None:
+            shape = resolve_shape(n, nq=n)  # a variant is answered for a whole shape
     except ShapeParamError as exc:
         raise typer.BadParameter(str(exc), param_hint=f"--{exc.param.replace('_', '-')}") from None
     with _open_store() as store:
@@ -282,13 +369,17 @@ def best(
             lookup = store.best if exact else store.best_or_nearest
             result = lookup(gpu, d, n, dtype, causal)
         else:
-            result = store.best_for_shape(gpu, d, dtype, causal, shape, exact=exact)
+            result = store.best_for_shape(gpu, d, dtype, causal, shape, exact=exact,
+                                          variant=variant)  # fmt: skip
     if result is None:
         mask = "causal" if causal else "non-causal"
         if shape is None:
             what, fallback = f"N={n}", " at any N"
         else:
             what, fallback = shape.describe(), " at any shape"
+        if not variant.plain:
+            fallback = "" if exact else " at any shape or window"
+            what = f"{what} with {variant.describe()}"
         typer.echo(
             f"no successful measurement for {gpu} D={d} {what} {dtype} {mask}"
             f"{'' if exact else fallback}; tune it first (fa2tune tune) "
@@ -300,9 +391,11 @@ def best(
         data = result.to_dict()
         if shape is not None:
             data["shape"] = dataclasses.asdict(shape)
+        if not variant.plain:
+            data["asked_variant"] = dataclasses.asdict(variant)
         typer.echo(json.dumps(data, indent=2))
     else:
-        Console().print(_best_table(result, shape))
+        Console().print(_best_table(result, shape, variant))
 
 
 def _best_varlen(
@@ -314,6 +407,7 @@ def _best_varlen(
     *,
     exact: bool,
     as_json: bool,
+    variant: Variant = PLAIN,
 ) -> None:
     """``best --seqlens``: the answer of ``/v1/best/varlen`` from the local database."""
     with _open_store() as store:
@@ -321,11 +415,14 @@ def _best_varlen(
             load_shipped_results(store)
         except TransferError as exc:  # a broken package must not hide the user's own results
             logger.error("shipped results not loaded: %s", exc)
-        found = store.best_varlen(gpu, d, dtype, causal, asked.seqlens, asked.heads, asked.kv_heads)
+        found = store.best_varlen(gpu, d, dtype, causal, asked.seqlens, asked.heads,
+                                  asked.kv_heads, variant=variant)  # fmt: skip
     if found is None or (exact and not found[0].exact):
         mask = "causal" if causal else "full"
+        none = (no_varlen_results(gpu, d, dtype, causal) if variant.plain
+                else "varlen: " + no_variant_results(gpu, d, dtype, causal, variant))  # fmt: skip
         why = (
-            no_varlen_results(gpu, d, dtype, causal)
+            none
             if found is None
             else f"no varlen result for {gpu!r}, D={d}, {dtype}, {mask} on exactly these "
             "lengths and heads"

@@ -40,9 +40,11 @@ from core.family import AnyConfig, config_from_name, config_from_params
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.records import MeasureStatus
+from core.variant import SWITCHES, Variant, VariantError
 from db.dump_fields import (
     ARCH_PATTERN,
     CC_PATTERN,
+    INT32_MAX,
     INT64_MAX,
     MAX_COMPILE_SECONDS,
     MAX_TFLOPS,
@@ -71,7 +73,17 @@ _MAX_ERRORS_SHOWN = 10
 
 GpuKey = tuple[str, str]
 BuildKey = tuple[str, str, str]
-ProblemKey = tuple[GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...]]
+#: A problem's attention variant as the store keys it: window left and right, chunk, whether a
+#: softcap applies, sinks (:data:`db.models.VARIANT_KEY_COLUMNS`).
+VariantKey = tuple[int, int, int, bool, bool]
+ProblemKey = tuple[GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...], VariantKey]
+PLAIN_KEY: Final[VariantKey] = (-1, -1, 0, False, False)
+
+
+def variant_key(variant: Variant) -> VariantKey:
+    """The part of a :data:`ProblemKey` that is the problem's variant."""
+    return (variant.window_left, variant.window_right, variant.chunk, variant.softcap > 0,
+            variant.sinks)  # fmt: skip
 
 
 class TransferError(ValueError):
@@ -233,6 +245,42 @@ class ProblemRecord(_Record):
         ),
         json_schema_extra={"maxItems": 65536},
     )
+    # The attention variant (core.variant), written only when it is not plain's, so files of
+    # plain problems read and re-export as they did before variants.
+    window_left: Integer = Field(
+        default=-1,
+        ge=-1,
+        le=INT32_MAX,
+        exclude_if=lambda v: v == -1,
+        description="local attention: keys this far left of a query's position (-1: no bound)",
+    )
+    window_right: Integer = Field(
+        default=-1,
+        ge=-1,
+        le=INT32_MAX,
+        exclude_if=lambda v: v == -1,
+        description="local attention: keys this far right of a query's position (-1: no "
+        "bound; a causal window's is 0)",
+    )
+    chunk: Integer = Field(
+        default=0,
+        ge=0,
+        le=INT32_MAX,
+        exclude_if=lambda v: v == 0,
+        description="chunked attention: keys only in the query position's chunk of this "
+        "many (0: none)",
+    )
+    softcap: Number = Field(
+        default=0.0,
+        ge=0,
+        allow_inf_nan=False,
+        exclude_if=lambda v: v == 0,
+        description="logit softcap (0: none); finite and >= 0",
+    )
+    sinks: StrictBool = Field(
+        default=False, exclude_if=lambda v: not v,
+        description="attention sinks: a per-head logit joins each row's softmax denominator",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -250,7 +298,15 @@ class ProblemRecord(_Record):
                 "seqlens must be lengths >= 1 with n = the longest, batch = their count and "
                 f"nk = their total; got n={self.n}, batch={self.batch}, nk={self.nk}"
             )
+        try:
+            self.variant  # noqa: B018 - validates the combination
+        except VariantError as exc:
+            raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def variant(self) -> Variant:
+        return Variant(self.window_left, self.window_right, self.chunk, self.softcap, self.sinks)
 
     @property
     def gpu_key(self) -> GpuKey:
@@ -269,6 +325,7 @@ class ProblemRecord(_Record):
             self.dtype,
             self.causal,
             tuple(self.seqlens or ()),
+            variant_key(self.variant),
         )
 
 
@@ -338,6 +395,12 @@ class MeasurementRecord(_Record):
             raise ValueError(
                 f"build {self.build.config_name} does not fit the problem "
                 f"(d={p.d}, dtype={p.dtype}, causal={p.causal})"
+            )
+        switches = config.variant_switches
+        if {n: switches.get(n, False) for n in SWITCHES} != p.variant.needs:
+            raise ValueError(
+                f"build {self.build.config_name} is not built for the problem's attention "
+                f"variant ({p.variant.describe()}): its variant switches must be what it needs"
             )
         return self
 

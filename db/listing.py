@@ -12,7 +12,7 @@ from sqlalchemy import ColumnElement, Engine, func, select
 
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
-from db.models import Build, Gpu, Measurement, Problem
+from db.models import Build, Gpu, Measurement, Problem, row_variant
 from db.results import MAX_PAGE, GpuSummary, ResultPage, ResultRow
 from db.session import session_scope
 
@@ -101,6 +101,11 @@ def results(
                 Problem.batch,
                 Problem.heads,
                 Problem.kv_heads,
+                Problem.window_left,
+                Problem.window_right,
+                Problem.chunk,
+                Problem.softcap_on,
+                Problem.sinks,
                 Measurement.median_ms.is_(None),
                 Measurement.median_ms,
                 Measurement.id,
@@ -141,6 +146,7 @@ def results(
                 driver_version=m.driver_version,
                 cuda_version=m.cuda_version,
                 measured_at=m.created_at,
+                variant=row_variant(p),
             )
             for m, p, g, b in rows
         ]

@@ -9,9 +9,10 @@ Identity choices:
   keeps its kernel family and that family's own parameters (``params``, JSON) next to the
   three every family has (d, dtype, causal); the config key is a hash of the config name,
   which starts with the family, so keys of different families never collide.
-* ``problems``: one row per GPU and full shape; ``nk`` and ``kv_heads`` are stored resolved
-  (never NULL) so the unique constraint works the same on SQLite and PostgreSQL, where NULLs
-  are distinct.
+* ``problems``: one row per GPU, full shape and attention variant (window, chunk, whether a
+  softcap and sinks apply: :meth:`core.variant.Variant.key_text`'s parts); ``nk`` and
+  ``kv_heads`` are stored resolved (never NULL) so the unique constraint works the same on
+  SQLite and PostgreSQL, where NULLs are distinct.
 * ``measurements``: append-only; the index on (problem, status, median) makes "best for a
   problem" an index range scan rather than a table scan.
 
@@ -36,9 +37,12 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
+
+from core.variant import Variant
 
 NAMING_CONVENTION: dict[str, str] = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -65,6 +69,35 @@ BUILD_REPORT_COLUMNS: tuple[str, ...] = (
 def build_report_values(source: object) -> dict[str, Any]:
     """:data:`BUILD_REPORT_COLUMNS` read from ``source`` (a report, row or record) by name."""
     return {name: getattr(source, name) for name in BUILD_REPORT_COLUMNS}
+
+
+#: The :class:`Problem` columns of its attention variant that are part of its identity.
+VARIANT_KEY_COLUMNS: tuple[str, ...] = (
+    "window_left", "window_right", "chunk", "softcap_on", "sinks",
+)  # fmt: skip
+
+
+def variant_values(variant: Variant) -> dict[str, Any]:
+    """A variant as the :class:`Problem` columns hold it (the key columns and the cap)."""
+    return {
+        "window_left": variant.window_left,
+        "window_right": variant.window_right,
+        "chunk": variant.chunk,
+        "softcap_on": variant.softcap > 0,
+        "softcap": variant.softcap,
+        "sinks": variant.sinks,
+    }
+
+
+def row_variant(row: Any) -> Variant:
+    """The variant a problem row (or any object with its columns) stores. A row marked
+    ``softcap_on`` whose value was lost (0, written by hand) reads as cap 1.0, so the variant
+    keeps its switch."""
+    cap = float(row.softcap) if row.softcap_on else 0.0
+    if row.softcap_on and not cap > 0:
+        cap = 1.0
+    return Variant(int(row.window_left), int(row.window_right), int(row.chunk), cap,
+                   bool(row.sinks))  # fmt: skip
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -168,6 +201,11 @@ class Problem(Base):
             "kv_heads",
             "dtype",
             "causal",
+            "window_left",
+            "window_right",
+            "chunk",
+            "softcap_on",
+            "sinks",
             name="uq_problems_identity",
         ),
     )
@@ -186,6 +224,14 @@ class Problem(Base):
     # Such a row keeps the longest length in n, the count in batch and the total in nk, so
     # that the identity above tells most length lists apart (see db.writes).
     seqlens: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # The attention variant (core.variant; the defaults: plain). The identity holds whether a
+    # softcap applies, not its value, which changes no cost; the value is kept for people.
+    window_left: Mapped[int] = mapped_column(default=-1, server_default="-1")
+    window_right: Mapped[int] = mapped_column(default=-1, server_default="-1")
+    chunk: Mapped[int] = mapped_column(default=0, server_default="0")
+    softcap_on: Mapped[bool] = mapped_column(default=False, server_default=false())
+    softcap: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    sinks: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     gpu: Mapped[Gpu] = relationship(back_populates="problems")
@@ -193,6 +239,11 @@ class Problem(Base):
     @property
     def is_varlen(self) -> bool:
         return self.seqlens != ""
+
+    @property
+    def local(self) -> bool:
+        """Whether the problem's keys are masked by a window or a chunk."""
+        return self.window_left >= 0 or self.window_right >= 0 or self.chunk > 0
 
 
 class Measurement(Base):

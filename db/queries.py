@@ -12,6 +12,9 @@ helpers other readers use:
 A dense shape and a packed variable-length batch (a :class:`core.lookup.Packed`) are
 two modes of one lookup, :func:`best_match`: a packed problem is compared as its count of
 sequences at their mean length (:func:`core.shape.varlen_shape`) under the dense distance.
+The attention variant is part of what :func:`best_match` is asked (plain by default); every
+other query answers for plain problems only (the per-N lookups, the header's winners), and
+every problem row read back keeps its variant (:func:`db.models.row_variant`).
 
 Contract: every query takes the engine of a database whose schema is at head, runs in one
 read-only :func:`db.session.session_scope`, writes nothing, and returns values from
@@ -28,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
-from sqlalchemy import Engine, Select, bindparam, exists, func, select
+from sqlalchemy import ColumnElement, Engine, Select, and_, bindparam, exists, func, or_, select
 from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
@@ -43,7 +46,8 @@ from core.shape import (
     ShapeError,
     shape_distance,
 )
-from db.models import Build, Gpu, Measurement, Problem
+from core.variant import PLAIN, SWITCHES, Variant
+from db.models import Build, Gpu, Measurement, Problem, row_variant
 from db.results import BestResult, StoredOutcome
 from db.session import session_scope
 
@@ -83,13 +87,31 @@ def problem_flops(problem: Problem) -> float:
     return problem_spec(problem).flops
 
 
+def plain_problem() -> ColumnElement[bool]:
+    """The clause "this problem row is of plain attention" (no window, chunk, cap or sinks)."""
+    return and_(~local_problem(), ~Problem.softcap_on, ~Problem.sinks)
+
+
+def local_problem() -> ColumnElement[bool]:
+    """The clause "this problem row's keys are masked by a window or a chunk"."""
+    return or_(Problem.window_left >= 0, Problem.window_right >= 0, Problem.chunk > 0)
+
+
+def build_switches(params: dict[str, Any]) -> dict[str, bool]:
+    """A build's variant switches (:data:`core.variant.SWITCHES`) from its stored
+    parameters, where a switch that is off is left out (``config.params()``)."""
+    return {name: bool(params.get(name, False)) for name in SWITCHES}
+
+
 def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
-    """The problem a row stores, as the campaign's :class:`core.problem.Problem`."""
+    """The problem a row stores, as the campaign's :class:`core.problem.Problem` (with the
+    variant it was tuned for)."""
     lens = parse_seqlens(problem.seqlens)
+    variant = row_variant(problem)
     if lens is not None:
         return ProblemSpec.varlen(
             gpu, problem.d, lens, heads=problem.heads, kv_heads=problem.kv_heads,
-            dtype=problem.dtype, causal=problem.causal,
+            dtype=problem.dtype, causal=problem.causal, variant=variant,
         )  # fmt: skip
     return ProblemSpec(
         gpu=gpu,
@@ -101,6 +123,7 @@ def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
         causal=problem.causal,
         kv_heads=problem.kv_heads,
         nk=problem.nk,
+        variant=variant,
     )
 
 
@@ -155,6 +178,7 @@ def _best_result(
         build_id=build.id,
         problem_id=problem.id,
         distance=distance,
+        variant=row_variant(problem),
     )
 
 
@@ -242,6 +266,7 @@ def _problems_query(
             # No nk asked for means square problems (the campaign's), never Nq != Nk.
             Problem.nk == (nk if nk is not None else Problem.n),
             Problem.seqlens == "",  # dense problems only (packed: best_match)
+            plain_problem(),  # plain attention only (variants: best_match)
         )
     )
     if batch is not None:
@@ -360,10 +385,12 @@ def gpu_sm_count(s: Session, name_key: str) -> int:
 
 
 @cache
-def _fastest(packed: bool, family: str | None) -> Any:
+def _fastest(packed: bool, family: str | None, local: bool) -> Any:
     """Every dense (or packed) problem of one GPU, D, dtype and mask (the ``gpu_key``, ``d``,
     ``dtype`` and ``causal`` bind parameters) with its fastest verified measurement (of ``family``'s
-    builds when given) and that build, in problem-id order, each with its GPU loaded.
+    builds when given) and that build, in problem-id order, each with its GPU loaded. Only
+    problems of one set of variant switches: masked by a window or chunk when ``local``, with
+    the ``softcap_on`` and ``sinks`` bind parameters.
 
     A select of (Problem, Measurement, Build) rows, built once per mode and family (typed
     Any: its generic form differs between the SQLAlchemy releases the project allows)."""
@@ -385,6 +412,9 @@ def _fastest(packed: bool, family: str | None) -> Any:
             Problem.d == bindparam("d"),
             Problem.dtype == bindparam("dtype"),
             Problem.seqlens != "" if packed else Problem.seqlens == "",
+            local_problem() if local else ~local_problem(),
+            Problem.softcap_on == bindparam("softcap_on"),
+            Problem.sinks == bindparam("sinks"),
             Measurement.status == MeasureStatus.OK.value,
             Measurement.median_ms.is_not(None),
             *([Build.family == family] if family is not None else []),
@@ -423,19 +453,26 @@ def best_match(
     packed: Packed | None = None,
     exact: bool = False,
     family: str | None = None,
+    variant: Variant = PLAIN,
 ) -> Match | None:
     """The one lookup of both modes (:meth:`db.store.Store.best_match`): the candidates of
-    this D, dtype and mode with their fastest verified measurements, read in one query, and
-    :func:`core.lookup.pick`'s rule among them (GPU, mask, exact shape or nearest)."""
+    this D, dtype, mode and variant switches with their fastest verified measurements, read
+    in one query, and :func:`core.lookup.pick`'s rule among them (GPU, mask, the variant's
+    window and chunk exact or nearest, exact shape or nearest). A candidate whose build's
+    switches are not the variant's (a store written by hand) is left out: a plain call never
+    gets a variant config, nor a variant call a plain one. None when nothing qualifies."""
+    needs = variant.needs
     with session_scope(engine) as s:
-        query = _fastest(packed is not None, family)
+        query = _fastest(packed is not None, family, needs["local"])
         bound = {
             "gpu_key": normalize_gpu_name(gpu),
             "causal": served_mask(causal, shape, packed),
             "d": d,
             "dtype": dtype,
+            "softcap_on": needs["softcap"],
+            "sinks": needs["sinks"],
         }
-        rows = s.execute(query, bound).all()
+        rows = [r for r in s.execute(query, bound).all() if build_switches(r[2].params) == needs]
         counts: dict[str, list[int]] = {}
         for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
             counts.setdefault(name_key, []).append(count)
@@ -444,10 +481,11 @@ def best_match(
         # median. Only the winner becomes a BestResult (its config parsed, its row read out).
         candidates = [
             Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
-                      p.seqlens, (-_tflops(p, m), m.median_ms, m.id))
+                      p.seqlens, (-_tflops(p, m), m.median_ms, m.id), row_variant(p))
             for p, m, _ in rows
         ]  # fmt: skip
-        found = pick(candidates, gpu, causal, shape, sm_counts, packed=packed, exact=exact)
+        found = pick(candidates, gpu, causal, shape, sm_counts, packed=packed, exact=exact,
+                     variant=variant)  # fmt: skip
         if found is None:
             return None
         p, m, b = rows[found.index]
@@ -465,9 +503,11 @@ def best_for_shape(
     *,
     exact: bool = False,
     family: str | None = None,
+    variant: Variant = PLAIN,
 ) -> BestResult | None:
     """:meth:`db.store.Store.best_for_shape`: :func:`best_match` of a dense shape."""
-    found = best_match(engine, gpu, d, dtype, causal, shape, exact=exact, family=family)
+    found = best_match(engine, gpu, d, dtype, causal, shape, exact=exact, family=family,
+                       variant=variant)  # fmt: skip
     return found.result if found is not None else None
 
 
@@ -480,11 +520,13 @@ def best_packed(
     packed: Packed,
     heads: int,
     kv_heads: int,
+    *,
+    variant: Variant = PLAIN,
 ) -> tuple[BestResult, tuple[int, ...]] | None:
     """:meth:`db.store.Store.best_varlen` and ``best_varlen_shape``: :func:`best_match` of a
     packed batch, with the lengths the answer was measured on."""
     found = best_match(engine, gpu, d, dtype, causal, packed.shape(heads, kv_heads),
-                       packed=packed)  # fmt: skip
+                       packed=packed, variant=variant)  # fmt: skip
     if found is None or found.seqlens is None:
         return None
     return found.result, found.seqlens
@@ -498,7 +540,8 @@ def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
             select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
             .options(contains_eager(Problem.gpu))
-            .where(has_ok, Problem.seqlens == "")  # the header dispatches dense shapes
+            # The header dispatches dense shapes of plain attention.
+            .where(has_ok, Problem.seqlens == "", plain_problem())
             .order_by(Problem.id)
         ).all()
         sm_counts: dict[str, list[int]] = {}
@@ -532,6 +575,7 @@ def varlen_winners(
             .where(
                 Gpu.name_key == normalize_gpu_name(gpu),
                 Problem.seqlens != "",
+                plain_problem(),
                 has_ok_measurement(),
             )
             .order_by(Problem.id)

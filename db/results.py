@@ -17,6 +17,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from core.family import AnyConfig
+from core.problem import VARIANT_FIELDS
+from core.variant import PLAIN, Variant
 
 MAX_PAGE = 1000
 """The most rows one :class:`ResultPage` holds (the ``limit`` a results query accepts)."""
@@ -47,6 +49,8 @@ class BestResult:
         driver_version, cuda_version, sm_clock_mhz, mem_clock_mhz: device state when measured.
         measured_at: when the measurement was taken (UTC).
         measurement_id, build_id, problem_id: database ids (local to this database).
+        variant: the attention variant of the problem it was measured on (plain unless the
+            lookup asked for a variant: :func:`db.queries.best_match`).
     """
 
     config: AnyConfig
@@ -87,18 +91,28 @@ class BestResult:
     problem_id: int
     # Last and defaulted: results built before shapes were asked for stay constructible.
     distance: float = 0.0
+    variant: Variant = PLAIN
 
     @property
     def config_name(self) -> str:
         return self.config.name
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (config nested, ``measured_at`` ISO 8601)."""
+        """JSON-ready dict (config nested, ``measured_at`` ISO 8601, the variant's fields
+        flat and only when it is not plain, so plain answers read as they always did)."""
         data = asdict(self)
         data["config"] = {"family": self.config.family, **self.config.to_dict()}
         data["config_name"] = self.config.name
         data["measured_at"] = self.measured_at.isoformat()
+        _flat_variant(data, self.variant)
         return data
+
+
+def _flat_variant(data: dict[str, Any], variant: Variant) -> None:
+    """Replace ``data["variant"]`` by the variant's fields, flat, when it is not plain."""
+    del data["variant"]
+    if not variant.plain:
+        data.update({name: getattr(variant, name) for name in VARIANT_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -154,10 +168,13 @@ class ResultRow:
     driver_version: str
     cuda_version: str
     measured_at: datetime
+    variant: Variant = PLAIN  # the problem's attention variant
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; the variant's fields flat and only when it is not plain."""
         data = asdict(self)
         data["measured_at"] = self.measured_at.isoformat()
+        _flat_variant(data, self.variant)
         return data
 
 

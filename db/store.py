@@ -31,6 +31,7 @@ from core.lookup import Packed
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult
 from core.shape import Shape
+from core.variant import PLAIN, Variant
 from db import listing, queries, writes
 from db.results import BestResult, GpuSummary, ResultPage, StoredOutcome
 from db.session import init_db, make_engine
@@ -116,7 +117,8 @@ class Store:
 
         Raises:
             ValueError: unknown problem or build, a build whose config does not fit the
-                problem (head dim, dtype, causality), or an OK result without a median time.
+                problem (head dim, dtype, causality, the switches of its attention variant), or
+                an OK result without a median time.
         """
         return writes.record_measurement(
             self._engine, problem_id, build_id, result, gpu, trial_number
@@ -234,6 +236,7 @@ class Store:
         *,
         exact: bool = False,
         family: str | None = None,
+        variant: Variant = PLAIN,
     ) -> BestResult | None:
         """The best config for a whole call shape: measured at it, else at the nearest tuned one.
 
@@ -245,13 +248,18 @@ class Store:
         fastest OK median wins. ``from_n``, ``nk``, ``batch``, ``heads`` and ``kv_heads``
         then say where the answer was measured and ``distance`` how far that is.
 
+        ``variant`` (plain by default): only problems tuned with its switches, by configs
+        built with them, answer; among those the same window and chunk, else the nearest
+        (:func:`core.lookup.pick`); the result's ``variant`` says which it was measured for.
+
         Returns:
             The result, or None when nothing qualifies (with ``exact``: the shape itself was
             not tuned).
         """
         return queries.best_for_shape(
-            self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family
-        )
+            self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family,
+            variant=variant,
+        )  # fmt: skip
 
     def best_match(
         self,
@@ -264,6 +272,7 @@ class Store:
         packed: Packed | None = None,
         exact: bool = False,
         family: str | None = None,
+        variant: Variant = PLAIN,
     ) -> queries.Match | None:
         """The one lookup of both modes: :meth:`best_for_shape` for a dense ``shape``
         (``packed`` None), or, for a packed batch (``shape`` its ``packed.shape(heads,
@@ -271,10 +280,12 @@ class Store:
         and these heads, else the nearest tuned varlen problem (each compared as its count
         of sequences at their mean length; ties: the first tuned). The answer carries the
         lengths a packed one was measured on; None when nothing of the mode qualifies.
+        ``variant``: as :meth:`best_for_shape` (None when nothing of it is tuned).
         """
         return queries.best_match(
-            self._engine, gpu, d, dtype, causal, shape, packed=packed, exact=exact, family=family
-        )
+            self._engine, gpu, d, dtype, causal, shape, packed=packed, exact=exact,
+            family=family, variant=variant,
+        )  # fmt: skip
 
     def best_varlen(
         self,
@@ -285,15 +296,18 @@ class Store:
         seqlens: Sequence[int],
         heads: int,
         kv_heads: int,
+        *,
+        variant: Variant = PLAIN,
     ) -> tuple[BestResult, tuple[int, ...]] | None:
         """The best varlen config for a packed batch of ``seqlens``: measured on exactly those
         lengths (and heads), else on the nearest tuned varlen problem (each compared as its
         count of sequences at their mean length, :func:`core.shape.varlen_shape`). Returns the
         result with the lengths it was measured on, or None when no varlen problem of this
-        GPU, D, dtype and mask is tuned."""
+        GPU, D, dtype and mask (and ``variant``, as :meth:`best_for_shape`) is tuned."""
         return queries.best_packed(
-            self._engine, gpu, d, dtype, causal, Packed.of(seqlens), heads, kv_heads
-        )
+            self._engine, gpu, d, dtype, causal, Packed.of(seqlens), heads, kv_heads,
+            variant=variant,
+        )  # fmt: skip
 
     def best_varlen_shape(
         self,
@@ -305,6 +319,8 @@ class Store:
         mean: int,
         heads: int,
         kv_heads: int,
+        *,
+        variant: Variant = PLAIN,
     ) -> tuple[BestResult, tuple[int, ...]] | None:
         """The best varlen config for a packed batch known only as ``count`` sequences of
         ``mean`` rows on average (``fa2tune.torch.attention_varlen`` does not read its offsets
@@ -316,8 +332,9 @@ class Store:
             ValueError: ``count`` or ``mean`` below 1.
         """
         return queries.best_packed(
-            self._engine, gpu, d, dtype, causal, Packed(count, mean), heads, kv_heads
-        )
+            self._engine, gpu, d, dtype, causal, Packed(count, mean), heads, kv_heads,
+            variant=variant,
+        )  # fmt: skip
 
     def varlen_winners(
         self, gpu: str, families: Sequence[str] | None = None

@@ -29,6 +29,7 @@ from core.build_report import BuildStatus
 from core.gpu_name import normalize_gpu_name
 from core.problem import parse_seqlens, seqlens_text
 from core.records import MeasureStatus
+from core.variant import Variant
 from core.version import __version__
 from db.dump_format import (
     BuildKey,
@@ -43,8 +44,18 @@ from db.dump_format import (
     ProblemRecord,
     load_dump,
     parse_dump,
+    variant_key,
 )
-from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
+from db.models import (
+    Build,
+    Gpu,
+    Measurement,
+    Problem,
+    build_report_values,
+    row_variant,
+    utcnow,
+    variant_values,
+)
 from db.queries import build_config
 from db.session import PG_INGEST_LOCK, session_scope
 from db.store import Store
@@ -113,7 +124,20 @@ def _problem_record(p: Problem, g: Gpu) -> ProblemRecord:
         dtype=p.dtype,  # type: ignore[arg-type]
         causal=p.causal,
         seqlens=list(parse_seqlens(p.seqlens) or ()) or None,
+        **_variant_fields(row_variant(p)),
     )
+
+
+def _variant_fields(variant: Variant) -> dict[str, Any]:
+    """A problem record's variant fields (their defaults, which a dump leaves out, when
+    plain)."""
+    return {
+        "window_left": variant.window_left,
+        "window_right": variant.window_right,
+        "chunk": variant.chunk,
+        "softcap": variant.softcap,
+        "sinks": variant.sinks,
+    }
 
 
 def export(store: Store, gpu: str | None = None) -> DumpFile:
@@ -188,6 +212,7 @@ def export(store: Store, gpu: str | None = None) -> DumpFile:
             p.batch,
             p.heads,
             p.kv_heads,
+            variant_key(p.variant),
         )
 
     return DumpFile(
@@ -320,6 +345,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             p_row.dtype,
             p_row.causal,
             parse_seqlens(p_row.seqlens) or (),
+            variant_key(row_variant(p_row)),
         )
         problem_ids[key] = p_row.id
     new_problems: dict[ProblemKey, Problem] = {}
@@ -337,6 +363,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             dtype=p.dtype,
             causal=p.causal,
             seqlens=seqlens_text(tuple(p.seqlens) if p.seqlens else None),
+            **variant_values(p.variant),
             created_at=now,
         )
     session.add_all(new_problems.values())

@@ -24,7 +24,18 @@ from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
 from core.problem import seqlens_text
 from core.records import GpuInfo, MeasureResult, MeasureStatus
-from db.models import Build, Gpu, Measurement, Problem, build_report_values, utcnow
+from core.variant import SWITCHES
+from db.models import (
+    VARIANT_KEY_COLUMNS,
+    Build,
+    Gpu,
+    Measurement,
+    Problem,
+    build_report_values,
+    row_variant,
+    utcnow,
+    variant_values,
+)
 from db.session import session_scope
 
 __all__ = ["problem_id", "record_build", "record_measurement", "upsert_gpu"]
@@ -54,9 +65,12 @@ def _insert(session: Session, model: type[Any]) -> Any:
 
 def _problem_identity(problem: ProblemSpec, gpu_id: int) -> dict[str, Any]:
     """The row's identity columns plus ``seqlens`` (a varlen row keeps its total token count
-    in ``nk``: see db.models.Problem)."""
+    in ``nk``: see db.models.Problem). The variant's key columns are part of it; the cap's
+    value is not (see :func:`problem_id`)."""
     lens = problem.seqlens
+    keyed = variant_values(problem.variant)
     return {
+        **{name: keyed[name] for name in VARIANT_KEY_COLUMNS},
         "gpu_id": gpu_id,
         "d": problem.d,
         "n": problem.n,
@@ -153,7 +167,9 @@ def problem_id(engine: Engine, problem: ProblemSpec, gpu_id: int) -> int:
         return found
     with session_scope(engine, write=True) as s:
         s.execute(
-            _insert(s, Problem).values(**identity, created_at=utcnow()).on_conflict_do_nothing()
+            _insert(s, Problem)
+            .values(**identity, softcap=problem.variant.softcap, created_at=utcnow())
+            .on_conflict_do_nothing()
         )
         found = s.scalar(query)
     if found is None:  # a varlen list that agrees with a stored one on count, max and total
@@ -188,6 +204,12 @@ def record_measurement(
             raise ValueError(
                 f"build {build.config_name} does not fit problem d={problem.d} "
                 f"dtype={problem.dtype} causal={problem.causal}"
+            )
+        variant = row_variant(problem)
+        if {n: bool(build.params.get(n, False)) for n in SWITCHES} != variant.needs:
+            raise ValueError(
+                f"build {build.config_name} is not built for the problem's attention variant "
+                f"({variant.describe()}): a config's variant switches must be what it needs"
             )
         row = Measurement(
             problem_id=problem_id,

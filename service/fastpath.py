@@ -11,6 +11,10 @@ checks that both paths give identical responses.
 A request with ``n`` alone takes the per-N path it always took; one with any shape parameter
 (:data:`SHAPE_PARAMS`) is resolved by :func:`core.shape_request.resolve_shape`, as the route
 does, and answered from the index's shape tables.
+
+A request naming an attention variant's parameter (:data:`service.params.VARIANT_PARAMS`,
+even at its plain value) is always the route's: it normalises the variant and answers it
+from the store, and the index holds plain winners only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from core.config import HEAD_DIMS
 from core.shape import ShapeError
 from core.shape_request import resolve_shape
 from service.index import IndexHolder, NotTunedError
-from service.params import CONTROL_CHARS, MAX_GPU_NAME, MAX_N
+from service.params import CONTROL_CHARS, MAX_GPU_NAME, MAX_N, VARIANT_PARAMS
 
 PATH = "/v1/best"
 _HEAD_DIMS = frozenset(HEAD_DIMS)
@@ -75,6 +79,8 @@ class BestFastPath:
             if key in params:
                 return None  # repeated parameter: let the route apply its rules
             params[key] = value
+        if not params.keys().isdisjoint(VARIANT_PARAMS):
+            return None  # the route normalises a variant; the index holds plain winners only
         if not params.keys().isdisjoint(SHAPE_PARAMS):
             return self._answer_shape(params)
         gpu = params.get("gpu")

@@ -40,6 +40,10 @@ NO_CONTROL_PATTERN = f"^[^{_CONTROLS}]*$"
 #: "+4096", " 4096" and "4096.0", and one value must not have several spellings that answer
 #: alike: a cache key or a log line would tell them apart.
 _PLAIN_INT = re.compile(r"-?[0-9]{1,19}")
+#: The number spellings a query takes: ASCII digits with an optional fraction and exponent, a
+#: minus sign for a negative value (refused by its range): what JSON and Python write a float
+#: as. pydantic's lax mode also reads "inf", "nan", "+30", " 30" and "30_0".
+_PLAIN_FLOAT = re.compile(r"-?[0-9]{1,19}(\.[0-9]{1,19})?([eE][-+]?[0-9]{1,3})?")
 #: The boolean spellings a query takes (any letter case for true/false); pydantic's lax mode
 #: also reads "yes", "on", "t", "y".
 _PLAIN_BOOLS = {"true": True, "false": False, "1": True, "0": False}
@@ -48,6 +52,15 @@ _PLAIN_BOOLS = {"true": True, "false": False, "1": True, "0": False}
 def _plain_int(value: object) -> object:
     if isinstance(value, str) and not _PLAIN_INT.fullmatch(value):
         raise ValueError("must be a plain decimal integer (digits 0-9, maybe after a minus)")
+    return value
+
+
+def _plain_float(value: object) -> object:
+    if isinstance(value, str) and not _PLAIN_FLOAT.fullmatch(value):
+        raise ValueError(
+            "must be a plain decimal number (digits 0-9, maybe a fraction and an "
+            "exponent; not inf or nan)"
+        )
     return value
 
 
@@ -63,6 +76,7 @@ def _plain_bool(value: object) -> object:
 #: Before-validators for integer and boolean query parameters (see :data:`_PLAIN_INT`).
 PlainInt = BeforeValidator(_plain_int)
 PlainBool = BeforeValidator(_plain_bool)
+PlainFloat = BeforeValidator(_plain_float)
 
 
 def _gpu_name(value: str) -> str:
@@ -141,6 +155,42 @@ KvHeadsQuery = Annotated[
     _dim_query("key/value heads of the shape, a divisor of heads (default: heads)"),
     PlainInt,
 ]
+#: The attention variant's parameters (core.variant; FlashAttention's window_size,
+#: attention_chunk, softcap and sinks). The route resolves them with the call's lengths
+#: (core.shape_request.resolve_variant).
+WindowLeftQuery = Annotated[
+    int,
+    Query(ge=-1, le=MAX_N, description="local attention: a query sees keys at most this far "
+          "left of its position (bottom-right aligned); -1: no bound"),
+    PlainInt,
+]  # fmt: skip
+WindowRightQuery = Annotated[
+    int,
+    Query(ge=-1, le=MAX_N, description="local attention: ... at most this far right; -1: no "
+          "bound (a causal call's is 0)"),
+    PlainInt,
+]  # fmt: skip
+ChunkQuery = Annotated[
+    int,
+    Query(ge=0, le=MAX_N, description="chunked attention (Llama 4): keys only in the query "
+          "position's chunk of this many; 0: none"),
+    PlainInt,
+]  # fmt: skip
+SoftcapQuery = Annotated[
+    float,
+    Query(ge=0, allow_inf_nan=False, description="logit softcap (Gemma 2): scores become "
+          "softcap * tanh(s / softcap); 0: none. Any value is served by the configs tuned "
+          "with a softcap"),
+    PlainFloat,
+]  # fmt: skip
+SinksQuery = Annotated[
+    bool,
+    Query(description="attention sinks (GPT-OSS): a learned logit per query head joins "
+          "every row's denominator"),
+    PlainBool,
+]  # fmt: skip
+#: The names of the variant's parameters (a request with any of them is not the fast path's).
+VARIANT_PARAMS = ("window_left", "window_right", "chunk", "softcap", "sinks")
 DtypeQuery = Annotated[Literal["fp16", "bf16"], Query(description="element type")]
 CausalQuery = Annotated[bool, Query(description="causal (bottom-right aligned) mask"), PlainBool]
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.family import AnyConfig
 from core.shape import Shape
+from core.variant import Variant
 from db.results import BestResult, GpuSummary, ResultRow
 
 
@@ -71,14 +72,43 @@ class ConfigOut(_Out):
         )  # fmt: skip
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class VariantOut(_Out):
+    """An attention variant (core.variant), in FlashAttention's normal form: a causal
+    call's window right bound is 0, a bound past every key is none (-1)."""
+
+    window_left: int = Field(description="keys this far left of a query's position; -1: none")
+    window_right: int = Field(description="keys this far right; -1: none")
+    chunk: int = Field(description="chunked attention's chunk; 0: none")
+    softcap: float = Field(description="logit softcap; 0: none")
+    sinks: bool = Field(description="attention sinks")
+
+    @classmethod
+    def of(cls, v: Variant) -> VariantOut | None:
+        """The variant, or None (left out of an answer) when it is plain."""
+        if v.plain:
+            return None
+        return cls(window_left=v.window_left, window_right=v.window_right, chunk=v.chunk,
+                   softcap=v.softcap, sinks=v.sinks)  # fmt: skip
+
+
 class MeasuredProblemOut(_Out):
-    """The full shape the winning measurement was taken on."""
+    """The full shape the winning measurement was taken on (and its variant, when any)."""
 
     n: int
     nk: int
     batch: int
     heads: int
     kv_heads: int
+    variant: VariantOut | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the attention variant the measured problem was tuned for (its window "
+        "and chunk may be the nearest tuned to the asked ones); absent when plain",
+    )
 
 
 class ShapeOut(_Out):
@@ -95,10 +125,6 @@ class ShapeOut(_Out):
         return cls(
             nq=shape.nq, nk=shape.nk, batch=shape.batch, heads=shape.heads, kv_heads=shape.kv_heads
         )
-
-
-def _absent(value: object) -> bool:
-    return value is None
 
 
 class BuildOut(_Out):
@@ -195,6 +221,12 @@ class BestOut(_Out):
         description="how far measured_problem is from shape (0 when exact): the sum of "
         "|log ratio| of Nq, Nk, grid fill and GQA group; only with shape",
     )
+    variant: VariantOut | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the attention variant answered for (the asked one, normalised); absent "
+        "for plain attention. A variant's answer is always a shape answer",
+    )
     gpu: str
     d: int
     dtype: Literal["fp16", "bf16"]
@@ -211,19 +243,24 @@ class BestOut(_Out):
     provenance: ProvenanceOut
 
     @classmethod
-    def of(cls, b: BestResult, n: int, shape: Shape | None = None) -> BestOut:
-        """The answer to a request for ``n`` alone, or (``shape``) for a whole shape."""
+    def of(
+        cls, b: BestResult, n: int, shape: Shape | None = None, variant: Variant | None = None
+    ) -> BestOut:
+        """The answer to a request for ``n`` alone, or (``shape``) for a whole shape, of
+        ``variant`` when one was asked (a plain one is left out)."""
         return cls(
             n=n if shape is None else shape.nq,
             exact=n == b.n if shape is None else b.exact,
             shape=None if shape is None else ShapeOut.of(shape),
             distance=None if shape is None else b.distance,
+            variant=None if variant is None else VariantOut.of(variant),
             from_n=b.n,
             **_measured_fields(b),
             measured_problem=MeasuredProblemOut(
-                n=b.n, nk=b.nk, batch=b.batch, heads=b.heads, kv_heads=b.kv_heads
+                n=b.n, nk=b.nk, batch=b.batch, heads=b.heads, kv_heads=b.kv_heads,
+                variant=VariantOut.of(b.variant),
             ),
-        )
+        )  # fmt: skip
 
 
 class VarlenBestOut(_Out):
@@ -237,6 +274,16 @@ class VarlenBestOut(_Out):
     distance: float = Field(
         description="how far the measured batch is from the asked one (0 when exact): "
         "core.shape's distance between the two as their count of sequences at the mean length"
+    )
+    variant: VariantOut | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the attention variant answered for (normalised); absent when plain",
+    )
+    measured_variant: VariantOut | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the variant measured_seqlens were tuned for; absent when plain",
     )
     gpu: str
     d: int
@@ -253,8 +300,16 @@ class VarlenBestOut(_Out):
     provenance: ProvenanceOut
 
     @classmethod
-    def of(cls, b: BestResult, asked: Sequence[int], measured: Sequence[int]) -> VarlenBestOut:
+    def of(
+        cls,
+        b: BestResult,
+        asked: Sequence[int],
+        measured: Sequence[int],
+        variant: Variant | None = None,
+    ) -> VarlenBestOut:
         return cls(
+            variant=None if variant is None else VariantOut.of(variant),
+            measured_variant=VariantOut.of(b.variant),
             seqlens=list(asked),
             exact=b.exact,
             measured_seqlens=list(measured),
@@ -333,6 +388,12 @@ class ResultOut(_Out):
     driver_version: str
     cuda_version: str
     measured_at: datetime
+    # The problem's attention variant: present only when it is not plain.
+    window_left: int | None = Field(default=None, exclude_if=_absent)
+    window_right: int | None = Field(default=None, exclude_if=_absent)
+    chunk: int | None = Field(default=None, exclude_if=_absent)
+    softcap: float | None = Field(default=None, exclude_if=_absent)
+    sinks: bool | None = Field(default=None, exclude_if=_absent)
 
     @classmethod
     def of(cls, r: ResultRow) -> ResultOut:

@@ -46,12 +46,13 @@ never writes SQL (the :class:`~db.store.Store` does).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import random
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import zip_longest
 from typing import Final
 
@@ -271,9 +272,14 @@ def run_campaign(
         group = _group(problem)
         configs = tuple(space_fn(problem))
         if not configs:
+            variant = (
+                "" if problem.variant.plain
+                else f" and attention variant ({problem.variant.describe()}: no family's "
+                "kernels have its switches yet)"
+            )  # fmt: skip
             raise ValueError(
                 f"no config to search for {problem.study_name}: no searched kernel family "
-                "has one for its head dim and shape (see --family)"
+                f"has one for its head dim and shape{variant} (see --family)"
             )
         if configs not in spaces:
             spaces[configs] = search.SearchSpace.from_configs(configs)
@@ -366,7 +372,11 @@ def _defaults(
     (``Family.serves``: the split-KV family only where the packed query rows are few): on an
     sm_90 GPU the Hopper family's configs beside the portable ones, searched by one study per
     problem. A packed variable-length problem searches the ``_vl`` twins of the families with
-    varlen kernels (``Family.varlen``): fa2's everywhere, fa3's on sm_90.
+    varlen kernels (``Family.varlen``): fa2's everywhere, fa3's on sm_90. A problem of an
+    attention variant searches its families' configs (space, seeds and default) with the
+    variant's switches set (:func:`with_variant`); a family whose kernels lack a switch it
+    needs (:func:`variant_switches_of`) is skipped for it, with one log line per family and
+    set of switches.
     """
     from codegen.targets import ARCH_SMEM_LIMIT
 
@@ -379,6 +389,7 @@ def _defaults(
     if not families:
         raise ValueError(f"none of the families {', '.join(only or ())} runs on {arch}")
     noted: set[int] = set()
+    noted_variants: set[tuple[str, tuple[str, ...]]] = set()
 
     def taking(d: int) -> list[Family]:
         """The families with head dim ``d``; the others are noted once per head dim."""
@@ -393,13 +404,30 @@ def _defaults(
             )
         return [f for f in families if d in f.head_dims]
 
+    def with_switches(p: Problem, fams: list[Family]) -> list[Family]:
+        needed = tuple(name for name, on in p.variant.needs.items() if on)
+        out = []
+        for f in fams:
+            lacking = tuple(n for n in needed if n not in variant_switches_of(f))
+            if not lacking:
+                out.append(f)
+            elif (f.name, lacking) not in noted_variants:
+                noted_variants.add((f.name, lacking))
+                log.info(
+                    "%s: skipping %s for %s (its kernels have no %s switch)",
+                    p.study_name, f.name, p.variant.describe(), ", ".join(lacking),
+                )  # fmt: skip
+        return out
+
     def serving(p: Problem) -> list[Family]:
         # Packed variable-length batches: the families with varlen kernels (fa2 everywhere,
         # fa3 where it runs, as for dense problems); split-KV has none.
-        return [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.varlen)]
+        fams = [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.varlen)]
+        return fams if p.variant.plain else with_switches(p, fams)
 
     def default_space(p: Problem) -> Sequence[AnyConfig]:
         configs = [c for f in serving(p) for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
+        configs = with_variant(configs, p)
         return _as_varlen(configs) if p.is_varlen else configs
 
     def default_seeds(p: Problem) -> Sequence[AnyConfig]:
@@ -407,6 +435,7 @@ def _defaults(
         # still measures every family's best-known config before any family's second seed.
         per_family = [_default_first(f, p) for f in serving(p)]
         seeds = [c for group in zip_longest(*per_family) for c in group if c is not None]
+        seeds = with_variant(seeds, p)
         return _as_varlen(seeds) if p.is_varlen else seeds
 
     def default_build(configs: Sequence[AnyConfig]) -> Sequence[BuildReport]:
@@ -419,6 +448,30 @@ def _defaults(
         seeds_fn or default_seeds,
         build_fn or default_build,
     )
+
+
+def variant_switches_of(family: Family) -> tuple[str, ...]:
+    """The attention-variant switches a family's kernels are built with: its
+    ``variant_switches`` when the registry entry has one, else its space module's
+    ``VARIANT_SWITCHES`` (``codegen.families.<name>.space``); none for a family without."""
+    own = getattr(family, "variant_switches", None)
+    if own is not None:
+        return tuple(own)
+    try:
+        module = importlib.import_module(f"codegen.families.{family.name}.space")
+    except ImportError:  # a family defined elsewhere (a plug-in, a test's toy)
+        return ()
+    return tuple(getattr(module, "VARIANT_SWITCHES", ()))
+
+
+def with_variant(configs: Sequence[AnyConfig], problem: Problem) -> list[AnyConfig]:
+    """The configs built for ``problem``'s attention variant: each with the switches the
+    variant needs (:attr:`core.variant.Variant.needs`), set and unset alike; as they are for
+    a plain problem (whose needs are all off, which plain configs are already)."""
+    if problem.variant.plain:
+        return list(configs)
+    needs = problem.variant.needs
+    return [replace(c, **needs) for c in configs]  # type: ignore[arg-type]
 
 
 def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:

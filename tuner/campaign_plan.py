@@ -4,7 +4,10 @@
 campaign is every combination of the lists (the defaults fill in what is not given), then
 the workload file's problems, each once (:func:`campaign_targets`); in replay the table's
 problems are the campaign and the options only select among them (:func:`replay_problems`).
-Bad values and combinations raise :class:`typer.BadParameter` naming the option (exit status
+The attention-variant options (``--window``, ``--chunk``, ``--softcap``, ``--sinks``) apply to
+every problem of the grid, each normalised with its lengths (:func:`core.variant.normalize`:
+a window past every key is none); a workload entry sets its own. Bad values and combinations
+raise :class:`typer.BadParameter` naming the option (exit status
 2), as the value parsers of :mod:`tuner.cli_values` do.
 """
 
@@ -19,6 +22,8 @@ from typing import TYPE_CHECKING, Final, TypeVar
 from core.config import Dtype
 from core.problem import Problem
 from core.shape import Shape
+from core.shape_request import ShapeParamError, parse_window, resolve_variant
+from core.variant import PLAIN, Variant
 from tuner.cli_values import (
     bad_option,
     parse_bool_list,
@@ -49,6 +54,8 @@ class ShapeOptions:
     Attributes:
         d, n, nq, nk, dtype, causal, batch, heads, kv_heads: the comma-separated lists.
         workload: the ``--workload`` file.
+        window, window_left, window_right, chunk, softcap, sinks: the attention variant of
+            the grid's problems (``--window LEFT,RIGHT`` or its two halves).
     """
 
     d: str | None = None
@@ -61,6 +68,61 @@ class ShapeOptions:
     heads: str | None = None
     kv_heads: str | None = None
     workload: Path | None = None
+    window: str | None = None
+    window_left: int | None = None
+    window_right: int | None = None
+    chunk: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+    @property
+    def any_variant(self) -> bool:
+        """Whether an attention-variant option was given."""
+        given = (self.window, self.window_left, self.window_right, self.chunk, self.softcap)
+        return self.sinks or any(value is not None for value in given)
+
+    def variant_args(self) -> tuple[int, int, int, float, bool]:
+        """The variant options as (window left, window right, chunk, softcap, sinks), the
+        defaults (plain) filled in; not yet normalised (that needs each problem's lengths).
+
+        Raises:
+            typer.BadParameter: ``--window`` with one of its halves, or not LEFT,RIGHT.
+        """
+        left, right = self.window_left, self.window_right
+        if self.window is not None:
+            if left is not None or right is not None:
+                raise bad_option(
+                    "--window", "give --window LEFT,RIGHT or --window-left/--window-right"
+                )
+            try:
+                left, right = parse_window(self.window)
+            except ShapeParamError as exc:
+                raise bad_option("--window", str(exc)) from None
+        return (
+            -1 if left is None else left,
+            -1 if right is None else right,
+            0 if self.chunk is None else self.chunk,
+            0.0 if self.softcap is None else self.softcap,
+            self.sinks,
+        )
+
+    def variant_for(self, causal: bool, nq: int, nk: int) -> tuple[bool, Variant]:
+        """The grid's variant for a problem of these lengths and mask, normalised.
+
+        Raises:
+            typer.BadParameter: a value out of its domain, naming the option.
+        """
+        left, right, chunk, softcap, sinks = self.variant_args()
+        try:
+            return resolve_variant(causal, window_left=left, window_right=right, chunk=chunk,
+                                   softcap=softcap, sinks=sinks, nq=nq, nk=nk)  # fmt: skip
+        except ShapeParamError as exc:
+            option = (
+                "--window"
+                if self.window is not None and exc.param.startswith("window")
+                else f"--{exc.param.replace('_', '-')}"
+            )
+            raise bad_option(option, str(exc)) from None
 
     @property
     def any_shape(self) -> bool:
@@ -87,13 +149,19 @@ class ShapeOptions:
             raise bad_option("--nk", "needs --nq (--n is Nq = Nk)")
         if not self.grid:
             # Rather than silently ignore them: each workload entry has its own.
-            for option, value in (("--dtype", self.dtype), ("--causal", self.causal)):
+            given = [("--dtype", self.dtype), ("--causal", self.causal)]
+            if self.any_variant:
+                given.append(("--window/--chunk/--softcap/--sinks", "given"))
+            for option, value in given:
                 if value is not None:
+                    what = "the variant" if option.startswith("--window") else option[2:]
                     raise bad_option(
                         option,
-                        f"with --workload alone the file sets {option[2:]}; add a shape option "
+                        f"with --workload alone the file sets {what}; add a shape option "
                         "(--d, --n, --nq, --batch, --heads) to tune a grid as well",
                     )
+        if self.any_variant:
+            self.variant_args()  # --window's form, before any problem is planned
 
 
 def _given(text: str | None, default: str) -> str:
@@ -132,16 +200,22 @@ def parse_shapes(options: ShapeOptions) -> list[Shape]:
 
 
 def make_targets(
-    ds: Sequence[int], dtypes: Sequence[Dtype], causals: Sequence[bool], shapes: Sequence[Shape]
+    ds: Sequence[int],
+    dtypes: Sequence[Dtype],
+    causals: Sequence[bool],
+    shapes: Sequence[Shape],
+    variant_for: Callable[[bool, Shape], tuple[bool, Variant]] | None = None,
 ) -> list[Target]:
-    """The grid's problems, grouped by (dtype, causal, D) so builds are shared in turn."""
-    return [
-        Target(d=d, dtype=dt, causal=c, shape=shape)
-        for dt in dtypes
-        for c in causals
-        for d in ds
-        for shape in shapes
-    ]
+    """The grid's problems, grouped by (dtype, causal, D) so builds are shared in turn;
+    ``variant_for`` gives each its (normalised mask, variant) (None: plain)."""
+    out = []
+    for dt in dtypes:
+        for c in causals:
+            for d in ds:
+                for shape in shapes:
+                    causal, variant = (c, PLAIN) if variant_for is None else variant_for(c, shape)
+                    out.append(Target(d=d, dtype=dt, causal=causal, shape=shape, variant=variant))
+    return out
 
 
 def campaign_targets(options: ShapeOptions) -> list[Target]:
@@ -156,7 +230,10 @@ def campaign_targets(options: ShapeOptions) -> list[Target]:
         ds = parse_head_dims(_given(options.d, DEFAULT_D))
         dtypes = parse_dtypes(_given(options.dtype, DEFAULT_DTYPE))
         causals = parse_bool_list(_given(options.causal, DEFAULT_CAUSAL), "--causal")
-        groups.append(make_targets(ds, dtypes, causals, parse_shapes(options)))
+        variant_for = (
+            (lambda c, sh: options.variant_for(c, sh.nq, sh.nk)) if options.any_variant else None
+        )
+        groups.append(make_targets(ds, dtypes, causals, parse_shapes(options), variant_for))
     groups.append(workload_targets(options.workload))
     return unique_targets(groups)
 
@@ -221,6 +298,12 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
     targets = workload_targets(shape.workload)
     grid = shape.grid
 
+    def keep_variant(p: Problem) -> bool:
+        # Without a variant option every variant is kept, as any unnamed option keeps all.
+        if not shape.any_variant:
+            return True
+        return shape.variant_for(p.causal, p.n, p.n_keys) == (p.causal, p.variant)
+
     def keep(p: Problem) -> bool:
         in_grid = grid and (
             keep_d(p.d)
@@ -232,6 +315,7 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
             and keep_kv(p.n_kv_heads)
             and keep_dt(p.dtype)
             and keep_c(p.causal)
+            and keep_variant(p)
         )
         return in_grid or any(t.matches(p) for t in targets)
 

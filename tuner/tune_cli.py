@@ -10,6 +10,7 @@ Example (the default campaign: D 64 and 128, six lengths, fp16, full and causal,
     fa2tune tune --replay table.json --sampler random  # no GPU: answers from a recorded table
     fa2tune tune --d 128 --nq 1 --nk 8192,32768 --batch 1,8 --heads 32 --kv-heads 8  # decode
     fa2tune tune --workload examples/workloads/llama3_8b.yaml  # the calls a model makes
+    fa2tune tune --d 128 --n 8192,16384 --causal yes --window 4096,0  # a sliding window
 
 Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); every
 combination of the lists is a problem. ``--n`` is Nq = Nk; ``--nq`` with ``--nk`` crosses
@@ -135,6 +136,27 @@ def tune(
             ),
         ),
     ] = None,
+    window: Annotated[
+        str | None,
+        typer.Option(
+            "--window",
+            help="the grid's local attention window LEFT,RIGHT (FlashAttention's window_size, "
+            "-1: no bound), e.g. 4096,0; or --window-left/--window-right",
+        ),
+    ] = None,
+    window_left: Annotated[
+        int | None, typer.Option("--window-left", help="the window's left bound")
+    ] = None,
+    window_right: Annotated[
+        int | None, typer.Option("--window-right", help="the window's right bound")
+    ] = None,
+    chunk: Annotated[
+        int | None, typer.Option("--chunk", help="the grid's chunked attention (0: none)")
+    ] = None,
+    softcap: Annotated[
+        float | None, typer.Option("--softcap", help="the grid's logit softcap (0: none)")
+    ] = None,
+    sinks: Annotated[bool, typer.Option("--sinks", help="the grid's attention sinks")] = False,
     sampler: Annotated[
         str, typer.Option("--sampler", help="tpe, random or grid (exhaustive)")
     ] = "tpe",
@@ -231,7 +253,8 @@ def tune(
     )
     shape_options = ShapeOptions(
         d=d, n=n, nq=nq, nk=nk, dtype=dtype, causal=causal, batch=batch, heads=heads,
-        kv_heads=kv_heads, workload=workload,
+        kv_heads=kv_heads, workload=workload, window=window, window_left=window_left,
+        window_right=window_right, chunk=chunk, softcap=softcap, sinks=sinks,
     )  # fmt: skip
     if replay is not None:
         from tuner.replay_table import load_replay_table

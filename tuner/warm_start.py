@@ -26,13 +26,15 @@ log = logging.getLogger(__name__)
 #: Configs per problem a warm start queues when not told otherwise.
 DEFAULT_TOP = 5
 
-#: (d, nq, nk, batch, heads, kv_heads, dtype, causal)
-ShapeKey = tuple[int, int, int, int, int, int, str, bool]
+#: (d, nq, nk, batch, heads, kv_heads, dtype, causal, the variant's key text): a variant's
+#: winners warm only a problem of the same variant (they are built with its switches).
+ShapeKey = tuple[int, int, int, int, int, int, str, bool, str]
 
 
 def shape_key(problem: Problem) -> ShapeKey:
     p = problem
-    return (p.d, p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads, p.dtype, p.causal)
+    return (p.d, p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads, p.dtype, p.causal,
+            p.variant.key_text())  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ def load_warm_start(path: Path, top: int = DEFAULT_TOP) -> WarmStart:
         if m.status != MeasureStatus.OK or m.median_ms is None:
             continue
         p = m.problem
-        key: ShapeKey = (p.d, p.n, p.nk, p.batch, p.heads, p.kv_heads, p.dtype, p.causal)
+        key: ShapeKey = (p.d, p.n, p.nk, p.batch, p.heads, p.kv_heads, p.dtype, p.causal,
+                         p.variant.key_text())  # fmt: skip
         config = configs[m.build.key]
         seen = timed.setdefault(key, {})
         best = seen.get(config.name)

@@ -19,10 +19,22 @@ of lengths is a packed variable-length batch (prefill of sequences of different 
 the varlen kernels): one list of lengths, or a list of such lists (one problem each); ``batch``
 is then their count and must not be given. Every error is one line naming the file, the entry
 and the field (:class:`WorkloadError`).
+
+An entry may ask for an attention variant (:mod:`core.variant`, FlashAttention's semantics)::
+
+      window: [4096, 0]        # window_size (left, right), -1: no bound; or
+      window: 4096             # a causal sliding window: (4096, 0), and the entry is causal
+      chunk: 8192              # chunked attention (0: none)
+      softcap: 30.0            # logit softcap (0: none)
+      sinks: true              # attention sinks
+
+Each problem's variant is normalised with its lengths (:func:`core.variant.normalize`): a
+window past every key is none, so such a problem is the plain one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +47,8 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    StrictBool,
+    StrictFloat,
     StrictInt,
     ValidationError,
     field_validator,
@@ -43,6 +57,8 @@ from pydantic import (
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.problem import Problem
 from core.shape import MAX_DIM, Shape, ShapeError
+from core.shape_request import ShapeParamError, resolve_variant
+from core.variant import PLAIN, Variant
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +84,8 @@ class Target:
         shape: lengths, batch and heads.
         label: where it came from, for logs; not part of its identity (two entries asking
             for the same problem are tuned once).
+        seqlens: a packed variable-length batch's lengths (None: dense).
+        variant: the attention variant, normalised (plain by default).
     """
 
     d: int
@@ -76,6 +94,7 @@ class Target:
     shape: Shape
     label: str | None = field(default=None, compare=False)
     seqlens: tuple[int, ...] | None = None
+    variant: Variant = PLAIN
 
     def problem(self, gpu: str) -> Problem:
         """The problem on ``gpu``; ``nk`` and ``kv_heads`` stay None when they equal ``n`` and
@@ -85,7 +104,7 @@ class Target:
             return Problem.varlen(
                 gpu, self.d, self.seqlens, heads=s.heads,
                 kv_heads=None if s.kv_heads == s.heads else s.kv_heads, dtype=self.dtype,
-                causal=self.causal,
+                causal=self.causal, variant=self.variant,
             )  # fmt: skip
         return Problem(
             gpu=gpu,
@@ -97,17 +116,20 @@ class Target:
             causal=self.causal,
             kv_heads=None if s.kv_heads == s.heads else s.kv_heads,
             nk=None if s.nk == s.nq else s.nk,
+            variant=self.variant,
         )
 
     def describe(self) -> str:
         mask = "causal" if self.causal else "full"
+        tail = "" if self.variant.plain else f", {self.variant.describe()}"
         if self.seqlens is not None:
             lens = self.seqlens
             return (
                 f"D={self.d} {self.dtype} {mask} varlen {len(lens)} sequences of {min(lens)}-"
                 f"{max(lens)} ({sum(lens)} tokens), H={self.shape.heads}/{self.shape.kv_heads}"
+                f"{tail}"
             )
-        return f"D={self.d} {self.dtype} {mask} {self.shape.describe()}"
+        return f"D={self.d} {self.dtype} {mask} {self.shape.describe()}{tail}"
 
     def matches(self, problem: Problem) -> bool:
         """Whether ``problem`` (on any GPU) is this target."""
@@ -121,6 +143,7 @@ class Target:
             and problem.batch == self.shape.batch
             and problem.heads == self.shape.heads
             and problem.n_kv_heads == self.shape.kv_heads
+            and problem.variant == self.variant
         )
 
 
@@ -182,6 +205,10 @@ class Entry(BaseModel):
     nk: DimList | None = None
     label: str | None = None
     seqlens: list[tuple[int, ...]] | None = None
+    window: tuple[StrictInt, StrictInt] | StrictInt | None = None
+    chunk: StrictInt = 0
+    softcap: StrictFloat | StrictInt = 0.0
+    sinks: StrictBool = False
 
     @field_validator("d")
     @classmethod
@@ -281,10 +308,50 @@ def _field_error(path: Path, index: int, exc: ValidationError) -> WorkloadError:
     return WorkloadError(f"{path}: entry {index}: field {name!r}: {message}")
 
 
+def _window(entry: Entry, bad: Callable[[str, str], WorkloadError]) -> tuple[int, int, list[bool]]:
+    """The entry's window bounds and its masks: ``window: N`` is the causal window (N, 0)."""
+    if entry.window is None:
+        return -1, -1, entry.causal
+    if isinstance(entry.window, int):
+        if "causal" in entry.model_fields_set and entry.causal != [True]:
+            raise bad("window", "a single number is a causal window (N, 0); give [left, right] "
+                      "for a window of a non-causal entry")  # fmt: skip
+        return entry.window, 0, [True]
+    return entry.window[0], entry.window[1], entry.causal
+
+
+def _with_variant(
+    entry: Entry, targets: list[Target], bad: Callable[[str, str], WorkloadError]
+) -> list[Target]:
+    """Each target with the entry's variant, normalised with its lengths (the mask too)."""
+    left, right, _ = _window(entry, bad)
+    out = []
+    for t in targets:
+        try:
+            causal, variant = resolve_variant(
+                t.causal, window_left=left, window_right=right, chunk=entry.chunk,
+                softcap=float(entry.softcap), sinks=entry.sinks, nq=t.shape.nq, nk=t.shape.nk,
+            )  # fmt: skip
+        except ShapeParamError as exc:
+            name = "window" if exc.param.startswith("window") else exc.param
+            raise bad(name, str(exc)) from None
+        out.append(dataclasses.replace(t, causal=causal, variant=variant))
+    return out
+
+
 def _entry_targets(path: Path, index: int, entry: Entry) -> list[Target]:
     def bad(name: str, message: str) -> WorkloadError:
         return WorkloadError(f"{path}: entry {index}: field {name!r}: {message}")
 
+    _, _, causals = _window(entry, bad)
+    if causals != entry.causal:
+        entry = entry.model_copy(update={"causal": causals})
+    return _with_variant(entry, _plain_targets(path, index, entry, bad), bad)
+
+
+def _plain_targets(
+    path: Path, index: int, entry: Entry, bad: Callable[[str, str], WorkloadError]
+) -> list[Target]:
     if entry.seqlens is not None:
         return _varlen_targets(entry, label=entry.label or f"entry {index}", bad=bad)
     if entry.n is not None and (entry.nq is not None or entry.nk is not None):

@@ -3,6 +3,14 @@
 A dense shape is answered from the in-memory index; a packed batch of sequences from the
 store (varlen problems are few and their lengths are part of the question, so they are not in
 the index), by the one lookup both modes share (:mod:`db.queries`), in a worker thread.
+
+An attention variant (``window_left``, ``window_right``, ``chunk``, ``softcap``, ``sinks``) is
+resolved to FlashAttention's normal form with the call's lengths
+(:func:`core.shape_request.resolve_variant`); what is plain then (no parameter, or a window
+past every key) takes the plain paths above, unchanged. A variant's dense answer comes from
+the store too (the index holds plain winners only), in a worker thread, and is cached by its
+whole question and the index generation (which changes whenever the store does); the fast
+path (:mod:`service.fastpath`) never answers a request that names a variant parameter.
 """
 
 from __future__ import annotations
@@ -11,19 +19,26 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
+from starlette.concurrency import run_in_threadpool
 
+from core.shape import Shape
 from core.shape_request import (
     SEQLENS_PATTERN,
     ShapeParamError,
+    no_variant_results,
     no_varlen_results,
     resolve_shape,
+    resolve_variant,
     resolve_varlen,
 )
-from service.deps import IndexDep, StoreDep
-from service.index import NotTunedError
+from core.variant import Variant
+from db.store import Store
+from service.deps import IndexDep, IndexHolderDep, SlowDep, StoreDep
+from service.index import NotTunedError, gpu_key
 from service.params import (
     BatchQuery,
     CausalQuery,
+    ChunkQuery,
     DtypeQuery,
     GpuQuery,
     HeadDimQuery,
@@ -33,6 +48,10 @@ from service.params import (
     NqQuery,
     OptionalSeqLenQuery,
     PlainBool,
+    SinksQuery,
+    SoftcapQuery,
+    WindowLeftQuery,
+    WindowRightQuery,
 )
 from service.schemas import BestOut, ErrorOut, ValidationErrorOut, VarlenBestOut
 
@@ -54,6 +73,8 @@ router = APIRouter(prefix="/v1", tags=["best"])
 )
 async def best(
     index: IndexDep,
+    holder: IndexHolderDep,
+    slow: SlowDep,
     gpu: GpuQuery,
     d: HeadDimQuery,
     n: OptionalSeqLenQuery = None,
@@ -72,6 +93,11 @@ async def best(
     batch: BatchQuery = None,
     heads: HeadsQuery = None,
     kv_heads: KvHeadsQuery = None,
+    window_left: WindowLeftQuery = -1,
+    window_right: WindowRightQuery = -1,
+    chunk: ChunkQuery = 0,
+    softcap: SoftcapQuery = 0.0,
+    sinks: SinksQuery = False,
 ) -> Response:
     """The fastest correct config measured for (GPU, D, N, dtype, causal), or for a shape.
 
@@ -93,12 +119,38 @@ async def best(
     The response includes the full config, the measurement and its provenance (driver,
     CUDA, nvcc, arch, source hash, time). With ``exact=true`` (the CLI's ``--exact``) an
     untuned N or shape is a 404.
+
+    An attention variant (``window_left``/``window_right``, ``chunk``, ``softcap``,
+    ``sinks``; FlashAttention's semantics, bottom-right aligned) is normalised with the
+    call's lengths (a causal call's right bound is 0; a bound past every key is none) and
+    answered only by configs tuned with its switches: the same window and chunk, else the
+    nearest tuned ones (then ``exact`` is false; with ``exact=true``, a 404), then the shape
+    rule above. Its answer is a shape answer (``n`` alone asks for the campaign's N x N
+    shape), and ``variant`` (the asked one) and ``measured_problem.variant`` say what it was
+    answered for; both are absent for plain attention. Nothing tuned with its switches: 404.
     """
     try:
         shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
+        q = shape.nq if shape is not None else n
+        causal, variant = resolve_variant(
+            causal, window_left=window_left, window_right=window_right, chunk=chunk,
+            softcap=softcap, sinks=sinks, nq=q, nk=shape.nk if shape is not None else q,
+        )  # fmt: skip
     except ShapeParamError as exc:
         kind = "missing" if exc.param == "n" and n is None else "value_error"
         raise _invalid(exc.param, str(exc), exc.value, kind) from None
+    if not variant.plain:
+        if shape is None:
+            shape = resolve_shape(n, nq=n)  # the campaign's shape at N
+        assert shape is not None
+        key = ("best", holder.generation, gpu_key(gpu), d, dtype, causal, shape, variant, exact)
+        body = slow.pages.get(key)
+        if body is None:
+            body = await run_in_threadpool(
+                _variant_body, holder.store, gpu, d, dtype, causal, shape, variant, exact
+            )
+            slow.pages.put(key, body)
+        return Response(content=body, media_type="application/json")
     try:
         if shape is None:
             assert n is not None  # resolve_shape requires n or nq
@@ -142,22 +194,64 @@ def best_varlen(
     causal: CausalQuery = False,
     heads: HeadsQuery = None,
     kv_heads: KvHeadsQuery = None,
+    window_left: WindowLeftQuery = -1,
+    window_right: WindowRightQuery = -1,
+    chunk: ChunkQuery = 0,
+    softcap: SoftcapQuery = 0.0,
+    sinks: SinksQuery = False,
 ) -> VarlenBestOut:
     """The fastest correct varlen (``_vl``) config measured on these lengths, else on the
     nearest tuned varlen batch: each batch is compared as its count of sequences at their
     mean length, by the distance of ``/v1/best`` (``distance``; ``measured_seqlens`` says
-    which batch answered). ``heads`` defaults to 16 and ``kv_heads`` to ``heads``."""
+    which batch answered). ``heads`` defaults to 16 and ``kv_heads`` to ``heads``.
+
+    The attention variant's parameters are ``/v1/best``'s (normalised with the longest
+    sequence's length); ``variant`` and ``measured_variant`` say what was answered."""
     try:
         asked = resolve_varlen(seqlens, heads, kv_heads)
+        longest = max(asked.seqlens)
+        causal, variant = resolve_variant(
+            causal, window_left=window_left, window_right=window_right, chunk=chunk,
+            softcap=softcap, sinks=sinks, nq=longest, nk=longest,
+        )  # fmt: skip
     except ShapeParamError as exc:
         value = seqlens if exc.param == "seqlens" else exc.value
         raise _invalid(exc.param, str(exc), value) from None
     name = gpu.strip()
-    found = store.best_varlen(name, d, dtype, causal, asked.seqlens, asked.heads, asked.kv_heads)
+    found = store.best_varlen(name, d, dtype, causal, asked.seqlens, asked.heads, asked.kv_heads,
+                              variant=variant)  # fmt: skip
     if found is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, no_varlen_results(name, d, dtype, causal))
+        why = (no_varlen_results(name, d, dtype, causal) if variant.plain
+               else "varlen: " + no_variant_results(name, d, dtype, causal, variant))  # fmt: skip
+        raise HTTPException(status.HTTP_404_NOT_FOUND, why)
     best, measured = found
-    return VarlenBestOut.of(best, asked.seqlens, measured)
+    return VarlenBestOut.of(best, asked.seqlens, measured, variant)
+
+
+def _variant_body(
+    store: Store,
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    shape: Shape,
+    variant: Variant,
+    exact: bool,
+) -> bytes:
+    """A variant request's answer body, from the store (run in a worker thread).
+
+    Raises:
+        HTTPException: 404 when nothing tuned with the variant's switches answers (with
+            ``exact``: not at its window, chunk and shape).
+    """
+    name = gpu.strip()
+    found = store.best_for_shape(name, d, dtype, causal, shape, exact=exact, variant=variant)
+    if found is None:
+        why = no_variant_results(name, d, dtype, causal, variant)
+        if exact:
+            why += f" at {shape.describe()} (exact=true: no nearest fallback)"
+        raise HTTPException(status.HTTP_404_NOT_FOUND, why)
+    return BestOut.of(found, shape.nq, shape, variant).model_dump_json().encode()
 
 
 def _invalid(

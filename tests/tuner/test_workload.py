@@ -140,7 +140,7 @@ _TOO_BIG = f"field 'n': must be between 1 and {MAX_DIM}, got {MAX_DIM + 1}"
         ({"d": 64, "heads": 8, "seqlens": [5, 2.5]}, "field 'seqlens': lengths must be integers"),
         ({**_OK, "seqlens": [5, 6]}, "field 'seqlens': give seqlens or lengths"),
         ({"d": 64, "heads": 8, "batch": 2, "seqlens": [5, 6]}, "field 'batch': a seqlens entry"),
-        ({**_OK, "window": 128}, "entry 1: unknown field 'window'"),
+        ({**_OK, "windw": 128}, "entry 1: unknown field 'windw'"),
         ({"d": 64, "heads": 8}, "field 'n': needs n, or nq"),
         ({"d": 64, "heads": 8, "nk": 5}, "field 'nk': needs n, or nq"),
         ({**_OK, "nq": 4}, "field 'n': give either n (Nq = Nk) or nq"),
