@@ -130,7 +130,9 @@ def normalize(
 ) -> tuple[bool, Variant]:
     """A call's ``(causal, variant)`` in the one form the store and the kernels use.
 
-    As FlashAttention does: a window ``(-1, 0)`` is causal; a causal call's right bound is 0
+    As FlashAttention does: a window ``(-1, 0)`` is causal, and so is any window whose right
+    bound is 0 (``(L, 0)`` masks the keys causal ``(L, 0)`` does: one problem, not two); a
+    causal call's right bound is 0
     (so the window then carries it: ``window_right`` 0 only with a left bound or a chunk, and
     causal alone stays the plain causal mask); given the lengths, a bound that reaches past
     every key is none (left >= nk - 1, right >= nq - 1), and so is a chunk that holds every key
@@ -147,8 +149,8 @@ def normalize(
         right = -1
     if nq is not None and nk is not None and chunk >= nk and nk >= nq:
         chunk = 0
-    if left < 0 and right == 0:
-        causal = True
+    if right == 0:
+        causal = True  # a right bound 0 is causality, with or without a left bound
     if causal:
         right = 0
     if causal and left < 0 and chunk == 0:

@@ -418,12 +418,12 @@ class MeasurementRecord(_Record):
         spec = (
             ProblemSpec.varlen(
                 "", p.d, tuple(p.seqlens), heads=p.heads, kv_heads=p.kv_heads, dtype=p.dtype,
-                causal=p.causal,
+                causal=p.causal, variant=p.variant,
             )
             if p.seqlens is not None
             else ProblemSpec(
                 gpu="", d=p.d, n=p.n, nk=p.nk, batch=p.batch, heads=p.heads,
-                kv_heads=p.kv_heads, dtype=p.dtype, causal=p.causal,
+                kv_heads=p.kv_heads, dtype=p.dtype, causal=p.causal, variant=p.variant,
             )
         )  # fmt: skip
         implied = spec.tflops(self.median_ms)

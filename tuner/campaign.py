@@ -46,7 +46,6 @@ never writes SQL (the :class:`~db.store.Store` does).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import random
 import time
@@ -451,17 +450,9 @@ def _defaults(
 
 
 def variant_switches_of(family: Family) -> tuple[str, ...]:
-    """The attention-variant switches a family's kernels are built with: its
-    ``variant_switches`` when the registry entry has one, else its space module's
-    ``VARIANT_SWITCHES`` (``codegen.families.<name>.space``); none for a family without."""
-    own = getattr(family, "variant_switches", None)
-    if own is not None:
-        return tuple(own)
-    try:
-        module = importlib.import_module(f"codegen.families.{family.name}.space")
-    except ImportError:  # a family defined elsewhere (a plug-in, a test's toy)
-        return ()
-    return tuple(getattr(module, "VARIANT_SWITCHES", ()))
+    """The attention-variant switches a family's kernels are built with (its registry
+    entry's ``variant_switches``)."""
+    return tuple(family.variant_switches)
 
 
 def with_variant(configs: Sequence[AnyConfig], problem: Problem) -> list[AnyConfig]:

@@ -138,6 +138,13 @@ class Family:
         head_dims: the head dims it has instantiations for (its space is empty for others).
         est_registers: the space's register estimate per thread (``fa2tune space``).
         columns: extra columns of ``fa2tune space --json`` for one config.
+        variant_switches: the attention-variant switches its kernels are built with
+            (:data:`core.variant.SWITCHES` they take; a config with another set is outside
+            its space, and a campaign passes the family over for such a problem).
+        workspace_sizes: for a family whose kernels merge partial results through a
+            workspace (split-KV): ``(config, shape) -> (counters, partial rows)``, int32
+            counters (zero before a launch) and float32 rows of ``d + 1`` (partial O, LSE);
+            ``(0, 0)`` when a launch needs none. None: its kernels take no workspace.
     """
 
     name: str
@@ -157,6 +164,8 @@ class Family:
     head_dims: tuple[int, ...] = HEAD_DIMS
     est_registers: Callable[[AnyConfig], int] = lambda config: 0
     columns: Callable[[AnyConfig], dict[str, object]] = lambda config: {}
+    variant_switches: tuple[str, ...] = ()
+    workspace_sizes: Callable[[AnyConfig, Shape], tuple[int, int]] | None = None
 
     @property
     def head_dims_text(self) -> str:

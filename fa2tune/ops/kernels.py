@@ -40,7 +40,6 @@ from codegen.build import NvccNotFoundError, build_configs
 from codegen.families import family_of
 from core.family import AnyConfig
 from core.shape import Shape
-from core.splitkv_config import SplitKvConfig
 from core.variant import PLAIN, Variant
 from fa2tune.ops.choice import Call, Choice, Unsupported, arch_of
 from fa2tune.ops.workspace import SplitKvWorkspace
@@ -266,7 +265,7 @@ class Launcher:
         self._ws: SplitKvWorkspace | None = None
         self._ws_args: tuple[ctypes.c_void_p, ...] = ()
         self._prep: HostPrep | None = None
-        if isinstance(config, SplitKvConfig):
+        if family_of(config).workspace_sizes is not None:  # its kernels merge splits
             self._ws = SplitKvWorkspace(config, shape)
             if self._ws.needed and self._ws.counters != grid[0]:  # pragma: no cover - drift
                 raise AssertionError(f"{config.name}: {self._ws.counters} counters, grid {grid}")

@@ -20,41 +20,28 @@ import ctypes
 import threading
 from typing import TYPE_CHECKING
 
+from codegen.families import family_of
+from core.family import AnyConfig
 from core.shape import Shape
-from core.splitkv_config import SplitKvConfig
 
 if TYPE_CHECKING:
     import torch
 
 
-def splitkv_workspace_sizes(config: SplitKvConfig, shape: Shape) -> tuple[int, int]:
-    """``(counters, partial rows)`` of a split-KV launch's workspace: one int32 counter per
-    row tile and ``tiles * splits * rows`` float32 rows of partial O (``d`` each) and LSE (1
-    each); ``(0, 0)`` with one split (the kernel then touches no workspace).
-
-    From :meth:`SplitKvConfig.workspace_bytes`, so the formula lives in one place: with
-    ``splits`` and ``rows`` known, ``bytes = tiles * 4 * (splits * rows * (d + 1) + 1)``.
-    """
-    total = config.workspace_bytes(shape.nq, shape.heads, shape.kv_heads, shape.batch, shape.nk)
-    splits = config.splits_for(shape.nk)
-    per_tile = 4 * (splits * config.rows * (config.d + 1) + 1)
-    tiles, rest = divmod(total, per_tile)
-    if rest:  # pragma: no cover - workspace_bytes changed its layout
-        raise AssertionError(f"{config.name}: {total} workspace bytes are not whole row tiles")
-    return tiles, tiles * splits * config.rows
-
-
 class SplitKvWorkspace:
-    """Split-KV's workspace for one call shape (sizes: :func:`splitkv_workspace_sizes`) and
-    the buffers a call uses."""
+    """A split workspace for one call shape (sizes: the config's family's
+    ``workspace_sizes``, :class:`codegen.families.Family`) and the buffers a call uses."""
 
     __slots__ = ("counters", "d", "partial_rows")
 
-    def __init__(self, config: SplitKvConfig, shape: Shape) -> None:
+    def __init__(self, config: AnyConfig, shape: Shape) -> None:
+        sizes = family_of(config).workspace_sizes
+        if sizes is None:
+            raise ValueError(f"{config.name}: its family's kernels take no workspace")
         self.d = config.d
         #: int32 counters, one per row tile (0: one split, no workspace at all); float32
         #: rows of partial O (d each) and LSE (1 each).
-        self.counters, self.partial_rows = splitkv_workspace_sizes(config, shape)
+        self.counters, self.partial_rows = sizes(config, shape)
 
     @property
     def needed(self) -> bool:

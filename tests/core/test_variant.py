@@ -58,6 +58,7 @@ def test_normalize_as_flashattention_does() -> None:
     assert normalize(False, -1, 0) == (True, PLAIN)
     assert normalize(True, -1, -1) == (True, PLAIN)
     assert normalize(True, 100, 7) == (True, Variant(100, 0))
+    assert normalize(False, 100, 0) == (True, Variant(100, 0))  # right 0 is causality
     assert normalize(True, -1, -1, 64) == (True, Variant(-1, 0, 64))
     # Bounds reaching past every key are none, given the lengths.
     assert normalize(False, 998, 999, nq=100, nk=1000) == (False, Variant(998, -1))

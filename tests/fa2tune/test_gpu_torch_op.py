@@ -336,7 +336,7 @@ def test_workspace_sizes_match_the_worker(seeded_db: dict[str, Any]) -> None:
 
     from codegen.families.splitkv.host import splitkv_workspace
     from core.shape import Shape
-    from fa2tune.ops.workspace import splitkv_workspace_sizes
+    from codegen.families.splitkv.host import splitkv_workspace_sizes
 
     shape, config = seeded_db["splitkv"]
     b, h, hkv, nq, nk, d, _ = shape

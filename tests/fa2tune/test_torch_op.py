@@ -32,7 +32,7 @@ from fa2tune.ops.choice import (
     default_config,
     unsupported_head_dim,
 )
-from fa2tune.ops.workspace import splitkv_workspace_sizes
+from codegen.families.splitkv.host import splitkv_workspace_sizes
 from tests.support.factories import H200, make_config, ok_result, seed_measurement
 
 REPO = Path(__file__).resolve().parents[2]

@@ -38,6 +38,16 @@ def _workload(tmp_path: Path, *entries: dict[str, object]) -> Path:
 BASE = {"d": 128, "heads": 32, "kv_heads": 8, "n": 16384}
 
 
+def _fa2_switches(monkeypatch: pytest.MonkeyPatch, switches: tuple[str, ...]) -> None:
+    """fa2's kernels as if built with ``switches`` only: its registry entry and its space."""
+    from codegen.families import FAMILIES
+
+    monkeypatch.setattr("codegen.families.fa2.space.VARIANT_SWITCHES", switches)
+    monkeypatch.setitem(
+        FAMILIES, "fa2", dataclasses.replace(FAMILIES["fa2"], variant_switches=switches)
+    )
+
+
 def test_workload_entries_take_a_variant(tmp_path: Path) -> None:
     path = _workload(
         tmp_path,
@@ -119,14 +129,16 @@ def test_replay_filter_keeps_the_asked_variant() -> None:
 def test_default_space_sets_the_switches_and_skips_families_without(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    _fa2_switches(monkeypatch, ())
     space_fn, seeds_fn, _ = _defaults("sm_90", GPU, None, None, None, only=("fa2",))
     plain = Problem(gpu=GPU.name, d=128, n=8192, causal=True)
     windowed = Problem(gpu=GPU.name, d=128, n=8192, causal=True, variant=WINDOW)
     assert space_fn(plain) and not any(c.has_variant for c in space_fn(plain))
     with caplog.at_level(logging.INFO, logger="tuner.campaign"):
-        assert list(space_fn(windowed)) == []  # fa2's kernels have no local switch yet
+        assert list(space_fn(windowed)) == []  # fa2's kernels without a local switch
     assert "skipping fa2" in caplog.text and "local" in caplog.text
-    monkeypatch.setattr("codegen.families.fa2.space.VARIANT_SWITCHES", ("local",))
+    _fa2_switches(monkeypatch, ("local",))
+    space_fn, seeds_fn, _ = _defaults("sm_90", GPU, None, None, None, only=("fa2",))
     configs = space_fn(windowed)
     assert configs and all(c.local and c.name.endswith("_loc") for c in configs)
     assert len(configs) == len(space_fn(plain))
@@ -141,7 +153,7 @@ def test_default_space_sets_the_switches_and_skips_families_without(
 def test_the_worker_gets_the_problem_with_its_variant(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("codegen.families.fa2.space.VARIANT_SWITCHES", ("local",))
+    _fa2_switches(monkeypatch, ("local",))
     problem = Problem(gpu=GPU.name, d=64, n=8192, causal=True, variant=WINDOW)
     seen: list[Problem] = []
 
@@ -173,7 +185,10 @@ def _shape(p: Problem):  # type: ignore[no-untyped-def]
     return Shape(p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads)
 
 
-def test_a_variant_no_family_serves_is_refused_before_any_work(tmp_path: Path) -> None:
+def test_a_variant_no_family_serves_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fa2_switches(monkeypatch, ())
     problem = Problem(gpu=GPU.name, d=64, n=8192, causal=True, variant=WINDOW)
     url = f"sqlite:///{tmp_path / 'results.db'}"
     with Store.from_url(url) as store, pytest.raises(ValueError, match="attention variant"):

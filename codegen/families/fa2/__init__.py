@@ -70,6 +70,7 @@ FA2 = Family(
     head_dims=space.VALID_HEAD_DIMS,
     est_registers=lambda config: space.estimate_registers(_fa2(config)),
     columns=lambda config: {"layout": space.layout_text(_fa2(config))},
+    variant_switches=space.VARIANT_SWITCHES,
 )
 
 __all__ = ["FA2", "TEMPLATE", "Fa2Config", "render_instantiation", "space"]

@@ -80,6 +80,7 @@ FA3 = Family(
     varlen_host_prep=fa3_varlen_tensor_maps,
     head_dims=space.HEAD_DIMS,
     est_registers=lambda config: space.accumulator_regs(_fa3(config)) + space.REG_HEADROOM,
+    variant_switches=space.VARIANT_SWITCHES,
 )
 
 __all__ = ["FA3", "space"]

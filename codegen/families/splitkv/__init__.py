@@ -14,7 +14,7 @@ from codegen.families import declared
 from codegen.families.fa2 import FA2
 from codegen.families.registry import Family, Grid, HeaderPart
 from codegen.families.splitkv import space
-from codegen.families.splitkv.host import splitkv_workspace
+from codegen.families.splitkv.host import splitkv_workspace, splitkv_workspace_sizes
 from core.config import Dtype
 from core.family import AnyConfig
 from core.shape import Shape
@@ -84,6 +84,8 @@ SPLITKV = Family(
     serves=space.serves,
     head_dims=space.HEAD_DIMS,
     est_registers=lambda config: space.accumulator_regs(_skv(config)),
+    variant_switches=space.VARIANT_SWITCHES,
+    workspace_sizes=splitkv_workspace_sizes,
 )
 
 __all__ = ["SPLITKV", "TEMPLATE", "render_instantiation", "space", "traits"]

@@ -14,6 +14,7 @@ import ctypes
 from typing import TYPE_CHECKING
 
 from core.family import AnyConfig
+from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
 
 if TYPE_CHECKING:
@@ -65,3 +66,21 @@ def splitkv_workspace(
     ws_lse = torch.full((partial,), float("nan"), dtype=torch.float32, device=q.device)
     ws_count = torch.zeros((max(tiles, 1),), dtype=torch.int32, device=q.device)
     return _pointer(ws_o), _pointer(ws_lse), _pointer(ws_count)
+
+
+def splitkv_workspace_sizes(config: AnyConfig, shape: Shape) -> tuple[int, int]:
+    """``(counters, partial rows)`` of a split-KV launch's workspace: one int32 counter per
+    row tile and ``tiles * splits * rows`` float32 rows of partial O (``d`` each) and LSE (1
+    each); ``(0, 0)`` with one split (the kernel then touches no workspace).
+
+    From :meth:`SplitKvConfig.workspace_bytes`, so the formula lives in one place: with
+    ``splits`` and ``rows`` known, ``bytes = tiles * 4 * (splits * rows * (d + 1) + 1)``.
+    """
+    assert isinstance(config, SplitKvConfig)  # the family's own config type
+    total = config.workspace_bytes(shape.nq, shape.heads, shape.kv_heads, shape.batch, shape.nk)
+    splits = config.splits_for(shape.nk)
+    per_tile = 4 * (splits * config.rows * (config.d + 1) + 1)
+    tiles, rest = divmod(total, per_tile)
+    if rest:  # pragma: no cover - workspace_bytes changed its layout
+        raise AssertionError(f"{config.name}: {total} workspace bytes are not whole row tiles")
+    return tiles, tiles * splits * config.rows
