@@ -42,8 +42,10 @@ def main() -> None:
                 store.best_for_shape("H200", 128, dtype, causal, shape)
                 times.append(time.perf_counter() - start)
     ms = sorted(t * 1e3 for t in times)
-    print(f"{len(ms)} lookups: median {statistics.median(ms):.2f} ms, "
-          f"p10 {ms[len(ms) // 10]:.2f} ms, p90 {ms[9 * len(ms) // 10]:.2f} ms")
+    print(
+        f"{len(ms)} lookups: median {statistics.median(ms):.2f} ms, "
+        f"p10 {ms[len(ms) // 10]:.2f} ms, p90 {ms[9 * len(ms) // 10]:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

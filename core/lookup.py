@@ -160,9 +160,10 @@ def pick(
     nearest to them under :func:`variant_distance` (not exact then, and refused when
     ``exact``). The variant comes before the shape: a window tuned at another shape beats
     another window at this shape. Among them a problem measured at the asked shape (a packed
-    batch: on its very lengths and heads) wins, else, unless ``exact``, the nearest under :func:`core.shape.nearest_key` with the GPU's SM
-    count from ``sm_counts`` (ties: the lower shape for dense problems, as the header's sorted
-    tables break them; the first tuned problem for packed ones). Among the dense problems of
+    batch: on its very lengths and heads) wins, else, unless ``exact``, the nearest under
+    :func:`core.shape.nearest_key` with the GPU's SM count from ``sm_counts`` (ties: the
+    lower shape for dense problems, as the header's sorted tables break them; the first
+    tuned problem for packed ones). Among the dense problems of
     the chosen shape the best ``rank`` wins. A packed problem is compared as its count of
     sequences at their mean length (:func:`core.shape.varlen_shape`). None when nothing
     qualifies.

@@ -128,6 +128,15 @@ def _visible(tag: str, nq: int, nk: int, row: int, key: int) -> bool:
     return True
 
 
+def _local_tag(window: tuple[int, int, int]) -> str:
+    return "local:" + ":".join(map(str, window))
+
+
+def _sees(rows: list[range], n0: int, n1: int) -> bool:
+    """Whether some row's keys meet the key tile ``[n0, n1)``."""
+    return any(r and r.start < n1 and n0 < r.stop for r in rows)
+
+
 def _span(tag: str, nq: int, nk: int, row: int) -> range:
     """The keys ``row`` sees: one interval under every rule here (found by brute force)."""
     seen = [k for k in range(nk) if _visible(tag, nq, nk, row, k)]
@@ -139,7 +148,7 @@ def _span(tag: str, nq: int, nk: int, row: int) -> range:
 def answers(tmp_path_factory: pytest.TempPathFactory) -> list[list[str]]:
     work: Path = tmp_path_factory.mktemp("policies")
     source = PROGRAM
-    windows = ", ".join("{%d, %d, %d}" % w for w in WINDOWS)
+    windows = ", ".join("{" + ", ".join(map(str, w)) + "}" for w in WINDOWS)
     source = source.replace("{WINDOWS}", "{" + windows + "}")
     for key, values in (
         ("BMS", BM), ("BNS", BN), ("NQLS", NQ_LOCAL), ("NKLS", NK_LOCAL), ("NQS", NQ), ("NKS", NK),
@@ -161,9 +170,7 @@ def test_the_program_covers_every_shape(answers: list[list[str]]) -> None:
     assert not [a for a in answers if a[0] == "X"], "of_diag rebuilt another policy"
     shapes = {(a[1], int(a[2]), int(a[3])) for a in answers if a[0] == "T"}
     plain = {(tag, nq, nk) for tag in ("none", "causal") for nq, nk in product(NQ, NK)}
-    local = {
-        ("local:%d:%d:%d" % w, nq, nk) for w in WINDOWS for nq, nk in product(NQ_LOCAL, NK_LOCAL)
-    }
+    local = {(_local_tag(w), nq, nk) for w in WINDOWS for nq, nk in product(NQ_LOCAL, NK_LOCAL)}
     assert shapes == plain | local
 
 
@@ -190,10 +197,7 @@ def test_tile_range_and_edge_are_the_rule(answers: list[list[str]]) -> None:
         rows = spans[tag, nq, nk][m0 : m0 + bm]
         tiles = -(-nk // bn)
 
-        def sees(t: int) -> bool:
-            return any(r and r.start < t * bn + bn and t * bn < r.stop for r in rows)
-
-        wanted = [t for t in range(tiles) if sees(t)]
+        wanted = [t for t in range(tiles) if _sees(rows, t * bn, t * bn + bn)]
         expected = (wanted[0], wanted[-1] + 1) if wanted else None
         got = (lo, hi) if hi > lo else None
         if wanted and wanted != list(range(wanted[0], wanted[-1] + 1)):

@@ -334,9 +334,8 @@ def test_a_splitkv_call_allocates_only_its_output(seeded_db: dict[str, Any]) -> 
 def test_workspace_sizes_match_the_worker(seeded_db: dict[str, Any]) -> None:
     import torch
 
-    from codegen.families.splitkv.host import splitkv_workspace
+    from codegen.families.splitkv.host import splitkv_workspace, splitkv_workspace_sizes
     from core.shape import Shape
-    from codegen.families.splitkv.host import splitkv_workspace_sizes
 
     shape, config = seeded_db["splitkv"]
     b, h, hkv, nq, nk, d, _ = shape

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from codegen.families.fa2.space import fa2_default_config
+from codegen.families.splitkv.host import splitkv_workspace_sizes
 from codegen.families.splitkv.space import default_config as splitkv_default
 from core.config import HEAD_DIMS, HEAD_DIMS_RULE
 from core.fa3_config import Fa3Config
@@ -32,7 +33,6 @@ from fa2tune.ops.choice import (
     default_config,
     unsupported_head_dim,
 )
-from codegen.families.splitkv.host import splitkv_workspace_sizes
 from tests.support.factories import H200, make_config, ok_result, seed_measurement
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,8 @@
   prints splitkv_fwd.cuh's ``splits_for`` and ``workspace_bytes`` and splitkv_launch.cuh's
   ``workspace_size`` (what the exported header's ``fa2tune_workspace_size`` returns) for
   D = 40, 80, 160, 192, 200 and 128, against :meth:`SplitKvConfig.workspace_bytes` and
-  :func:`codegen.families.splitkv.host.splitkv_workspace_sizes` (the torch op's and the worker's sizes).
+  :func:`codegen.families.splitkv.host.splitkv_workspace_sizes` (the torch op's and the
+  worker's sizes).
 
 Marked ``compile``; skipped when nvcc is not on PATH. About 6 nvcc calls of 1-20 s each.
 """
@@ -24,13 +25,13 @@ import pytest
 
 from codegen.build import build_configs, nvcc_flags
 from codegen.families import SPLITKV
+from codegen.families.splitkv.host import splitkv_workspace_sizes
 from codegen.families.splitkv.space import invalid_reasons
 from codegen.render import template_dir
 from core.build_report import BuildStatus
 from core.settings import get_settings
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
-from codegen.families.splitkv.host import splitkv_workspace_sizes
 
 NVCC = get_settings().nvcc
 pytestmark = [
