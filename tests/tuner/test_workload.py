@@ -250,3 +250,19 @@ def test_device_run_workloads_load(name: str, count: int) -> None:
     assert len(workload.targets) == count
     assert {t.d for t in workload.targets} == {128}
     assert all(t.shape.heads == 32 and t.shape.kv_heads == 8 for t in workload.targets)
+
+
+def test_shipped_variant_workloads_ask_their_models_variants() -> None:
+    """The variants' model workloads (issue 23): each problem carries its model's variant,
+    normalised (a window or chunk past every key would have made it plain)."""
+    from core.variant import Variant
+
+    def variants(name: str) -> set[Variant]:
+        return {t.variant for t in load_workload(EXAMPLES / name).targets}
+
+    assert variants("mistral_7b.yaml") == {Variant(4096, 0)}
+    assert variants("gemma2_9b.yaml") == {Variant(softcap=50.0), Variant(4096, 0, softcap=50.0)}
+    assert variants("gpt_oss_20b.yaml") == {Variant(sinks=True), Variant(128, 0, sinks=True)}
+    llama4 = load_workload(EXAMPLES / "llama4_scout.yaml").targets
+    assert {t.variant for t in llama4} == {Variant(-1, 0, 8192), Variant()}
+    assert all(t.causal and (t.d, t.shape.heads, t.shape.kv_heads) == (128, 40, 8) for t in llama4)
