@@ -283,7 +283,7 @@ def test_decision_keys(monkeypatch: pytest.MonkeyPatch) -> None:
         attention(q, k, v, window_size=(3, -1))
         attention(q, k, v, softcap=2.0)
         attention(q, k, v, softcap=2.0, sinks=torch.zeros(2))
-    assert made == [(True, PLAIN), (False, Variant(3, 0)), (False, Variant(3, -1)),
+    assert made == [(True, PLAIN), (True, Variant(3, 0)), (False, Variant(3, -1)),
                     (False, Variant(softcap=2.0)),
                     (False, Variant(softcap=2.0, sinks=True))]  # fmt: skip
     plain_key = (q.device, q.dtype, q.shape, k.shape, True, "bnhd")
