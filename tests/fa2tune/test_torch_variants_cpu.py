@@ -288,7 +288,7 @@ def test_decision_keys(monkeypatch: pytest.MonkeyPatch) -> None:
                     (False, Variant(softcap=2.0, sinks=True))]  # fmt: skip
     plain_key = (q.device, q.dtype, q.shape, k.shape, True, "bnhd")
     assert plain_key in torch_op._decisions  # plain keys are what they always were
-    local_key = (*plain_key[:4], False, "bnhd", Variant(3, 0))
+    local_key = (*plain_key[:4], True, "bnhd", Variant(3, 0))
     assert local_key in torch_op._decisions
 
 

@@ -107,7 +107,7 @@ def test_variant_sample_builds(arch: str, tmp_path: Path) -> None:
     plains = [tile for tile, _ in TILES]
     variants = [with_switches(tile, sw) for tile, switches in TILES for sw in switches]
     assert all(is_valid(c) == (True, "") for c in plains + variants)
-    reports = build_configs([*plains, *variants], arch, cache_dir=tmp_path, jobs=1)
+    reports = build_configs([*plains, *variants], arch, cache_dir=tmp_path, jobs=2)
     by_name = {r.config.name: r for r in reports}
     compared = 0
     for tile, switches in TILES:
