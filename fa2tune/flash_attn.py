@@ -97,7 +97,7 @@ def _fa_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse.masked_fill_(lse == float("-inf"), float("inf"))
 
 
-class _ForwardOnly(torch.autograd.Function):
+class _ForwardOnly(torch.autograd.Function):  # type: ignore[misc, unused-ignore]
     """A forward whose backward refuses: the output of inputs that need gradients."""
 
     @staticmethod
@@ -148,7 +148,7 @@ def _attend(
     )
     if needs_grad:
         tensors = [t for t in (q, k, v, sinks) if t is not None]
-        o, lse = _ForwardOnly.apply(compute, *tensors)  # type: ignore[no-untyped-call]
+        o, lse = _ForwardOnly.apply(compute, *tensors)  # type: ignore[no-untyped-call, unused-ignore]
         return o, lse
     return compute()
 

@@ -211,9 +211,10 @@ def check_sinks(sinks: object, q: torch.Tensor, heads: int) -> torch.Tensor:
         raise ValueError(f"sinks must be float32 (or bf16/fp16), got {sinks.dtype}")
     if sinks.device != q.device:
         raise ValueError(f"sinks is on {sinks.device}, q on {q.device}: same device needed")
-    if sinks.dtype != torch.float32:
-        sinks = sinks.float()
-    return sinks if sinks.is_contiguous() else sinks.contiguous()
+    logits: torch.Tensor = sinks  # narrowed above (typed so without torch's stubs too)
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    return logits if logits.is_contiguous() else logits.contiguous()
 
 
 def _warn_once(message: str) -> None:
