@@ -345,8 +345,6 @@ def variant_params(
         ValueError: sinks missing for a sinks variant, given for one without, or not a
             contiguous float32 CUDA tensor of ``q_heads`` entries.
     """
-    import torch
-
     if variant.sinks != (sinks is not None):
         raise ValueError(
             "a sinks variant needs the sinks tensor" if variant.sinks
@@ -354,6 +352,8 @@ def variant_params(
         )  # fmt: skip
     ptr = None
     if sinks is not None:
+        import torch  # only a sinks tensor needs it: a plain or windowed launch builds without
+
         if (
             sinks.dtype != torch.float32
             or sinks.dim() != 1
