@@ -2,10 +2,9 @@
 
 Each config is built through the product's build and loaded by :mod:`measure.loader`; its
 arguments are the plain kernel's (``FaParams``, the family's host preparation, and for a
-``_vl`` config ``FaVarlen`` first) followed by ``FaVariant`` (a ctypes copy of
-fa_params.cuh's struct, local to this test until the measure stage has its own). O and LSE
-are checked against a float32 reference written here from core.variant's semantics (the
-measure stage's reference gains the variant separately): O within a bound of the inputs'
+``_vl`` config ``FaVarlen`` first) followed by ``FaVariant``
+(:class:`measure.params.FaVariant`, fa_params.cuh's struct). O and LSE are checked against
+a float32 reference written here from core.variant's semantics: O within a bound of the inputs'
 rounding, LSE within 2e-2, rows that see no key O = 0 and LSE = -inf or the sink logit.
 
 Shapes: odd lengths, Nq != Nk both ways, GQA 4:2, windows that leave whole blocks without a
@@ -16,7 +15,6 @@ Run on the GPU machine: ``pytest -m gpu tests/families/fa3/test_variant_gpu.py``
 
 from __future__ import annotations
 
-import ctypes
 import math
 import shutil
 from dataclasses import dataclass, replace
@@ -28,6 +26,7 @@ import pytest
 from codegen.build import build_configs
 from core.fa3_config import Fa3Config
 from core.settings import get_settings
+from measure.params import FaVariant
 from tests.support.gpu import gpu_skip_reason
 
 
@@ -49,21 +48,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_REASON is not None, reason=f"fa3 variant GPU tests: {_REASON}"),
 ]
-
-
-class FaVariantArg(ctypes.Structure):
-    """fa_params.cuh's FaVariant (24 bytes, the variant kernels' last argument)."""
-
-    _fields_ = [
-        ("window_left", ctypes.c_int32),
-        ("window_right", ctypes.c_int32),
-        ("chunk", ctypes.c_int32),
-        ("softcap", ctypes.c_float),
-        ("sinks", ctypes.c_void_p),
-    ]
-
-
-assert ctypes.sizeof(FaVariantArg) == 24
 
 
 @dataclass(frozen=True)
@@ -148,7 +132,7 @@ def run_case(kernel: Any, config: Fa3Config, case: Case, seed: int) -> list[str]
         else None
     )
     scale = 1.0 / math.sqrt(d)
-    var = FaVariantArg(case.left, case.right, case.chunk, case.softcap,
+    var = FaVariant(case.left, case.right, case.chunk, case.softcap,
                        sinks.data_ptr() if sinks is not None else None)  # fmt: skip
     stream = torch.cuda.current_stream().cuda_stream
     if config.varlen:  # every sequence of the batch at the case's lengths, packed
