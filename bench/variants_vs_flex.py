@@ -12,11 +12,18 @@ and decode), one run times on the same random inputs:
 * ``sdpa``: ``scaled_dot_product_attention`` with an explicit boolean mask (cuDNN, then the
   memory-efficient backend; softcap and sinks have no SDPA form, so those rows say ``-``).
 
-It also prints fa2tune's largest error against FlexAttention's output and its rate over the
+It also prints fa2tune's largest error against FlexAttention's output, its rate over the
 (query, key) pairs the variant leaves visible (4 B H D per pair, as FlashAttention's
-benchmarks count a window), to set beside the causal kernel's rate. Times are the
-median of ``--reps`` CUDA-event timings after warm-up; inputs are N(0, 1) (never zeros);
-outputs are fresh per call. Needs torch 2.5+ with a CUDA GPU, nvcc for fa2tune's first
+benchmarks count a window) and, for a prefill with a window or a chunk, the time of the same
+fa2tune call without the window or chunk (plain causal, softcap and sinks kept) in the same
+run: ``vs causal rate`` is the variant's time over the time that causal call's rate predicts
+for the variant's visible pairs (1.00: it costs exactly the keys it must visit). A decode row
+also times 20 calls captured in one CUDA graph (fa2tune and FlexAttention both: a decode
+kernel's few microseconds are otherwise hidden under host work) and gives the bandwidth over
+the K/V rows its window lets it read (``GB/s visible``). Each case compiles FlexAttention
+afresh (``torch._dynamo.reset``): past dynamo's recompile limit flex_attention runs unfused.
+Times are the median of ``--reps`` CUDA-event timings after warm-up; inputs are N(0, 1)
+(never zeros); outputs are fresh per call. Needs torch 2.5+ with a CUDA GPU, nvcc for fa2tune's first
 build. From the repository root::
 
     PYTHONPATH=$PWD python bench/variants_vs_flex.py [--reps 20] [--only mistral,gemma2]
@@ -55,6 +62,7 @@ class Case:
 
 CASES = (
     Case("mistral-prefill", 1, 32, 8, 128, 16384, 16384, window=(4096, 0)),
+    Case("mistral-prefill-32k", 1, 32, 8, 128, 32768, 32768, window=(4096, 0)),
     Case("mistral-decode", 8, 32, 8, 128, 1, 32768, window=(4096, 0)),
     Case("gemma2-prefill", 1, 16, 8, 256, 8192, 8192, softcap=50.0),
     Case("gemma2-window", 1, 16, 8, 256, 8192, 8192, window=(4096, 0), softcap=50.0),
@@ -99,6 +107,12 @@ def visible_pairs(case: Case) -> int:
     return total
 
 
+def visible_kv_bytes(case: Case, elem: int) -> int:
+    """The K and V bytes a decode call must read: each KV head's keys its window reaches."""
+    keys = visible_pairs(case) if case.nq == 1 else case.nk
+    return 2 * case.batch * case.kv_heads * keys * case.d * elem
+
+
 def time_ms(fn: Callable[[], object], reps: int) -> float:
     for _ in range(3):
         fn()
@@ -112,6 +126,26 @@ def time_ms(fn: Callable[[], object], reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def time_graph_ms(fn: Callable[[], object], reps: int, calls: int = 20) -> float | None:
+    """Per-call time of ``calls`` calls captured in one CUDA graph (no host work in the loop,
+    as a serving engine replays decode); None when the call cannot be captured."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch advises
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except Exception as exc:  # a call that cannot be captured is a result, not a stop
+        log.warning("graph capture failed: %s", str(exc).splitlines()[0][:200])
+        return None
+    return time_ms(graph.replay, reps) / calls
 
 
 def inputs(case: Case, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -128,13 +162,18 @@ def inputs(case: Case, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
 
 
 def run_fa2tune(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                sinks: torch.Tensor | None) -> Callable[[], torch.Tensor]:  # fmt: skip
+                sinks: torch.Tensor | None, plain: bool = False,
+                ) -> Callable[[], torch.Tensor]:  # fmt: skip
+    """fa2tune's call for the case; ``plain``: the same call with no window or chunk."""
     from fa2tune.torch import attention
+
+    window, chunk = ((-1, -1), 0) if plain else (case.window, case.chunk)
+    softcap, sink = case.softcap, sinks
 
     def call() -> torch.Tensor:
         out = attention(
-            q, k, v, causal=case.causal, layout="bhnd", window_size=case.window,
-            attention_chunk=case.chunk, softcap=case.softcap, sinks=sinks, fallback=False,
+            q, k, v, causal=case.causal, layout="bhnd", window_size=window,
+            attention_chunk=chunk, softcap=softcap, sinks=sink, fallback=False,
         )  # fmt: skip
         assert isinstance(out, torch.Tensor)
         return out
@@ -166,6 +205,7 @@ def run_flex(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     def score_mod(score, b, h, qi, kj):  # type: ignore[no-untyped-def]
         return cap * torch.tanh(score / cap)
 
+    torch._dynamo.reset()  # a fresh compile per case: no recompile limit, no unfused fallback
     block_mask = create_block_mask(mask_mod, None, None, case.nq, case.nk, device="cuda")
     flex = torch.compile(flex_attention)
     gqa = case.heads != case.kv_heads
@@ -221,6 +261,9 @@ def bench_case(case: Case, dtype: torch.dtype, reps: int) -> str:
     outs: dict[str, torch.Tensor] = {}
     runs: dict[str, Callable[[], Callable[[], torch.Tensor] | None]] = {
         "fa2tune": lambda: run_fa2tune(case, q, k, v, sinks),
+        "causal": lambda: (
+            run_fa2tune(case, q, k, v, sinks, plain=True) if masked_prefill(case) else None
+        ),
         "flex": lambda: run_flex(case, q, k, v, sinks),
         "cudnn": lambda: run_sdpa(case, q, k, v, SDPBackend.CUDNN_ATTENTION),
         "efficient": lambda: run_sdpa(case, q, k, v, SDPBackend.EFFICIENT_ATTENTION),
@@ -233,6 +276,8 @@ def bench_case(case: Case, dtype: torch.dtype, reps: int) -> str:
                 continue
             outs[name] = fn()
             row[name] = time_ms(fn, reps)
+            if case.nq == 1 and name in ("fa2tune", "flex"):
+                row[f"{name} graph"] = time_graph_ms(fn, reps)
         except Exception as exc:  # a backend refusing a shape is a result, not a stop
             log.warning("%s %s: %s", case.name, name, str(exc).splitlines()[0][:200])
             row[name] = None
@@ -249,8 +294,27 @@ def bench_case(case: Case, dtype: torch.dtype, reps: int) -> str:
 
     ratio = f"{fx / fa:.2f}x" if fa and fx else "-"
     rate = f"{flops / (fa * 1e-3) / 1e12:.0f}" if fa else "-"
+    causal_ms = row.get("causal")
+    vs_causal = "-"
+    if fa and causal_ms:
+        plain = Case(case.name, case.batch, case.heads, case.kv_heads, case.d, case.nq, case.nk,
+                     softcap=case.softcap, sinks=case.sinks)  # fmt: skip
+        predicted = causal_ms * visible_pairs(case) / visible_pairs(plain)
+        vs_causal = f"{fa / predicted:.2f}"
+    fg, xg = row.get("fa2tune graph"), row.get("flex graph")
+    graph_ratio = f"{xg / fg:.2f}x" if fg and xg else "-"
+    bandwidth = "-"
+    if fg:  # the kernel's own rate: host work per call would hide it in a decode's few us
+        bandwidth = f"{visible_kv_bytes(case, q.element_size()) / (fg * 1e-3) / 1e9:.0f}"
     cells = [case.name, cell(fa), cell(fx), cell(row.get("cudnn")), cell(row.get("efficient"))]
-    return "| " + " | ".join([*cells, ratio, rate, f"{err:.2e}"]) + " |"
+    extra = [ratio, rate, cell(causal_ms), vs_causal, cell(fg), cell(xg), graph_ratio,
+             bandwidth, f"{err:.2e}"]  # fmt: skip
+    return "| " + " | ".join([*cells, *extra]) + " |"
+
+
+def masked_prefill(case: Case) -> bool:
+    """A prefill whose window or chunk hides keys: its cost is set beside plain causal's."""
+    return case.nq > 1 and case.causal and (case.window[0] >= 0 or case.chunk > 0)
 
 
 def main() -> None:
@@ -266,8 +330,9 @@ def main() -> None:
     print(f"{gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, {args.dtype}, "
           f"median of {args.reps} (ms)")  # fmt: skip
     print("| case | fa2tune | flex | sdpa cudnn | sdpa efficient | flex / fa2tune | "
-          "TFLOP/s (visible) | max err vs flex |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "TFLOP/s (visible) | fa2tune causal | vs causal rate | fa2tune graph | flex graph | "
+          "flex / fa2tune graphed | GB/s visible (graph) | max err vs flex |")  # fmt: skip
+    print("|---|" + "---:|" * 13)
     for case in CASES:
         if not wanted or any(case.name.startswith(w) for w in wanted):
             print(bench_case(case, dtype, args.reps), flush=True)

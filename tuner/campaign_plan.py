@@ -53,7 +53,7 @@ class ShapeOptions:
 
     Attributes:
         d, n, nq, nk, dtype, causal, batch, heads, kv_heads: the comma-separated lists.
-        workload: the ``--workload`` file.
+        workloads: the ``--workload`` files (the option repeats), in order.
         window, window_left, window_right, chunk, softcap, sinks: the attention variant of
             the grid's problems (``--window LEFT,RIGHT`` or its two halves).
     """
@@ -67,7 +67,7 @@ class ShapeOptions:
     batch: str | None = None
     heads: str | None = None
     kv_heads: str | None = None
-    workload: Path | None = None
+    workloads: tuple[Path, ...] = ()
     window: str | None = None
     window_left: int | None = None
     window_right: int | None = None
@@ -134,7 +134,7 @@ class ShapeOptions:
     def grid(self) -> bool:
         """Whether the options' grid is tuned: without a workload always (the defaults fill
         in), with one only when a shape option asks for it."""
-        return self.workload is None or self.any_shape
+        return not self.workloads or self.any_shape
 
     def check(self) -> None:
         """The combinations that are errors, whatever the values.
@@ -219,7 +219,7 @@ def make_targets(
 
 
 def campaign_targets(options: ShapeOptions) -> list[Target]:
-    """The campaign's problems: the options' grid, then the workload's, each once.
+    """The campaign's problems: the options' grid, then each workload's in turn, each once.
 
     Raises:
         typer.BadParameter: for bad options or a bad workload file (exit status 2).
@@ -234,7 +234,7 @@ def campaign_targets(options: ShapeOptions) -> list[Target]:
             (lambda c, sh: options.variant_for(c, sh.nq, sh.nk)) if options.any_variant else None
         )
         groups.append(make_targets(ds, dtypes, causals, parse_shapes(options), variant_for))
-    groups.append(workload_targets(options.workload))
+    groups.extend(workload_targets(path) for path in options.workloads)
     return unique_targets(groups)
 
 
@@ -243,14 +243,12 @@ def make_problems(gpu: str, targets: Sequence[Target]) -> list[Problem]:
     return [target.problem(gpu) for target in targets]
 
 
-def workload_targets(path: Path | None) -> list[Target]:
-    """The problems of a workload file (none without one).
+def workload_targets(path: Path) -> list[Target]:
+    """The problems of a workload file.
 
     Raises:
         typer.BadParameter: a file that cannot be read or is not a workload.
     """
-    if path is None:
-        return []
     try:
         workload = load_workload(path)
     except WorkloadError as exc:
@@ -295,7 +293,7 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
     keep_kv = _select(shape.kv_heads, "--kv-heads", parse_int_list)
     keep_dt = _select(shape.dtype, "--dtype", parse_dtypes)
     keep_c = _select(shape.causal, "--causal", parse_bool_list)
-    targets = workload_targets(shape.workload)
+    targets = [t for path in shape.workloads for t in workload_targets(path)]
     grid = shape.grid
 
     def keep_variant(p: Problem) -> bool:

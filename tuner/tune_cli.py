@@ -127,12 +127,13 @@ def tune(
         ),
     ] = None,
     workload: Annotated[
-        Path | None,
+        list[Path] | None,
         typer.Option(
             "--workload",
             help=(
                 "a workload file (.yaml, .yml, .json) listing a model's calls; its problems "
-                "are added to the options', or tuned alone when no shape option is given"
+                "are added to the options', or tuned alone when no shape option is given; "
+                "repeat the option for several files"
             ),
         ),
     ] = None,
@@ -253,7 +254,7 @@ def tune(
     )
     shape_options = ShapeOptions(
         d=d, n=n, nq=nq, nk=nk, dtype=dtype, causal=causal, batch=batch, heads=heads,
-        kv_heads=kv_heads, workload=workload, window=window, window_left=window_left,
+        kv_heads=kv_heads, workloads=tuple(workload or ()), window=window, window_left=window_left,
         window_right=window_right, chunk=chunk, softcap=softcap, sinks=sinks,
     )  # fmt: skip
     if replay is not None:

@@ -7,6 +7,10 @@ it changes no test, only which run and how their outcomes are counted:
   every ``FA2TUNE_PEER_EVERY``-th from ``FA2TUNE_PEER_OFFSET`` runs (default every 1st, from
   0: all), the rest are deselected; every worker of pytest-xdist collects the same items in
   the same order, so all of them pick the same sample;
+* ``FA2TUNE_PEER_WHERE``, when set, is a Python expression over an item's parameters (its
+  parametrize names, e.g. ``(local or softcap > 0) and d in (96, 128, 256)``): only the items
+  for which it is true are sampled; an item without a parameter the expression names, or on
+  which it raises, is left out (the sample is taken within the kept items);
 * tests of FlashAttention-3's own build rather than of its interface
   (:data:`NOT_APPLICABLE`) are deselected and listed as such;
 * a test whose call raised NotImplementedError is counted ``unsupported`` (fa2tune.flash_attn
@@ -51,6 +55,28 @@ def _setting(name: str, default: int) -> int:
     except ValueError:
         raise pytest.UsageError(f"{name} must be an integer, got {raw!r}") from None
     return value
+
+
+def where_filter(expression: str) -> Any:
+    """A predicate over a parameter dict for ``FA2TUNE_PEER_WHERE`` (None: keep every item).
+
+    Raises:
+        pytest.UsageError: an expression that does not parse.
+    """
+    if not expression.strip():
+        return None
+    try:
+        code = compile(expression, "FA2TUNE_PEER_WHERE", "eval")
+    except SyntaxError as exc:
+        raise pytest.UsageError(f"FA2TUNE_PEER_WHERE does not parse: {exc.msg}") from None
+
+    def keep(params: dict[str, Any]) -> bool:
+        try:  # no builtins: the expression reads the parameters, nothing else
+            return bool(eval(code, {"__builtins__": {}}, dict(params)))
+        except Exception:
+            return False
+
+    return keep
 
 
 def sample(nodeids: list[str], every: int, offset: int) -> list[bool]:
@@ -174,6 +200,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             applicable.append(item)
     for item in applicable:
         _summary.collected[_function(item.nodeid)] += 1
+    where = where_filter(os.environ.get("FA2TUNE_PEER_WHERE", ""))
+    if where is not None:
+        wanted = [where(getattr(getattr(i, "callspec", None), "params", {})) for i in applicable]
+        dropped += [item for item, k in zip(applicable, wanted, strict=True) if not k]
+        applicable = [item for item, k in zip(applicable, wanted, strict=True) if k]
     worker = getattr(config, "workerinput", None)
     if worker is not None and worker.get("workerid") == "gw0":
         # Under xdist only workers collect: one of them leaves the counts for the controller.

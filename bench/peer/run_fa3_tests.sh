@@ -13,6 +13,8 @@
 # Environment:
 #   FA2TUNE_PEER_EVERY    run every N-th item of each test function (default 20)
 #   FA2TUNE_PEER_OFFSET   from the item with this index (default 0)
+#   FA2TUNE_PEER_WHERE    only items whose parameters pass this Python expression, e.g.
+#                         "(local or softcap > 0) and d in (96, 128, 256)" (default: all)
 #   FA2TUNE_PEER_OUT      where summary.json, summary.txt and pytest.log go (default
 #                         $OUT/peer when $OUT is set, else peer-results)
 #   FA2TUNE_PEER_WORKERS  pytest-xdist workers when xdist is installed (default 4; 0: none)

@@ -67,10 +67,12 @@ def peer(tmp_path: Path) -> Path:
     return folder
 
 
-def _run(peer: Path, *args: str, every: int = 2) -> tuple[int, dict[str, Any], str]:
+def _run(peer: Path, *args: str, every: int = 2, where: str = "",
+         ) -> tuple[int, dict[str, Any], str]:  # fmt: skip
     out = peer.parent / "out"
     env = {
         **os.environ,
+        "FA2TUNE_PEER_WHERE": where,
         "PYTHON": sys.executable,
         "FA2TUNE_PEER_EVERY": str(every),
         "FA2TUNE_PEER_WORKERS": "0",
@@ -109,6 +111,24 @@ def test_runner_exit_status_ignores_unsupported(peer: Path) -> None:
     code, summary, log = _run(peer, "-k", "not fails", every=1)
     assert code == 0, log
     assert summary["total"] == {"selected": 12, "passed": 6, "unsupported": 4, "skipped": 2}
+
+
+def test_runner_keeps_only_the_items_the_where_expression_accepts(peer: Path) -> None:
+    # Items without the named parameter (test_flash3_..., none here) and items whose
+    # parameter fails the test are left out; the sample is taken within what is kept.
+    code, summary, log = _run(peer, every=1, where="i % 2 == 1")
+    assert code == 1, log
+    fns = {name.split("::")[-1]: counts for name, counts in summary["functions"].items()}
+    assert fns["test_passes"] == {"collected": 6, "selected": 3, "passed": 3}
+    assert fns["test_unsupported"] == {"collected": 4, "selected": 2, "unsupported": 2}
+    assert fns["test_fails"]["selected"] == 1 and fns["test_skips"]["selected"] == 1
+    code, summary, log = _run(peer, every=2, where="i >= 2 and not undefined_name")
+    assert summary["total"] == {}, log  # the name error leaves every item out
+
+
+def test_where_expression_that_does_not_parse_is_a_usage_error(peer: Path) -> None:
+    code, _, log = _run(peer, where="i ==")
+    assert code != 0 and "FA2TUNE_PEER_WHERE does not parse" in log
 
 
 def test_runner_needs_the_peer_folder(tmp_path: Path) -> None:

@@ -387,7 +387,7 @@ def test_problems_from_lists_keep_old_names_when_square_and_not_gqa() -> None:
 
 
 def test_workload_alone_tunes_only_the_workload(workload_path: Path) -> None:
-    problems = make_problems(GPU.name, campaign_targets(ShapeOptions(workload=workload_path)))
+    problems = make_problems(GPU.name, campaign_targets(ShapeOptions(workloads=(workload_path,))))
     assert [(p.d, p.n, p.n_keys, p.batch, p.heads, p.kv_heads, p.causal) for p in problems] == [
         (128, 1, 1024, 1, 32, 8, False),
         (128, 1, 8192, 1, 32, 8, False),
@@ -400,7 +400,7 @@ def test_workload_alone_tunes_only_the_workload(workload_path: Path) -> None:
 
 def test_workload_adds_to_the_options_once(workload_path: Path) -> None:
     """The options' grid first, then the workload's problems it did not already have."""
-    options = ShapeOptions(d="64", n="512,1024", causal="yes", workload=workload_path)
+    options = ShapeOptions(d="64", n="512,1024", causal="yes", workloads=(workload_path,))
     problems = make_problems(GPU.name, campaign_targets(options))
     assert [(p.d, p.n, p.n_keys) for p in problems] == [
         (64, 512, 512),  # also the workload's prefill entry: tuned once
@@ -430,6 +430,21 @@ def test_cli_passes_lists_and_workload_to_the_campaign(
     assert len(tuned) == 4 + 5 - 1
     assert tuned[0] == Problem(gpu=GPU.name, d=64, n=512, batch=2, heads=16)
     assert sum(p.kv_heads == 8 for p in tuned) == 4
+
+
+def test_cli_tunes_several_workload_files_in_order_each_problem_once(
+    app: typer.Typer, workload_path: Path, tmp_path: Path, tuned: list[Problem]
+) -> None:
+    second = tmp_path / "second.yaml"
+    # One problem the first file has (D=64 causal N=512) and one it has not.
+    second.write_text(
+        "- {d: 64, heads: 16, batch: 2, causal: true, n: 512}\n"
+        "- {d: 256, heads: 16, batch: 1, n: 2048}\n"
+    )
+    args = ["tune", "--workload", str(workload_path), "--workload", str(second)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert [(p.d, p.n) for p in tuned] == [(128, 1)] * 4 + [(64, 512), (256, 2048)]
 
 
 def test_cli_rejects_dtype_or_causal_with_a_workload_alone(
@@ -486,9 +501,9 @@ def test_replay_filter_with_a_workload(tmp_path: Path) -> None:
     path = tmp_path / "w.json"
     entry = {"d": 64, "heads": 32, "kv_heads": 8, "batch": 8, "nq": 1, "nk": 4096}
     path.write_text(json.dumps([entry]))
-    alone = replay_filter(ShapeOptions(workload=path))
+    alone = replay_filter(ShapeOptions(workloads=(path,)))
     assert [i for i, p in enumerate(problems) if alone(p)] == [2]
-    with_n = replay_filter(ShapeOptions(n="512", workload=path))
+    with_n = replay_filter(ShapeOptions(n="512", workloads=(path,)))
     assert [i for i, p in enumerate(problems) if with_n(p)] == [0, 2]
 
 

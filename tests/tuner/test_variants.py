@@ -108,7 +108,10 @@ def test_tune_options_give_the_grid_a_variant() -> None:
         (ShapeOptions(d="128", n="8192", window_left=-3), "--window-left"),
         (ShapeOptions(d="128", n="8192", chunk=-1), "--chunk"),
         (ShapeOptions(d="128", n="8192", softcap=float("nan")), "--softcap"),
-        (ShapeOptions(workload=Path("w.yaml"), sinks=True), "--window/--chunk/--softcap/--sinks"),
+        (
+            ShapeOptions(workloads=(Path("w.yaml"),), sinks=True),
+            "--window/--chunk/--softcap/--sinks",
+        ),
     ],
 )
 def test_bad_tune_variant_options(options: ShapeOptions, option: str) -> None:
