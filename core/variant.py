@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from core.shape import effective_causal
+
 #: The compile-time switches a kernel may be built with, as config parameter names.
 SWITCHES: tuple[str, ...] = ("local", "softcap", "sinks")
 
@@ -151,6 +153,8 @@ def normalize(
         chunk = 0
     if right == 0:
         causal = True  # a right bound 0 is causality, with or without a left bound
+    if nq is not None:
+        causal = effective_causal(causal, nq)  # decode is tuned and served unmasked
     if causal:
         right = 0
     if causal and left < 0 and chunk == 0:

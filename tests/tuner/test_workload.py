@@ -254,15 +254,24 @@ def test_device_run_workloads_load(name: str, count: int) -> None:
 
 def test_shipped_variant_workloads_ask_their_models_variants() -> None:
     """The variants' model workloads (issue 23): each problem carries its model's variant,
-    normalised (a window or chunk past every key would have made it plain)."""
+    normalised (a window or chunk past every key would have made it plain; a decode step is
+    unmasked, its window only a left bound)."""
     from core.variant import Variant
 
     def variants(name: str) -> set[Variant]:
         return {t.variant for t in load_workload(EXAMPLES / name).targets}
 
-    assert variants("mistral_7b.yaml") == {Variant(4096, 0)}
+    assert variants("mistral_7b.yaml") == {Variant(4096, 0), Variant(4096, -1)}
     assert variants("gemma2_9b.yaml") == {Variant(softcap=50.0), Variant(4096, 0, softcap=50.0)}
-    assert variants("gpt_oss_20b.yaml") == {Variant(sinks=True), Variant(128, 0, sinks=True)}
+    assert variants("gpt_oss_20b.yaml") == {
+        Variant(sinks=True), Variant(128, 0, sinks=True), Variant(128, -1, sinks=True)
+    }
     llama4 = load_workload(EXAMPLES / "llama4_scout.yaml").targets
-    assert {t.variant for t in llama4} == {Variant(-1, 0, 8192), Variant()}
-    assert all(t.causal and (t.d, t.shape.heads, t.shape.kv_heads) == (128, 40, 8) for t in llama4)
+    assert {t.variant for t in llama4} == {Variant(-1, 0, 8192), Variant(chunk=8192), Variant()}
+    assert all((t.d, t.shape.heads, t.shape.kv_heads) == (128, 40, 8) for t in llama4)
+    for target in (t for name in EXAMPLES.glob("*.yaml") for t in load_workload(name).targets):
+        decode = target.shape.nq == 1
+        assert not (decode and target.causal), target.describe()  # one rule: decode unmasked
+        assert target.variant.window_right == (-1 if decode or not target.causal else 0) or (
+            target.variant.window_left < 0 and target.variant.chunk == 0
+        ), target.describe()
