@@ -64,6 +64,7 @@ CASES = (
     Case("mistral-prefill", 1, 32, 8, 128, 16384, 16384, window=(4096, 0)),
     Case("mistral-prefill-32k", 1, 32, 8, 128, 32768, 32768, window=(4096, 0)),
     Case("mistral-decode", 8, 32, 8, 128, 1, 32768, window=(4096, 0)),
+    Case("mistral-decode-b64", 64, 32, 8, 128, 1, 32768, window=(4096, 0)),
     Case("gemma2-prefill", 1, 16, 8, 256, 8192, 8192, softcap=50.0),
     Case("gemma2-window", 1, 16, 8, 256, 8192, 8192, window=(4096, 0), softcap=50.0),
     Case("gemma2-decode", 8, 16, 8, 256, 1, 8192, softcap=50.0),
