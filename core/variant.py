@@ -153,8 +153,10 @@ def normalize(
         chunk = 0
     if right == 0:
         causal = True  # a right bound 0 is causality, with or without a left bound
-    if nq is not None:
-        causal = effective_causal(causal, nq)  # decode is tuned and served unmasked
+    if nq is not None and (left >= 0 or chunk > 0):
+        # Decode is tuned and served unmasked; a plain, softcap or sinks call keeps its mask
+        # as given (the lookups apply the same rule, and old clients' answers stay).
+        causal = effective_causal(causal, nq)
     if causal:
         right = 0
     if causal and left < 0 and chunk == 0:

@@ -442,6 +442,86 @@ class Match(NamedTuple):
     seqlens: tuple[int, ...] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class CandidateSet:
+    """One group's candidates for :func:`core.lookup.pick`, read in one query: every problem
+    of one GPU (name key), D, dtype, served mask, mode and set of variant switches with its
+    fastest verified measurement (the rows, loaded: a winner becomes its
+    :class:`~db.results.BestResult` when first matched, once). Matching a shape against it
+    needs no database: the torch op reads a group once and answers every later shape of it
+    from memory (a decode loop over growing lengths asks no store)."""
+
+    candidates: tuple[Candidate, ...]
+    rows: tuple[Any, ...]  # (Problem, Measurement, Build), detached and fully loaded
+    sm_counts: dict[str, int]
+    _results: dict[int, BestResult] = dataclasses.field(default_factory=dict, compare=False)
+
+    def match(
+        self,
+        gpu: str,
+        causal: bool,
+        shape: Shape,
+        *,
+        packed: Packed | None = None,
+        exact: bool = False,
+        variant: Variant = PLAIN,
+    ) -> Match | None:
+        """:func:`best_match`'s answer for this shape (the set must be the call's group:
+        :func:`candidate_set` with the call's GPU, served mask, mode and switches)."""
+        found = pick(self.candidates, gpu, causal, shape, self.sm_counts, packed=packed,
+                     exact=exact, variant=variant)  # fmt: skip
+        if found is None:
+            return None
+        result = self._results.get(found.index)
+        if result is None:  # racing threads may both build it: the same value either way
+            p, m, b = self.rows[found.index]
+            result = self._results[found.index] = _best_result(p.gpu, p, b, m, exact=True)
+        result = dataclasses.replace(result, exact=found.exact, distance=found.distance)
+        return Match(result, found.measured, found.seqlens)
+
+
+def candidate_set(
+    engine: Engine,
+    gpu: str,
+    d: int,
+    dtype: str,
+    served_causal: bool,
+    *,
+    packed: bool = False,
+    family: str | None = None,
+    needs: dict[str, bool] | None = None,
+) -> CandidateSet:
+    """The :class:`CandidateSet` of one group (``served_causal``: the mask as
+    :func:`core.lookup.served_mask` serves the call; ``needs``: the variant's switches,
+    :attr:`core.variant.Variant.needs`, none by default). A candidate whose build's switches
+    are not the group's (a store written by hand) is left out: a plain call never gets a
+    variant config, nor a variant call a plain one."""
+    needs = needs if needs is not None else PLAIN.needs
+    with session_scope(engine) as s:
+        query = _fastest(packed, family, needs["local"])
+        bound = {
+            "gpu_key": normalize_gpu_name(gpu),
+            "causal": served_causal,
+            "d": d,
+            "dtype": dtype,
+            "softcap_on": needs["softcap"],
+            "sinks": needs["sinks"],
+        }
+        rows = [r for r in s.execute(query, bound).all() if build_switches(r[2].params) == needs]
+        counts: dict[str, list[int]] = {}
+        for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
+            counts.setdefault(name_key, []).append(count)
+        sm_counts = {k: effective_sm_count(v) for k, v in counts.items()}
+        # The throughput rank of best_of: a result's TFLOP/s is its problem's FLOPs over its
+        # median.
+        candidates = tuple(
+            Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
+                      p.seqlens, (-_tflops(p, m), m.median_ms, m.id), row_variant(p))
+            for p, m, _ in rows
+        )  # fmt: skip
+    return CandidateSet(candidates, tuple(rows), sm_counts)
+
+
 def best_match(
     engine: Engine,
     gpu: str,
@@ -457,40 +537,13 @@ def best_match(
 ) -> Match | None:
     """The one lookup of both modes (:meth:`db.store.Store.best_match`): the candidates of
     this D, dtype, mode and variant switches with their fastest verified measurements, read
-    in one query, and :func:`core.lookup.pick`'s rule among them (GPU, mask, the variant's
-    window and chunk exact or nearest, exact shape or nearest). A candidate whose build's
-    switches are not the variant's (a store written by hand) is left out: a plain call never
-    gets a variant config, nor a variant call a plain one. None when nothing qualifies."""
-    needs = variant.needs
-    with session_scope(engine) as s:
-        query = _fastest(packed is not None, family, needs["local"])
-        bound = {
-            "gpu_key": normalize_gpu_name(gpu),
-            "causal": served_mask(causal, shape, packed),
-            "d": d,
-            "dtype": dtype,
-            "softcap_on": needs["softcap"],
-            "sinks": needs["sinks"],
-        }
-        rows = [r for r in s.execute(query, bound).all() if build_switches(r[2].params) == needs]
-        counts: dict[str, list[int]] = {}
-        for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
-            counts.setdefault(name_key, []).append(count)
-        sm_counts = {k: effective_sm_count(v) for k, v in counts.items()}
-        # The throughput rank of best_of: a result's TFLOP/s is its problem's FLOPs over its
-        # median. Only the winner becomes a BestResult (its config parsed, its row read out).
-        candidates = [
-            Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
-                      p.seqlens, (-_tflops(p, m), m.median_ms, m.id), row_variant(p))
-            for p, m, _ in rows
-        ]  # fmt: skip
-        found = pick(candidates, gpu, causal, shape, sm_counts, packed=packed, exact=exact,
-                     variant=variant)  # fmt: skip
-        if found is None:
-            return None
-        p, m, b = rows[found.index]
-        result = _best_result(p.gpu, p, b, m, exact=found.exact, distance=found.distance)
-    return Match(result, found.measured, found.seqlens)
+    in one query (:func:`candidate_set`), and :func:`core.lookup.pick`'s rule among them (GPU,
+    mask, the variant's window and chunk exact or nearest, exact shape or nearest). None when
+    nothing qualifies."""
+    mask = served_mask(causal, shape, packed)
+    group = candidate_set(engine, gpu, d, dtype, mask, packed=packed is not None, family=family,
+                          needs=variant.needs)  # fmt: skip
+    return group.match(gpu, causal, shape, packed=packed, exact=exact, variant=variant)
 
 
 def best_for_shape(

@@ -287,6 +287,22 @@ class Store:
             family=family, variant=variant,
         )  # fmt: skip
 
+    def candidate_set(
+        self,
+        gpu: str,
+        d: int,
+        dtype: str,
+        served_causal: bool,
+        *,
+        packed: bool = False,
+        needs: dict[str, bool] | None = None,
+    ) -> queries.CandidateSet:
+        """Every candidate :meth:`best_match` compares for one group (GPU, D, dtype, the
+        served mask, mode, variant switches), read once, to match many shapes in memory
+        (:meth:`db.queries.CandidateSet.match` gives :meth:`best_match`'s answer)."""
+        return queries.candidate_set(self._engine, gpu, d, dtype, served_causal, packed=packed,
+                                     needs=needs)  # fmt: skip
+
     def best_varlen(
         self,
         gpu: str,

@@ -104,3 +104,14 @@ def store(seeded_store: tuple[Store, Any]) -> Store:
 def header(request: pytest.FixtureRequest, store: Store) -> str:
     """The header exported from the module's store with the module's ``HEADER`` arguments."""
     return export_header(store, **request.module.HEADER)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_candidate_groups() -> Iterator[None]:
+    """The op's choice reads a store once per group of calls (fa2tune.ops.choice): each test
+    starts and ends without groups read by another test's store."""
+    from fa2tune.ops.choice import forget_results
+
+    forget_results()
+    yield
+    forget_results()

@@ -3,10 +3,11 @@
 One rule for both modes of a call (a :class:`Call`: dense, or a packed variable-length batch
 with a :class:`~core.lookup.Packed` descriptor), ``fa2tune best``'s: the results
 shipped with the package plus the local database (``FA2TUNE_DB_URL``), asked through the
-store's one lookup (:meth:`db.store.Store.best_match`) for this GPU's name, head dim, dtype,
-mask and the call's shape: the config measured at exactly this shape (source ``exact``),
-else the one measured at the nearest tuned shape of the same mode (``nearest``; a packed
-batch is known here only as its count of sequences at a mean length, so it is never exact).
+store's one lookup rule (:func:`core.lookup.pick`, as :meth:`db.store.Store.best_match`
+applies it) for this GPU's name, head dim, dtype, mask and the call's shape: the config
+measured at exactly this shape (source ``exact``), else the one measured at the nearest
+tuned shape of the same mode (``nearest``; a packed batch is known here only as its count of
+sequences at a mean length, so it is never exact).
 With nothing tuned (or a tuned config whose family does not build for this GPU) a default
 serves (``default``): for a dense call the split-KV family's for decode-like calls (few packed
 query rows that would leave most SMs idle with one block per 128 query rows),
@@ -23,6 +24,14 @@ the store is asked for configs built with exactly the variant's switches, and a 
 the family default with those switches set (``dataclasses.replace(config,
 **variant.needs)``), served only by a family whose kernels are built with them (its space
 says so); otherwise the call is not served (the op falls back, or raises with the reason).
+
+The store is read once per group of calls that share the lookup's candidates (GPU, head dim,
+dtype, served mask, mode, variant switches: :meth:`db.store.Store.candidate_set`), and every
+later shape of the group is matched in memory: a decode loop whose cache grows by one key a
+step asks the database once, not once a step. Results the process itself tunes (first-use
+tuning) are seen at once (:func:`forget_results`); results other processes write later are
+seen after :func:`forget_results` (``fa2tune.torch.clear_caches``) or a restart, as the op's
+decisions always were.
 
 Nothing here imports torch: the op (:mod:`fa2tune.ops.torch_op`) turns tensors into plain
 values and asks :func:`choose` and :func:`call_reason`, so these rules are tested on machines
@@ -42,10 +51,12 @@ from codegen.targets import SUPPORTED_ARCHS
 from core.config import HEAD_DIMS_RULE, Dtype
 from core.fa2_config import Fa2Config
 from core.family import AnyConfig
-from core.lookup import Packed
+from core.gpu_name import normalize_gpu_name
+from core.lookup import Packed, served_mask
 from core.problem import Problem
 from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal
 from core.variant import PLAIN, Variant, normalize
+from db.queries import CandidateSet
 from db.store import Store
 
 log = logging.getLogger(__name__)
@@ -322,12 +333,9 @@ def choose(store: Store | None, call: Call) -> Choice:
         default = None
     found = None
     if store is not None:
-        # Only a variant call names its variant: the store's lookup gained the keyword with
-        # the variants, and a plain call asks exactly what it always asked.
-        extra: dict[str, Any] = {} if variant.plain else {"variant": variant}
         try:
-            found = store.best_match(call.gpu, call.d, call.dtype, call.causal, call.shape,
-                                     packed=packed, **extra)  # fmt: skip
+            found = candidates_of(store, call).match(call.gpu, call.causal, call.shape,
+                                                     packed=packed, variant=variant)  # fmt: skip
         except Exception as exc:  # a broken database must not break the model: defaults
             log.warning("fa2tune.torch: database lookup failed, using defaults: %s", exc)
     if found is not None:
@@ -345,6 +353,36 @@ def choose(store: Store | None, call: Call) -> Choice:
             else f"no kernel family serves head dim {call.d} on compute capability {cc}"
         )
     return Choice(default, "default")
+
+
+#: Candidate sets read from a store, by (store, GPU name key, D, dtype, served mask, packed,
+#: switches). Bounded by the groups a process calls: a few per model.
+_groups: dict[tuple[object, ...], CandidateSet] = {}
+_groups_lock = threading.Lock()
+
+
+def candidates_of(store: Store, call: Call) -> CandidateSet:
+    """The store's candidates for ``call``'s group, read on the group's first call only."""
+    mask = served_mask(call.causal, call.shape, call.packed)
+    needs = call.variant.needs
+    key = (store, normalize_gpu_name(call.gpu), call.d, call.dtype, mask, call.packed is not None,
+           tuple(sorted(needs.items())))  # fmt: skip
+    group = _groups.get(key)
+    if group is None:
+        with _groups_lock:  # one read per group, however many threads ask at once
+            group = _groups.get(key)
+            if group is None:
+                packed = call.packed is not None
+                group = store.candidate_set(call.gpu, call.d, call.dtype, mask, packed=packed,
+                                            needs=needs)  # fmt: skip
+                _groups[key] = group
+    return group
+
+
+def forget_results() -> None:
+    """Read the store again on the next call of each group (results were written)."""
+    with _groups_lock:
+        _groups.clear()
 
 
 def default_choice(call: Call) -> Choice:
@@ -574,6 +612,7 @@ def open_store() -> Store | None:
 
 def reset_store() -> None:
     """Forget the opened database (tests point ``FA2TUNE_DB_URL`` elsewhere between cases)."""
+    forget_results()
     with _store_lock:
         if _store and _store[0] is not None:
             _store[0].close()

@@ -61,6 +61,7 @@ from fa2tune.ops.choice import (
     decision_key,
     default_choice,
     effective_varlen_causal,
+    forget_results,
     mean_bucket,
     normalize_call,
 )
@@ -80,8 +81,11 @@ from measure.params import LAYOUTS, Layout
 log = logging.getLogger("fa2tune.torch")
 
 #: A dense call's (device, dtype, q shape, k shape, causal, layout), or a packed call's
-#: decision_key(...) -> a launcher, or why the key falls back.
+#: decision_key(...) -> a launcher, or why the key falls back. At most MAX_DECISIONS, the
+#: oldest forgotten first (a decode loop over growing lengths makes a key per length; its
+#: group's candidates stay read, so a forgotten key costs a match in memory, not a lookup).
 _decisions: dict[tuple[object, ...], Launcher | PackedLauncher | str] = {}
+MAX_DECISIONS = 4096
 _decide_lock = threading.Lock()
 _warned: set[str] = set()
 
@@ -286,7 +290,9 @@ def _decide(
 
 
 def _forget_tuned(job: autotune.TuneJob) -> None:
-    """A tuning job ended: its shape's decisions are made again on their next call."""
+    """A tuning job ended: its shape's decisions are made again on their next call, from the
+    store read again (the job wrote to it)."""
+    forget_results()
     tag = job_tag(job)
     with _decide_lock:
         for key, entry in list(_decisions.items()):
@@ -311,6 +317,8 @@ def _decision(
         entry = _decisions.get(key)
         if entry is None:
             entry = _decide(q, k, causal, layout, packed, variant)
+            if len(_decisions) >= MAX_DECISIONS:  # dicts keep insertion order: the oldest
+                del _decisions[next(iter(_decisions))]
             _decisions[key] = entry
         return entry
 
@@ -711,10 +719,13 @@ for _entry in (attention, attention_varlen):
 
 
 def clear_caches() -> None:
-    """Forget every decision and warning of both entries (tests; kernels stay loaded)."""
+    """Forget every decision and warning of both entries and the results read from the store
+    (the next call of each group reads it again: results other processes wrote since are
+    seen); kernels stay loaded."""
     with _decide_lock:
         _decisions.clear()
         _warned.clear()
+    forget_results()
     reset_service_state()
 
 

@@ -349,27 +349,43 @@ def test_variant_defaults_get_the_switches(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 class FakeStore:
+    """A store whose every group answers ``answer``; records what each read and match asked."""
+
     def __init__(self, answer: Any = None) -> None:
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []  # candidate_set's keywords, one per read
+        self.matched: list[dict[str, Any]] = []
         self.answer = answer
 
-    def best_match(self, *args: Any, **kwargs: Any) -> Any:
+    def candidate_set(self, *args: Any, **kwargs: Any) -> Any:
         self.calls.append(kwargs)
-        return self.answer
+        store = self
+
+        class Group:
+            def match(self, *args: Any, **kwargs: Any) -> Any:
+                store.matched.append(kwargs)
+                return store.answer
+
+        return Group()
 
 
-def test_the_store_is_asked_with_the_variant_only_for_variant_calls(
+def test_the_store_is_asked_for_the_variants_switches_and_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from codegen.families.fa2 import space as fa2_space
-    from fa2tune.ops.choice import choose
+    from fa2tune.ops.choice import choose, forget_results
 
     monkeypatch.setattr(fa2_space, "VARIANT_SWITCHES", ("local", "softcap", "sinks"))
+    forget_results()
     store = FakeStore()
     choose(store, _call(PLAIN))  # type: ignore[arg-type]
     choose(store, _call(Variant(64, 0)))  # type: ignore[arg-type]
-    assert "variant" not in store.calls[0]
-    assert store.calls[1]["variant"] == Variant(64, 0)
+    assert store.calls[0]["needs"] == PLAIN.needs
+    assert store.calls[1]["needs"] == {"local": True, "softcap": False, "sinks": False}
+    assert [m["variant"] for m in store.matched] == [PLAIN, Variant(64, 0)]
+    # Another window of the same switches is the same group: matched, not read again.
+    choose(store, _call(Variant(128, 0)))  # type: ignore[arg-type]
+    assert len(store.calls) == 2 and store.matched[-1]["variant"] == Variant(128, 0)
+    forget_results()
 
 
 def test_a_stored_config_of_another_variant_is_not_served(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -387,6 +403,9 @@ def test_a_stored_config_of_another_variant_is_not_served(monkeypatch: pytest.Mo
 
         measured = Shape(1024, 1024, 2, 16, 16)
 
+    from fa2tune.ops.choice import forget_results
+
+    forget_results()
     store = FakeStore(Found())
     assert choose(store, _call(Variant(64, 0))).config == tuned  # type: ignore[arg-type]
     # The same answer for a softcap call: it lacks the softcap switch, so the default serves.
@@ -454,3 +473,21 @@ def test_variants_traced_by_torch_compile_fullgraph() -> None:
     ref_p = _reference(q[:1], k[:1], v[:1], False, Variant(2, 2, sinks=True), 1 / math.sqrt(8),
                        sinks)[0][0].sum(dim=-1)  # fmt: skip
     torch.testing.assert_close(packed.double(), ref_p, atol=1e-4, rtol=1e-4)
+
+
+def test_the_decision_table_is_bounded_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode loop over growing lengths makes a key per length: the table keeps the newest
+    MAX_DECISIONS (CPU calls: each key's decision is the reason it falls back)."""
+    from fa2tune.ops import torch_op
+    from fa2tune.torch import attention
+
+    monkeypatch.setattr(torch_op, "MAX_DECISIONS", 8)
+    q = torch.randn(1, 1, 2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for nk in range(1, 21):
+            kv = torch.randn(1, nk, 2, 16)
+            attention(q, kv, kv)
+    keys = [key for key in torch_op._decisions if key[2] == q.shape]
+    assert len(torch_op._decisions) == 8
+    assert [int(key[3][1]) for key in keys] == list(range(13, 21))

@@ -222,7 +222,7 @@ def test_unsupported_calls_raise(store: Store) -> None:
 
 def test_a_broken_store_gives_the_default(caplog: pytest.LogCaptureFixture) -> None:
     class Broken:
-        def best_match(self, *args: object, **kwargs: object) -> None:
+        def candidate_set(self, *args: object, **kwargs: object) -> None:
             raise RuntimeError("database is locked")
 
     with caplog.at_level(logging.WARNING):
