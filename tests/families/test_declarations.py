@@ -25,10 +25,17 @@ ROOT = Path(__file__).resolve().parents[2]
 BEFORE = json.loads((Path(__file__).parent / "data" / "families_before.json").read_text())
 
 
+#: Shipped files written after the fixture (their configs are checked by their own tests:
+#: the variants' in tests/db/test_shipped_variants.py and the variant tests).
+AFTER_FIXTURE = {"h200_results_variants.json"}
+
+
 def _shipped_names() -> dict[str, list[str]]:
+    """The configs of the shipped files the fixture was written from."""
     names: set[str] = set()
     for path in sorted((ROOT / "db" / "data").glob("*.json")):
-        names |= {b.config_name for b in load_dump(path).builds}
+        if path.name not in AFTER_FIXTURE:
+            names |= {b.config_name for b in load_dump(path).builds}
     by_family: dict[str, list[str]] = {}
     for n in sorted(names):
         by_family.setdefault(n.split("_", 1)[0], []).append(n)
