@@ -61,3 +61,15 @@ def test_every_model_call_gets_its_tuned_config(store: Store, model: str) -> Non
         switches = {"local": "_loc", "softcap": "_cap", "sinks": "_snk"}
         for need, on in variant.needs.items():
             assert (switches[need] in choice.config.name) == on, choice.config.name
+
+
+def test_every_shipped_variant_build_round_trips_through_its_name_and_columns() -> None:
+    from core.family import config_from_name, config_from_params
+    from db.dump_format import load_dump
+
+    builds = load_dump(SHIPPED).builds
+    assert builds
+    for name in {b.config_name for b in builds}:
+        c = config_from_name(name)
+        assert c.name == name
+        assert config_from_params(c.family, c.d, c.dtype, c.causal, c.params()) == c
