@@ -27,6 +27,13 @@ of sm_80+ and nvcc (first build). Run from the repository root::
 
     PYTHONPATH=$PWD python bench/torch_op_overhead.py [--n 128 --d 64 --calls 200 --reps 30]
 
+``--growing STEPS`` also runs a decode loop the way a server does (B=8, 32 query heads over 8
+KV heads, D=128, bf16, causal, the store's real choice, nothing pinned): K and V are slices of
+one preallocated cache, one key longer each step from 4096, so every step is a new shape; it
+prints the host time of the first step (the group's store read and the kernel load), of the
+later new-shape steps (a match in memory and a launcher for the shape), and of the same
+lengths again (each a cached decision).
+
 ``--breakdown`` also times, alone, each piece of host work the eager path does per call
 (no GPU work; where the microseconds between ``launcher`` and ``attention`` go).
 """
@@ -176,6 +183,41 @@ def breakdown(n: int, d: int, calls: int, reps: int) -> dict[str, float]:
     return {name: host_us(fn, calls, reps) for name, fn in pieces.items()}
 
 
+def growing(steps: int, start: int = 4096) -> dict[str, float]:
+    """Host µs per call of a decode loop over growing lengths (see the module doc)."""
+    import torch
+
+    from fa2tune.ops import torch_op
+    from fa2tune.torch import attention
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    b, h, hk, d = 8, 32, 8, 128
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    cache = [torch.randn(b, start + steps, hk, d, device="cuda", dtype=torch.bfloat16,
+                         generator=g) for _ in range(2)]  # fmt: skip
+    torch_op.clear_caches()
+
+    def loop() -> list[float]:
+        times = []
+        for i in range(steps):
+            nk = start + i
+            t0 = time.perf_counter()
+            attention(q, cache[0][:, :nk], cache[1][:, :nk], causal=True, fallback=False)
+            times.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        return times
+
+    first = loop()
+    again = loop()
+    return {
+        "first step": first[0],
+        "new shape (median)": statistics.median(first[1:]),
+        "new shape (p90)": statistics.quantiles(first[1:], n=10)[-1],
+        "same shape again (median)": statistics.median(again),
+        "decisions kept": float(len(torch_op._decisions)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=128, help="sequence length (splitkv: Nk)")
@@ -184,6 +226,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30, help="timed loops (median)")
     parser.add_argument("--family", default="fa2,splitkv", help="families to time, comma-separated")
     parser.add_argument("--breakdown", action="store_true", help="time each per-call piece")
+    parser.add_argument("--growing", type=int, default=0, metavar="STEPS",
+                        help="also time a decode loop over STEPS growing lengths")  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
@@ -204,6 +248,11 @@ def main() -> None:
         print("\n| per-call piece, timed alone | µs |\n|---|---:|")
         for name, us in breakdown(args.n, args.d, args.calls, args.reps).items():
             print(f"| {name} | {us:.2f} |")
+    if args.growing:
+        print(f"\n| decode loop over {args.growing} growing lengths (B=8, 32:8, D=128, bf16) | "
+              "µs |\n|---|---:|")  # fmt: skip
+        for name, us in growing(args.growing).items():
+            print(f"| {name} | {us:.1f} |")
     worst = max(row["overhead"] for row in rows.values())
     print(f"\nworst overhead over a bare launch: {worst:.1f} µs (target: at most 10 µs)")
 
