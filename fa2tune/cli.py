@@ -26,7 +26,7 @@ from db import commands as db_commands
 from db.session import DatabaseOpenError
 from measure import commands as measure_commands
 from service import commands as service_commands
-from tuner import tune_cli
+from tuner import replay_cli, tune_cli
 
 # SQLite's own words for the usual ways a file fails to be a usable database, and what they
 # mean to someone who just typed --db.
@@ -235,6 +235,7 @@ app.command("tune")(tune_cli.tune)
 app.command("best")(db_commands.best)
 app.command("dump")(db_commands.dump)
 app.command("ingest")(db_commands.ingest)
+app.command("replay-table")(replay_cli.replay_table)
 app.command("serve")(service_commands.serve)
 app.command("export")(service_commands.export)
 

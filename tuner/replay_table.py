@@ -295,6 +295,8 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
     while True:
         page = store.results(gpu=gpu, offset=offset, limit=1000)
         for row in page.items:
+            if "_vl" in row.config_name.split("_"):
+                continue  # a packed batch's row: its lengths are not in the listing
             problem = Problem(
                 gpu=row.gpu,
                 d=row.d,
@@ -305,6 +307,7 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
                 causal=row.causal,
                 kv_heads=row.kv_heads if row.kv_heads != row.heads else None,
                 nk=row.nk if row.nk != row.n else None,
+                variant=row.variant,
             )
             study = problem.study_name
             problems.setdefault(study, problem)
