@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from core.shape import Shape
 from core.variant import Variant
 from fa2tune.ops import autotune
-from fa2tune.ops.choice import Call, Choice, check_supported, choose, open_store
+from fa2tune.ops.choice import Call, Choice, check_supported, choose, forget_results, open_store
 from fa2tune.ops.remote import reset_service_state, service_choice
 
 __all__ = ["Call", "Selected", "job_tag", "reset_service_state", "select"]
@@ -38,6 +38,14 @@ def job_tag(job: autotune.TuneJob) -> tuple[int, str, int, bool, Shape, Variant]
     p = job.problem
     return (job.device, p.dtype, p.d, p.causal,
             Shape(p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads), p.variant)  # fmt: skip
+
+
+def _results_written(job: autotune.TuneJob) -> None:
+    """A tuning job ended (it may have written results): read the store again."""
+    forget_results()
+
+
+autotune.add_listener(_results_written)
 
 
 @dataclass(frozen=True)

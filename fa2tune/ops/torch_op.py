@@ -290,9 +290,8 @@ def _decide(
 
 
 def _forget_tuned(job: autotune.TuneJob) -> None:
-    """A tuning job ended: its shape's decisions are made again on their next call, from the
-    store read again (the job wrote to it)."""
-    forget_results()
+    """A tuning job ended: its shape's decisions are made again on their next call (from the
+    store read again: :mod:`fa2tune.ops.selection` forgets what was read)."""
     tag = job_tag(job)
     with _decide_lock:
         for key, entry in list(_decisions.items()):
