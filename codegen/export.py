@@ -31,12 +31,23 @@ The entry points it defines (dispatch.cuh documents them all)::
                                        int max_seqlen_q, int max_seqlen_k, int head_dim,
                                        fa2tune_dtype dtype, bool causal,
                                        cudaStream_t stream = 0);
+    cudaError_t fa2tune_forward_variant(const FaParams& p, const FaVariant& var, int head_dim,
+                                        fa2tune_dtype dtype, bool causal,
+                                        cudaStream_t stream = 0);
 
 The packed variable-length entry (``fa2tune_forward_varlen``, its config-name and nearest-entry
 queries) is the same dispatch in its packed mode: a :class:`TunedPoint` with ``seqlens`` is a
 tuned varlen problem's ``_vl`` winner (fa2's or fa3's, the latter only where they can run),
 its table's default the varlen twin of the dense default. :mod:`codegen.dispatch_table`
 renders the tables of both modes.
+
+Attention variants (``fa2tune_forward_variant`` and its workspace, config-name, nearest-entry
+and packed twins) are the same dispatch keyed by the variant's switches too: a
+:class:`TunedPoint` with a non-plain ``variant`` is a tuned variant problem's winner (built
+with the variant's switches), rendered by :mod:`codegen.dispatch_variants` into
+``dispatch_variants.inc``, with FlashAttention-2's default built with the same switches as
+its key's default. Plain points render as they did before variants existed (the same
+comment and ``dispatch_table.inc`` text).
 
 It compiles with plain nvcc (``-std=c++17``, sm_80 and up; a family whose targets are all
 architecture-specific, like the Hopper family's sm_90a, runs from that code only, and the
@@ -60,6 +71,14 @@ from codegen.cpp_text import comment_safe as _comment_safe
 from codegen.cpp_text import number as _fmt
 from codegen.cpp_text import seal_comments as _seal_comments
 from codegen.dispatch_table import TableKey, has_varlen_launcher, render_table, varlen_twin
+from codegen.dispatch_variants import (
+    VariantEntry,
+    VariantKey,
+    has_variant_launcher,
+    render_variant_tables,
+    variant_key,
+    with_switches,
+)
 from codegen.families import FAMILIES, Family
 from codegen.families.fa2.space import fa2_default_config
 from codegen.render import template_hash
@@ -68,6 +87,7 @@ from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem
 from core.shape import Shape, varlen_shape
+from core.variant import PLAIN, Variant
 from core.version import __version__
 
 log = logging.getLogger(__name__)
@@ -77,6 +97,7 @@ TEMPLATE_NAME = "fa2_fwd.cuh"  # the kernel template
 DISPATCH_TEMPLATE = "dispatch.cuh"  # the header's C++ around the kernel template
 TABLE_INCLUDE = "dispatch_table.inc"  # what dispatch.cuh includes; rendered here
 FAMILIES_INCLUDE = "dispatch_families.inc"  # the used families' parts; rendered here
+VARIANTS_INCLUDE = "dispatch_variants.inc"  # the attention-variant tables; rendered here
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"(?P<path>[^"]+)"[^\n]*$', re.MULTILINE)
 _PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[^\n]*\n?", re.MULTILINE)
@@ -110,10 +131,13 @@ class TunedPoint:
         kv_heads: KV heads (None: ``heads``).
         seqlens: a packed varlen problem's lengths (its sequence descriptor; ``n`` is then
             the longest, ``batch`` their count); None for a dense problem.
+        variant: the attention variant the problem was tuned for, in the store's form
+            (:func:`core.variant.normalize`); plain by default.
 
     Raises:
         ValueError: ``seqlens`` given with a config that has no varlen kernel, or a
-            ``batch`` that does not count them.
+            ``batch`` that does not count them; a config whose variant switches are not
+            the variant's.
     """
 
     d: int
@@ -134,8 +158,14 @@ class TunedPoint:
     heads: int = Problem.heads
     kv_heads: int | None = None
     seqlens: tuple[int, ...] | None = None
+    variant: Variant = PLAIN
 
     def __post_init__(self) -> None:
+        switches = getattr(self.config, "variant_switches", {})
+        if {k: bool(switches.get(k, False)) for k in self.variant.needs} != self.variant.needs:
+            raise ValueError(
+                f"{self.config.name} is not built with the switches of {self.variant.describe()}"
+            )
         if self.seqlens is None:
             return
         if not getattr(self.config, "varlen", False):
@@ -253,12 +283,15 @@ def _shell_arg(s: str) -> str:
 
 
 def _provenance_lines(points: Sequence[TunedPoint]) -> list[str]:
-    """Two comment lines per point (:meth:`TunedPoint.describe` says its shape or batch)."""
+    """Two comment lines per point (:meth:`TunedPoint.describe` says its shape or batch, and
+    a variant point its variant)."""
     lines: list[str] = []
     for p in points:
         mask = "causal" if p.causal else "full"
         when = p.measured_at.isoformat(timespec="seconds") if p.measured_at else "?"
         shape = p.describe()
+        if not p.variant.plain:
+            shape += f", {p.variant.describe()}"
         lines.append(
             f"//   D={p.d} {p.dtype} {mask} {shape}: {p.config.name} "
             f"(family {p.config.family})  "
@@ -272,6 +305,15 @@ def _provenance_lines(points: Sequence[TunedPoint]) -> list[str]:
             )
         )
     return lines
+
+
+_VARIANTS = """\
+// Attention-variant results, one per tuned problem (fa2tune_forward_variant and
+// fa2tune_forward_varlen_variant take, among the tuned problems of a call's switches, those
+// of its window and chunk, else the nearest, then the nearest shape; see "Variant dispatch"),
+// with their provenance:
+{lines}
+"""
 
 
 _PREAMBLE = """\
@@ -291,7 +333,7 @@ _PREAMBLE = """\
 // Packed variable-length (varlen) results, one per tuned batch (fa2tune_forward_varlen takes
 // the nearest by count of sequences and mean length), with their provenance:
 {varlen}
-//
+{variants}//
 """
 
 
@@ -342,12 +384,17 @@ def render_header(
     Args:
         gpu: the GPU name as stored (the device name the header compares with).
         points: winning configs, one per tuned problem, dense ones and packed ones (with
-            ``seqlens``: ``_vl`` configs, their tables apart); those outside ``ds``/``dtypes``
-            are ignored, and of several for the same mode, (D, dtype, causal) and shape the
-            first is kept. Dense problems that differ only in Nk, batch, heads or KV heads
-            keep an entry each; a packed winner of a family without varlen kernels in the
-            header is left out with a warning. Every supported (D, dtype, causal) also gets
-            its default and the default's varlen twin.
+            ``seqlens``: ``_vl`` configs, their tables apart), plain ones and variant ones
+            (their tables apart too, keyed by the variant's switches as well); those outside
+            ``ds``/``dtypes`` are ignored, and of several for the same mode, key, shape (and
+            variant window and chunk) the first is kept. Dense problems that differ only in
+            Nk, batch, heads or KV heads keep an entry each; a winner of a family without
+            kernels of its mode in the header (varlen, variant) is left out with a warning.
+            Every supported (D, dtype, causal) also gets its default and the default's varlen
+            twin; every variant key with a winner, the default built with its switches and
+            that default's varlen twin. Variant entries tied in the lookup are ranked as the
+            store ranks them: dense by throughput (then median, then the order given),
+            packed by the order given (pass them in problem-id order).
         ds: head dims the header supports (each gets its default config); None for
             :data:`~core.config.COMMON_HEAD_DIMS` plus every head dim of the dense points (every
             default config is compiled into the user's program, so not all
@@ -377,11 +424,28 @@ def render_header(
     if not dtypes:
         raise ValueError(f"no dtype selected; supported: {', '.join(DTYPES)}")
 
-    # Per mode, (d, dtype, causal) -> {shape: point}, the first of equal shapes kept.
+    # Per mode, (d, dtype, causal) -> {shape: point}, the first of equal shapes kept; variant
+    # points per mode and (d, dtype, causal, switches), the first of equal shape and window.
     tables: dict[TableKey, dict[Shape, TunedPoint]] = {}
     packed: dict[TableKey, dict[Shape, TunedPoint]] = {}
+    variants: dict[VariantKey, dict[tuple[Shape, int, int, int], TunedPoint]] = {}
+    packed_variants: dict[VariantKey, dict[tuple[Shape, int, int, int], TunedPoint]] = {}
     for p in points:
         if p.d not in ds or p.dtype not in dtypes:
+            continue
+        if not p.variant.plain:
+            if not has_variant_launcher(p.config):
+                log.warning(
+                    "variant winner %s left out of the header: its family has no variant "
+                    "kernels of its mode there",
+                    p.config.name,
+                )
+                continue
+            v = p.variant
+            into = variants if p.seqlens is None else packed_variants
+            into.setdefault(variant_key(p.d, p.dtype, p.causal, v), {}).setdefault(
+                (p.shape, v.window_left, v.window_right, v.chunk), p
+            )
             continue
         if p.seqlens is not None and not has_varlen_launcher(p.config):
             log.warning(
@@ -403,10 +467,27 @@ def render_header(
         {k: {s: p.config for s, p in v.items()} for k, v in packed.items()},
         [varlen_twin(c) for c in defaults],
     )
+    variant_keys = sorted({*variants, *packed_variants})
+    variant_defaults = [
+        (k, with_switches(fa2_default_config(k[0], k[1], k[2]), k)) for k in variant_keys
+    ]
+    variant_table = render_variant_tables(
+        {k: _variant_entries(v.values(), packed=False) for k, v in variants.items()},
+        variant_defaults,
+        {k: _variant_entries(v.values(), packed=True) for k, v in packed_variants.items()},
+        [(k, varlen_twin(c)) for k, c in variant_defaults],
+    )
+    # Listed in the tables' order (key, then shape and window), as kept is.
+    variant_kept = [
+        e for mode in (variants, packed_variants) for k in sorted(mode)
+        for _, e in sorted(mode[k].items(), key=lambda item: item[0])
+    ]  # fmt: skip
 
     # The families with a config in the header, in registry order (fa2 always: the defaults);
     # a family with only varlen winners (fa3 _vl) needs its part as much as a dense one.
-    used = {c.family for c in defaults} | {p.config.family for p in [*kept, *packed_kept]}
+    used = {c.family for c in defaults} | {
+        p.config.family for p in [*kept, *packed_kept, *variant_kept]
+    }
     families = [f for f in FAMILIES.values() if f.name in used]
     templates = [
         f"codegen/templates/{f.templates[0]} (template hash "
@@ -452,11 +533,37 @@ def render_header(
             _provenance_lines(packed_kept)
             or ["//   (none: packed batches run the defaults' varlen twins)"]
         ),
+        # Only with variant results: a plain header's comment is what it always was.
+        variants=_VARIANTS.format(lines="\n".join(_provenance_lines(variant_kept)))
+        if variant_kept
+        else "",
     )
     body = inline_template(
         template_dir,
         DISPATCH_TEMPLATE,
-        generated={TABLE_INCLUDE: table},
+        generated={TABLE_INCLUDE: table, VARIANTS_INCLUDE: variant_table},
         included={FAMILIES_INCLUDE: "\n".join(parts)},
     )
     return f"{_seal_comments(preamble)}{body.rstrip()}\n"
+
+
+def _variant_entries(points: Iterable[TunedPoint], *, packed: bool) -> list[VariantEntry]:
+    """One key's entries, each ranked as :func:`core.lookup.pick` breaks ties: a packed
+    problem by the order given (the store's problem ids), a dense one by throughput, then
+    median, then the order given (the store's last tie-break, the measurement id, is not a
+    point's)."""
+    pts = list(points)
+
+    def store_rank(i: int) -> tuple[float, float, int]:
+        tflops, median = pts[i].tflops, pts[i].median_ms
+        return (-(tflops or 0.0), float("inf") if median is None else median, i)
+
+    order = list(range(len(pts))) if packed else sorted(range(len(pts)), key=store_rank)
+    rank = {i: r for r, i in enumerate(order)}
+    entries = []
+    for i, p in enumerate(pts):
+        v = p.variant
+        entries.append(
+            VariantEntry(p.shape, v.window_left, v.window_right, v.chunk, rank[i], p.config)
+        )
+    return entries

@@ -2,7 +2,8 @@
 
 Holds the module-level queries :class:`db.store.Store` exposes as methods (``best``,
 ``best_or_nearest``, ``best_for_shape``, ``best_varlen``, ``best_varlen_shape``,
-``shape_winners``, ``varlen_winners``, ``measured_pairs``, ``outcome``, ``spill_bytes``;
+``shape_winners``, ``varlen_winners``, ``variant_winners``, ``measured_pairs``, ``outcome``,
+``spill_bytes``;
 their contracts are documented on the ``Store``), the helpers they share, and the row
 helpers other readers use:
 :func:`build_config` (a build row's config, also used by :mod:`db.transfer`),
@@ -13,8 +14,9 @@ A dense shape and a packed variable-length batch (a :class:`core.lookup.Packed`)
 two modes of one lookup, :func:`best_match`: a packed problem is compared as its count of
 sequences at their mean length (:func:`core.shape.varlen_shape`) under the dense distance.
 The attention variant is part of what :func:`best_match` is asked (plain by default); every
-other query answers for plain problems only (the per-N lookups, the header's winners), and
-every problem row read back keeps its variant (:func:`db.models.row_variant`).
+other query answers for plain problems only (the per-N lookups, the header's plain winners)
+but :func:`variant_winners` (the header's variant tables), and every problem row read back
+keeps its variant (:func:`db.models.row_variant`).
 
 Contract: every query takes the engine of a database whose schema is at head, runs in one
 read-only :func:`db.session.session_scope`, writes nothing, and returns values from
@@ -67,6 +69,7 @@ __all__ = [
     "problem_shape",
     "shape_winners",
     "spill_bytes",
+    "variant_winners",
     "varlen_winners",
 ]
 
@@ -640,6 +643,53 @@ def varlen_winners(
             lens = parse_seqlens(p.seqlens)
             if hits and lens:
                 out.append((min(hits, key=lambda b: b.median_ms), lens))
+        return out
+
+
+def variant_winners(
+    engine: Engine,
+    gpu: str,
+    families: Sequence[str] | None = None,
+    packed_families: Sequence[str] | None = None,
+) -> list[tuple[BestResult, tuple[int, ...] | None]]:
+    """:meth:`db.store.Store.variant_winners`: the fastest verified config of every problem
+    of one GPU tuned with an attention variant (dense and packed), among the builds whose
+    switches are the problem's (:func:`best_match`'s rule: a build of other switches, which
+    only a store written by hand holds, is left out), with the lengths a packed problem was
+    measured on (None for a dense one), in problem-id order. ``families`` /
+    ``packed_families``: only these families' builds for dense / packed problems (None:
+    any)."""
+    with session_scope(engine) as s:
+        problems = s.scalars(
+            select(Problem)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))
+            .where(
+                Gpu.name_key == normalize_gpu_name(gpu),
+                ~plain_problem(),
+                has_ok_measurement(),
+            )
+            .order_by(Problem.id)
+        ).all()
+        out: list[tuple[BestResult, tuple[int, ...] | None]] = []
+        for p in problems:
+            lens = parse_seqlens(p.seqlens)
+            wanted = packed_families if lens is not None else families
+            needs = row_variant(p).needs
+            rows = s.execute(
+                select(Measurement, Build)
+                .join(Build, Build.id == Measurement.build_id)
+                .where(
+                    Measurement.problem_id == p.id,
+                    Measurement.status == MeasureStatus.OK.value,
+                    Measurement.median_ms.is_not(None),
+                    *([Build.family.in_(list(wanted))] if wanted is not None else []),
+                )
+                .order_by(Measurement.median_ms, Measurement.id)
+            ).all()
+            fit = next(((m, b) for m, b in rows if build_switches(b.params) == needs), None)
+            if fit is not None:
+                out.append((_best_result(p.gpu, p, fit[1], fit[0], exact=True), lens))
         return out
 
 

@@ -360,6 +360,19 @@ class Store:
         what the exported header's packed-batch tables hold."""
         return queries.varlen_winners(self._engine, gpu, families)
 
+    def variant_winners(
+        self,
+        gpu: str,
+        families: Sequence[str] | None = None,
+        packed_families: Sequence[str] | None = None,
+    ) -> list[tuple[BestResult, tuple[int, ...] | None]]:
+        """The winner of every problem of ``gpu`` tuned with an attention variant (any D,
+        dtype, mask and mode), by a build with the problem's switches (among ``families``
+        for dense problems and ``packed_families`` for packed ones, when given), each with
+        the lengths a packed problem was measured on (None: dense), in problem-id order:
+        what the exported header's variant tables hold. The results carry their variant."""
+        return queries.variant_winners(self._engine, gpu, families, packed_families)
+
     def shape_winners(self) -> list[tuple[BestResult, int]]:
         """The winner of every tuned problem (any shape, any family), each with its GPU's SM
         count as :meth:`best_for_shape` uses it; what the service's shape index holds.

@@ -136,8 +136,11 @@ def export(
     """Write one self-contained CUDA header with the configs tuned for a GPU.
 
     The header inlines the kernel template, instantiates the tuned configs and FA2's
-    defaults, and defines fa2tune_forward(params, head_dim, dtype, causal, stream).
-    It compiles with plain nvcc; no Python is needed to use it.
+    defaults, and defines fa2tune_forward(params, head_dim, dtype, causal, stream); with the
+    attention variants tuned for the GPU (windows, chunks, softcap, sinks),
+    fa2tune_forward_variant(params, variant, head_dim, dtype, causal, stream) runs their
+    winners (other variants are refused). It compiles with plain nvcc; no Python is needed
+    to use it.
     """
     ds = _parse_ds(d)
     dtypes = _parse_dtypes(dtype)

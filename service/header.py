@@ -4,8 +4,9 @@
 reads no database; this module is the store side that both ``fa2tune export`` and
 ``/v1/export/header`` use. The header holds one entry per tuned problem
 (:func:`tuned_shape_results`) and picks among them by :mod:`core.shape`'s rule, the one the
-store and the service use; :func:`tuned_results` (square problems, one per N) feeds the
-service's per-N index.
+store and the service use, and one entry per tuned attention-variant problem
+(:meth:`db.store.Store.variant_winners`), picked among by :func:`core.lookup.pick`'s rule;
+:func:`tuned_results` (square problems, one per N) feeds the service's per-N index.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from codegen.dispatch_table import header_varlen_families
+from codegen.dispatch_variants import header_variant_families
 from codegen.export import TunedPoint, render_header
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.gpu_name import normalize_gpu_name
@@ -156,6 +158,7 @@ def point_from_best(best: BestResult, seqlens: tuple[int, ...] | None = None) ->
         driver_version=best.driver_version,
         cuda_version=best.cuda_version,
         measured_at=best.measured_at,
+        variant=best.variant,
     )
 
 
@@ -212,18 +215,27 @@ def export_header(
     packed = [
         point_from_best(b, lens) for b, lens in store.varlen_winners(gpu, header_varlen_families())
     ]
+    # The attention-variant winners (dense and packed), by the families the header launches
+    # variants of, in problem-id order (the order the store breaks packed ties in).
+    variants = [
+        point_from_best(b, lens)
+        for b, lens in store.variant_winners(
+            gpu, header_variant_families(), header_variant_families(packed=True)
+        )
+    ]
     name = results[0].gpu if results else known[0].name
     log.info(
-        "exporting %d tuned configs and %d varlen ones for %s (D=%s, %s)",
+        "exporting %d tuned configs, %d varlen and %d attention-variant ones for %s (D=%s, %s)",
         len(results),
         len(packed),
+        len(variants),
         name,
         ",".join(map(str, ds)) if ds else "common and tuned",
         ",".join(dtypes),
     )
     return render_header(
         name,
-        [*(point_from_best(b) for b in results), *packed],
+        [*(point_from_best(b) for b in results), *packed, *variants],
         ds=ds,
         dtypes=dtypes,
         generated_at=generated_at,

@@ -68,6 +68,19 @@ class HeaderPart:
         varlen_guard: as ``guard``, for packed launches: ``bool (const FaParams&, const
             FaVarlen&)``, asked before the varlen dispatch picks one of the family's configs;
             None when they run wherever the header's code does.
+        variant_kernel: the kernel template of a config built with an attention-variant
+            switch (``fa2::fwd_variant_kernel``, taking ``FaVariant`` last), instantiated
+            instead of ``kernel`` for such a config; None for a family the header cannot
+            launch variants of. ``guard`` guards these configs too.
+        variant_launcher: its host launcher, ``cudaError_t (const FaParams&, const
+            FaVariant&, cudaStream_t)`` (``fa2::launch_variant``); the variant dispatch table
+            points at it.
+        variant_kernel_params: the variant kernel's parameter list as its explicit
+            instantiation spells it.
+        varlen_variant_kernel, varlen_variant_launcher, varlen_variant_kernel_params: the
+            same for a packed variant config (``_vl`` with a switch): the kernel takes
+            ``FaVarlen`` and then ``FaVariant``, the launcher ``cudaError_t (const FaParams&,
+            const FaVarlen&, const FaVariant&, cudaStream_t)``; ``varlen_guard`` guards them.
     """
 
     template: str
@@ -80,15 +93,37 @@ class HeaderPart:
     varlen_launcher: str | None = None
     varlen_kernel_params: str = "const FaParams, const FaVarlen"
     varlen_guard: str | None = None
+    variant_kernel: str | None = None
+    variant_launcher: str | None = None
+    variant_kernel_params: str = "const FaParams, const FaVariant"
+    varlen_variant_kernel: str | None = None
+    varlen_variant_launcher: str | None = None
+    varlen_variant_kernel_params: str = "const FaParams, const FaVarlen, const FaVariant"
 
-    def instantiations(self, alias: str, *, varlen: bool = False) -> list[str]:
+    @property
+    def variants(self) -> bool:
+        """Whether the header can launch the family's dense variant configs."""
+        return self.variant_kernel is not None and self.variant_launcher is not None
+
+    @property
+    def varlen_variants(self) -> bool:
+        """Whether the header can launch the family's packed variant configs."""
+        return self.varlen_variant_kernel is not None and self.varlen_variant_launcher is not None
+
+    def instantiations(
+        self, alias: str, *, varlen: bool = False, variant: bool = False
+    ) -> list[str]:
         """Explicit instantiations of the kernel, the launcher and the guard for an alias;
         with ``varlen``, of the varlen kernel, launcher and guard (a varlen config's kernel
-        static_asserts against the dense entry points, so it gets only these).
+        static_asserts against the dense entry points, so it gets only these); with
+        ``variant``, of the variant kernel and launcher of the mode (and its guard).
 
         Raises:
-            ValueError: ``varlen`` for a family without varlen kernels.
+            ValueError: ``varlen`` for a family without varlen kernels, ``variant`` for one
+                without (that mode's) variant kernels in the header.
         """
+        if variant:
+            return self._variant_instantiations(alias, varlen)
         if varlen:
             if self.varlen_kernel is None or self.varlen_launcher is None:
                 raise ValueError(f"{self.kernel}: this family has no varlen kernels")
@@ -105,6 +140,32 @@ class HeaderPart:
         lines = [
             f"template __global__ void {self.kernel}<{alias}>({self.kernel_params});",
             f"template cudaError_t {self.launcher}<{alias}>(const FaParams&, cudaStream_t);",
+        ]
+        if self.guard is not None:
+            lines.append(f"template bool {self.guard}<{alias}>(const FaParams&);")
+        return lines
+
+    def _variant_instantiations(self, alias: str, varlen: bool) -> list[str]:
+        if varlen:
+            if self.varlen_variant_kernel is None or self.varlen_variant_launcher is None:
+                raise ValueError(f"{self.kernel}: the header has no packed variant kernels of it")
+            lines = [
+                f"template __global__ void {self.varlen_variant_kernel}<{alias}>"
+                f"({self.varlen_variant_kernel_params});",
+                f"template cudaError_t {self.varlen_variant_launcher}<{alias}>"
+                "(const FaParams&, const FaVarlen&, const FaVariant&, cudaStream_t);",
+            ]
+            if self.varlen_guard is not None:
+                guard = f"{self.varlen_guard}<{alias}>"
+                lines.append(f"template bool {guard}(const FaParams&, const FaVarlen&);")
+            return lines
+        if self.variant_kernel is None or self.variant_launcher is None:
+            raise ValueError(f"{self.kernel}: the header has no variant kernels of it")
+        lines = [
+            f"template __global__ void {self.variant_kernel}<{alias}>"
+            f"({self.variant_kernel_params});",
+            f"template cudaError_t {self.variant_launcher}<{alias}>"
+            "(const FaParams&, const FaVariant&, cudaStream_t);",
         ]
         if self.guard is not None:
             lines.append(f"template bool {self.guard}<{alias}>(const FaParams&);")

@@ -92,6 +92,97 @@
 //     fa2tune_nearest_tuned: an fa3 entry is named even where it cannot run). False when the
 //     header has no tuned varlen entry for (D, dtype, causal) or the arguments are invalid.
 //
+//   Attention variants (docs/variants.md: a sliding window, a chunk, a logit softcap,
+//   attention sinks, alone or together), FlashAttention's semantics, bottom-right aligned:
+//
+//   cudaError_t fa2tune_forward_variant(const FaParams& p, const FaVariant& var, int head_dim,
+//                                       fa2tune_dtype dtype, bool causal,
+//                                       cudaStream_t stream = 0);
+//     fa2tune_forward with an attention variant. FaVariant (fa_params.cuh, inlined below)
+//     carries its run-time values as FlashAttention's arguments spell them:
+//       var.window_left, var.window_right  window_size: query i (key position
+//                       pos = i + nk - nq) sees key j only if pos - left <= j <= pos + right;
+//                       -1 is no bound (causal is the right bound 0);
+//       var.chunk       attention_chunk: > 0 keeps only the keys of pos's chunk
+//                       [pos - pos mod chunk, + chunk); 0 is none;
+//       var.softcap     softcap: > 0 turns each softmax-scaled score s into
+//                       softcap * tanh(s / softcap); 0 is none;
+//       var.sinks       sinks: a device pointer to q_heads float32 logits (GPT-OSS's
+//                       attention sinks) that join every row's softmax denominator, the LSE
+//                       included; nullptr is none (FaVariant has no other sinks flag).
+//     The call is normalised first, as fa2tune's store and PyTorch op normalise it
+//     (core.variant.normalize): a bound reaching past every key (left >= nk - 1,
+//     right >= nq - 1) is none, and so is a chunk holding every key (chunk >= nk >= nq); a
+//     right bound 0 is causal; one query row (nq == 1, decode) is unmasked, so its right
+//     bound is dropped and a decode step spelled (L, 0) causal is the unmasked call with
+//     left bound L; a causal call's right bound is 0. A variant that is then plain attention
+//     (no bound, chunk, cap or sinks) is fa2tune_forward's call, with its statuses. Otherwise
+//     the config comes from the variant dispatch ("Variant dispatch" below). A row that sees
+//     no key gets O = 0 and LSE = -inf, or with sinks its head's sink logit.
+//     Returns cudaErrorInvalidValue for what fa2tune_forward refuses and for values out of
+//     their domain: a window bound below -1, a chunk below 0, a softcap below 0 or not
+//     finite (NaN, inf), a sinks pointer not aligned for float; cudaErrorNotSupported when
+//     the header has no kernels of the call's switches (local: a window or a chunk; softcap;
+//     sinks) at its head dim, dtype and mask: results of that variant were not exported
+//     into this header (re-export after tuning it), including head dims and dtypes the
+//     header was not generated for; otherwise the launch's status.
+//
+//   size_t fa2tune_workspace_size_variant(const FaParams& p, const FaVariant& var,
+//                                         int head_dim, fa2tune_dtype dtype, bool causal);
+//   cudaError_t fa2tune_forward_variant_with_workspace(const FaParams& p, const FaVariant& var,
+//                                                      int head_dim, fa2tune_dtype dtype,
+//                                                      bool causal, void* workspace,
+//                                                      size_t workspace_bytes,
+//                                                      cudaStream_t stream = 0);
+//     fa2tune_workspace_size and fa2tune_forward_with_workspace for a variant call (the
+//     split-KV family's variant configs take the caller's workspace; the same contract; 0
+//     bytes for invalid values or a variant the header cannot run).
+//
+//   const char* fa2tune_config_name_variant(const FaParams& p, const FaVariant& var,
+//                                           int head_dim, fa2tune_dtype dtype, bool causal);
+//     The config fa2tune_forward_variant would launch (nullptr when it would refuse).
+//
+//   struct fa2tune_tuned_variant_choice { int index; const char* name; double distance;
+//                                         int nq, nk, batch, q_heads, kv_heads; bool causal;
+//                                         int window_left, window_right, chunk;
+//                                         bool same_variant; };
+//   bool fa2tune_nearest_tuned_variant(const FaVariant& var, int head_dim, fa2tune_dtype dtype,
+//                                      bool causal, int nq, int nk, int batch, int q_heads,
+//                                      int kv_heads, int sm_count,
+//                                      fa2tune_tuned_variant_choice* out);
+//     fa2tune_nearest_tuned for a variant call: the tuned entry the variant dispatch takes on
+//     the tuned GPU with sm_count SMs, without a device (so without the family guards): its
+//     index among the tuned entries of the call's (D, dtype, mask, switches) (in the order
+//     the comment above lists them), config name, shape distance and tuned shape, the mask
+//     the call is served as (normalised), the entry's window and chunk (store's form) and
+//     whether they are the call's. var.sinks is not read (non-null: sinks). A variant that
+//     normalises to plain attention gets fa2tune_nearest_tuned's plain entry (window -1, -1,
+//     chunk 0). False when nothing of the call's switches is tuned at (D, dtype, mask), or
+//     for invalid arguments.
+//
+//   cudaError_t fa2tune_forward_varlen_variant(const FaParams& p, const FaVarlen& v,
+//                                              const FaVariant& var, int num_seqs,
+//                                              int max_seqlen_q, int max_seqlen_k,
+//                                              int head_dim, fa2tune_dtype dtype, bool causal,
+//                                              cudaStream_t stream = 0);
+//   const char* fa2tune_config_name_varlen_variant(const FaParams& p, const FaVarlen& v,
+//                                                  const FaVariant& var, int num_seqs,
+//                                                  int max_seqlen_q, int max_seqlen_k,
+//                                                  int head_dim, fa2tune_dtype dtype,
+//                                                  bool causal);
+//   bool fa2tune_nearest_tuned_varlen_variant(const FaVariant& var, int head_dim,
+//                                             fa2tune_dtype dtype, bool causal, int num_seqs,
+//                                             int total_q, int max_seqlen_q,
+//                                             int max_seqlen_k, int q_heads, int kv_heads,
+//                                             int sm_count,
+//                                             fa2tune_tuned_variant_choice* out);
+//     The packed twins (fa2tune_forward_varlen's arguments and contract, total_k in
+//     v.reserved included, plus the variant), applied per sequence with its own lengths. The
+//     variant is normalised with the longest lengths, as fa2tune's PyTorch op does for packed
+//     batches: the window rules hold for every sequence; a chunk is kept whatever its
+//     length (the longest lengths do not tell that every sequence has as many keys as
+//     queries); a batch whose longest query sequence has one row is unmasked.
+//
 // Dispatch: on a device whose name (cudaGetDeviceProperties, cached per device) matches the
 // GPU this header was tuned for (named above; compared by fa2tune_detail::normalise_name,
 // so "NVIDIA H200", "nvidia-h200" and "H200" are one GPU), the config tuned at the shape
@@ -122,27 +213,47 @@
 // FlashAttention-2's default config (its tiles, _vl) runs: every (D, dtype, causal) the
 // header serves densely it also serves packed.
 //
+// Variant dispatch: a variant call (after normalisation, see fa2tune_forward_variant) is keyed
+// by its head dim, dtype, mask and switches (local, softcap, sinks: core.variant's
+// Variant.needs), never by the cap's value or the sink logits, which any config built with
+// the switch takes at run time. On the tuned GPU, among the tuned entries of its key whose
+// family can run the call (the guards above), the rule is fa2tune's store's
+// (core.lookup.pick, C++ twin fa_variant.cuh): the entries tuned at the call's window and
+// chunk, else those nearest to them (first the fewest bounds, of left, right and chunk, that
+// one side has and the other has not, then the smallest sum of |log2| of the ratios of the
+// others, window bounds counted from 1); the variant comes before the shape, so another
+// window tuned at this shape loses to this window tuned at another shape. Among those, an
+// entry tuned at the call's very shape, else the nearest shape by the distance above (packed
+// batches: by count of sequences and mean length, never an exact match), ties to the faster
+// (the store's rank: throughput; packed: the first tuned). On other GPUs, and when no tuned
+// entry of the key can run, the key's default runs: FlashAttention-2's default config for
+// (D, dtype, mask) built with the key's switches (its varlen twin for packed batches); a key
+// with no tuned entry has no default either, and the call is refused (cudaErrorNotSupported).
+//
 // Compiling: C++17, any list of sm_80+ targets. The fa3 kernels (when the header has any)
 // exist only in sm_90a code; for other targets they compile to stubs that are never launched:
 //   -gencode=arch=compute_90a,code=sm_90a                H100/H200: fa3 and fa2 configs
 //   -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=sm_80
 //                                                        the same, plus fa2 on A100, L40, ...
 //   -gencode=arch=compute_90,code=sm_90                  fa2 only (fa3 configs -> defaults;
-//                                                        fa3 varlen ones -> fa2 varlen ones)
+//                                                        fa3 varlen ones -> fa2 varlen ones;
+//                                                        fa3 variant ones -> their key's
+//                                                        other entries, else its default)
 //
 // ------------------------------------------------------------------------------------------
 // codegen/templates/dispatch.cuh: the exported header's dispatch and launch code. Not a
 // header to include on its own: codegen/export.py inlines it (and, in place of its
-// #include lines, the kernel templates, the GPU-name rule and the rendered table) after the
+// #include lines, the kernel templates, the GPU-name rule and the rendered tables) after the
 // generated comment with the GPU name and the provenance of every tuned config. Each kernel
-// family's part (its HeaderPart.template in codegen/families.py: fa2_fwd.cuh,
+// family's part (its HeaderPart.template in codegen/families/: fa2_fwd.cuh,
 // fa3_launch.cuh, splitkv_launch.cuh, ...) is inlined only when the header holds a config of
 // it, once, in the registry's order: the exporter renders "dispatch_families.inc" as
 // their #include lines (a comment for each family left out), and inlines those in turn.
 //
 // The contract with the rendered table ("dispatch_table.inc", written by the exporter
-// from the tuned results; the only generated C++ in the header; fa_shape.cuh, the shape
-// distance, is inlined before it):
+// from the tuned results; with "dispatch_variants.inc" the only generated C++ in the header;
+// fa_shape.cuh, the shape distance, and fa_variant.cuh, the variant rule, are inlined before
+// it):
 //   - namespace fa2tune_configs: one `using <config name> = <family>::Traits<...>;` per config
 //     compiled into the header (tuned winners and defaults), followed by the explicit
 //     instantiations of each config's kernel and launcher and its family's guard if any
@@ -176,6 +287,34 @@
 //                      nullptr).
 //   Every (D, dtype, causal) of kTuned also has a kDefaults entry, so a tuned shape on another
 //   GPU still launches; likewise every kVarlenTuned key has a kVarlenDefaults entry.
+// and with the rendered variant tables ("dispatch_variants.inc", after it):
+//   - namespace fa2tune_configs: the aliases of the attention-variant configs and the explicit
+//     instantiations of their variant kernels and launchers (HeaderPart.instantiations with
+//     variant: fa2::fwd_variant_kernel, fa2::launch_variant; fa3::fwd_variant_kernel,
+//     fa3::launch_variant, fa3::can_launch; splitkv::fwd_variant_kernel,
+//     splitkv::launch_variant; packed: fa2::fwd_varlen_variant_kernel,
+//     fa2::launch_varlen_variant; fa3::fwd_varlen_variant_kernel, fa3::launch_varlen_variant,
+//     fa3::can_launch_varlen);
+//   - in namespace fa2tune_detail:
+//       kVariantTuned  kVariantTunedCount tables, one per tuned (D, dtype, causal, local,
+//                      softcap, sinks), of VariantChoice: one per tuned variant problem, its
+//                      whole shape (every field >= 1), its window_left, window_right and
+//                      chunk in the store's form (core.variant.normalize), its rank (0 .. count
+//                      - 1, the order of the store's rank: throughput, then median), sorted by
+//                      (shape, window_left, window_right, chunk) and distinct; `accepts`,
+//                      `workspace_size` and `launch_with_workspace` as kTuned's
+//                      (VariantWorkspace<alias>::size / ::launch); kVariantTunedCount may be 0
+//                      (one sentinel);
+//       kVariantDefaults kVariantDefaultCount tables, one per kVariantTuned or
+//                      kVarlenVariantTuned key, each with one VariantChoice (shape all 0):
+//                      FlashAttention-2's default with the key's switches (`accepts` nullptr);
+//                      kVariantDefaultCount may be 0 (one sentinel);
+//       kVarlenVariantTuned, kVarlenVariantDefaults the same for packed batches, of
+//                      VarlenVariantChoice (varlen_shape entries, rank the problems' order,
+//                      the varlen variant launcher and guard, no workspace; the defaults the
+//                      varlen twins of kVariantDefaults', one per key, in the same order).
+//   A header of plain results only has both counts 0 and refuses every variant that does
+//   not normalise to plain attention.
 #ifndef FA2TUNE_EXPORTED_HEADER_
 #define FA2TUNE_EXPORTED_HEADER_
 
@@ -185,8 +324,10 @@
 #include "dispatch_families.inc"
 #include "gpu_name.cuh"
 #include "fa_shape.cuh"
+#include "fa_variant.cuh"
 
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -270,9 +411,94 @@ struct VarlenTable {
   int count;
 };
 
+// Attention-variant configs (a `_loc`, `_cap` or `_snk` switch; docs/variants.md): their
+// launchers take FaVariant after the plain arguments. A family whose variant launches can
+// take a caller's workspace defines, in its namespace, variant_workspace_hook_size(Traits*,
+// const FaParams&) and variant_workspace_hook_launch(Traits*, const FaParams&, const
+// FaVariant&, void*, size_t, cudaStream_t) on its variant Traits (splitkv_launch.cuh), found
+// by argument-dependent lookup as Workspace's hooks are.
+using VariantLaunchFn = cudaError_t (*)(const FaParams&, const FaVariant&, cudaStream_t);
+using VariantLaunchWorkspaceFn = cudaError_t (*)(const FaParams&, const FaVariant&, void*,
+                                                 size_t, cudaStream_t);
+
+template <class T, class = void>
+struct VariantWorkspace {
+  static constexpr WorkspaceSizeFn size = nullptr;
+  static constexpr VariantLaunchWorkspaceFn launch = nullptr;
+};
+
+template <class T>
+struct VariantWorkspace<T, std::void_t<decltype(variant_workspace_hook_size(
+                               static_cast<T*>(nullptr), std::declval<const FaParams&>()))>> {
+  static size_t size_of(const FaParams& p) {
+    return variant_workspace_hook_size(static_cast<T*>(nullptr), p);
+  }
+  static cudaError_t launch_with(const FaParams& p, const FaVariant& var, void* workspace,
+                                 size_t bytes, cudaStream_t stream) {
+    return variant_workspace_hook_launch(static_cast<T*>(nullptr), p, var, workspace, bytes,
+                                         stream);
+  }
+  static constexpr WorkspaceSizeFn size = &size_of;
+  static constexpr VariantLaunchWorkspaceFn launch = &launch_with;
+};
+
+// One tuned variant problem's config (or a variant key's default). fa2tune_variant::pick
+// reads shape, window_left, window_right, chunk and rank.
+struct VariantChoice {
+  fa2tune_shape::Shape shape;  // the shape it was tuned at (all 0 for a default)
+  int window_left;             // the tuned problem's window and chunk, in the store's form
+  int window_right;            // (core.variant.normalize); a default's are -1, -1, 0 and
+  int chunk;                   // never compared
+  int rank;  // the store's rank among the table's entries: 0 the fastest (throughput)
+  VariantLaunchFn launch;
+  const char* name;
+  AcceptsFn accepts;  // the family's guard (fa3::can_launch: it takes variant configs too)
+  WorkspaceSizeFn workspace_size;           // nullptr: the family takes no workspace
+  VariantLaunchWorkspaceFn launch_with_workspace;  // nullptr: the family takes no workspace
+};
+
+// The tables of one (D, dtype, causal, switches): the mask and switches of the normal form.
+struct VariantTable {
+  int d;
+  int dtype;  // an fa2tune_dtype value
+  bool causal;
+  bool local;
+  bool softcap;
+  bool sinks;
+  const VariantChoice* choices;  // sorted by (shape, window_left, window_right, chunk)
+  int count;
+};
+
+using VarlenVariantLaunchFn = cudaError_t (*)(const FaParams&, const FaVarlen&,
+                                              const FaVariant&, cudaStream_t);
+
+// A packed variant config (fa2 or fa3 `_vl` with a switch; no workspace).
+struct VarlenVariantChoice {
+  fa2tune_shape::Shape shape;  // the tuned batch's varlen_shape (all 0 for a default)
+  int window_left;
+  int window_right;
+  int chunk;
+  int rank;  // the order the store breaks ties between packed problems in (the first tuned)
+  VarlenVariantLaunchFn launch;
+  const char* name;
+  VarlenAcceptsFn accepts;  // the family's varlen guard, or nullptr
+};
+
+struct VarlenVariantTable {
+  int d;
+  int dtype;
+  bool causal;
+  bool local;
+  bool softcap;
+  bool sinks;
+  const VarlenVariantChoice* choices;
+  int count;
+};
+
 }  // namespace fa2tune_detail
 
 #include "dispatch_table.inc"
+#include "dispatch_variants.inc"
 
 namespace fa2tune_detail {
 
@@ -539,9 +765,12 @@ namespace fa2tune_detail {
 // larger batch is launched as slices of at most that many sequences, in order on the stream
 // (the split-KV family puts batch x heads in grid x and launches whole). Every element type
 // the table holds is 2 bytes wide.
-inline cudaError_t launch_batch_slices(const Choice& c, const FaParams& p, cudaStream_t stream) {
+// `whole`: the family launches any batch at once (a split-KV config). Sink logits are per
+// head, so a slice keeps the caller's.
+template <class Launch>
+inline cudaError_t in_batch_slices(const FaParams& p, bool whole, Launch&& launch) {
   constexpr int kMaxGridZ = 65535;
-  if (c.workspace_size != nullptr || p.batch <= kMaxGridZ) return c.launch(p, stream);
+  if (whole || p.batch <= kMaxGridZ) return launch(p);
   for (int b0 = 0; b0 < p.batch; b0 += kMaxGridZ) {
     FaParams s = p;
     s.batch = p.batch - b0 < kMaxGridZ ? p.batch - b0 : kMaxGridZ;
@@ -550,10 +779,15 @@ inline cudaError_t launch_batch_slices(const Choice& c, const FaParams& p, cudaS
     s.v = static_cast<const char*>(p.v) + 2 * b0 * p.v_batch_stride;
     s.o = static_cast<char*>(p.o) + 2 * b0 * p.o_batch_stride;
     if (p.lse != nullptr) s.lse = p.lse + static_cast<int64_t>(b0) * p.q_heads * p.nq;
-    const cudaError_t err = c.launch(s, stream);
+    const cudaError_t err = launch(static_cast<const FaParams&>(s));
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
+}
+
+inline cudaError_t launch_batch_slices(const Choice& c, const FaParams& p, cudaStream_t stream) {
+  return in_batch_slices(p, c.workspace_size != nullptr,
+                         [&c, stream](const FaParams& s) { return c.launch(s, stream); });
 }
 }  // namespace fa2tune_detail
 
@@ -632,6 +866,343 @@ inline bool fa2tune_nearest_tuned_varlen(int head_dim, fa2tune_dtype dtype, bool
   if (i < 0) return false;
   if (out != nullptr)
     *out = fa2tune_detail::tuned_choice(i, t->choices[i].name, distance, t->choices[i].shape);
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------
+// Attention-variant entry points (see the top).
+
+namespace fa2tune_detail {
+
+// The variant values the API takes (cudaErrorInvalidValue otherwise): window bounds of -1
+// (none) or more, a chunk of 0 (none) or more, a softcap of 0 (none) or a finite value above
+// it, a sinks pointer aligned for float (null: no sinks; FaVariant has no other sinks flag).
+inline bool valid_variant(const FaVariant& var) {
+  if (var.window_left < -1 || var.window_right < -1 || var.chunk < 0) return false;
+  if (!(var.softcap >= 0.f) || std::isinf(var.softcap)) return false;
+  return (reinterpret_cast<std::uintptr_t>(var.sinks) & 3u) == 0;
+}
+
+// A dense call's variant in the store's form (core.variant.normalize with its lengths).
+inline fa2tune_variant::Normal dense_variant(const FaVariant& var, bool causal, long long nq,
+                                             long long nk) {
+  return fa2tune_variant::normalize(causal, var.window_left, var.window_right, var.chunk,
+                                    var.softcap > 0.f, var.sinks != nullptr, nq, nk);
+}
+
+// A packed batch's (fa2tune_variant::normalize_packed with its longest lengths).
+inline fa2tune_variant::Normal packed_variant(const FaVariant& var, bool causal,
+                                              long long max_q, long long max_k) {
+  return fa2tune_variant::normalize_packed(causal, var.window_left, var.window_right,
+                                           var.chunk, var.softcap > 0.f, var.sinks != nullptr,
+                                           max_q, max_k);
+}
+
+// What the chosen kernel is given: the normal form's window and chunk, with a causal
+// config's right bound 0 (the kernels' local mask takes causality as that bound, where the
+// store's form says plain causal as no window: measure.params.launch_variant), and the
+// caller's cap and sink logits.
+inline FaVariant kernel_variant(const fa2tune_variant::Normal& n, const FaVariant& var) {
+  FaVariant k = var;
+  k.window_left = n.window_left;
+  k.window_right = n.causal ? 0 : n.window_right;
+  k.chunk = n.chunk;
+  return k;
+}
+
+// The table of (D, dtype) and n's mask and switches among `count`, or nullptr.
+template <class Table>
+inline const Table* find_variant(const Table* tables, int count, int head_dim, int dtype,
+                                 const fa2tune_variant::Normal& n) {
+  for (int i = 0; i < count; ++i) {
+    const Table& t = tables[i];
+    if (t.d == head_dim && t.dtype == dtype && t.causal == n.causal && t.local == n.local() &&
+        t.softcap == n.softcap && t.sinks == n.sinks)
+      return &t;
+  }
+  return nullptr;
+}
+
+inline bool accepts_variant(const VariantChoice& c, const FaParams& p) {
+  return c.accepts == nullptr || c.accepts(p);
+}
+
+inline bool accepts_varlen_variant(const VarlenVariantChoice& c, const FaParams& p,
+                                   const FaVarlen& v) {
+  return c.accepts == nullptr || c.accepts(p, v);
+}
+
+// On the tuned GPU (`tuned`, with `sms` SMs), core.lookup.pick's entry among the tuned
+// entries of the call's key that can run p here; else (another GPU, nothing tuned can run)
+// the key's default, FlashAttention-2's default config with the key's switches; nullptr when
+// the header has no config of the key (its switches were not tuned at this D, dtype and
+// mask). n is not plain; p is valid().
+inline const VariantChoice* select_variant_on(const FaParams& p, const fa2tune_variant::Normal& n,
+                                              int head_dim, int dtype, bool tuned, int sms) {
+  const VariantTable* t = find_variant(kVariantTuned, kVariantTunedCount, head_dim, dtype, n);
+  if (t != nullptr && tuned) {
+    const fa2tune_variant::Found f = fa2tune_variant::pick(
+        t->choices, t->count, call_shape(p.nq, p.nk, p.batch, p.q_heads, p.kv_heads), n, sms,
+        false, [t, &p](int i) { return accepts_variant(t->choices[i], p); });
+    if (f.index >= 0) return &t->choices[f.index];
+  }
+  const VariantTable* d =
+      find_variant(kVariantDefaults, kVariantDefaultCount, head_dim, dtype, n);
+  return d == nullptr || !accepts_variant(d->choices[0], p) ? nullptr : d->choices;
+}
+
+// select_variant_on here: the tuned GPU when the current device is it, its SM count.
+inline const VariantChoice* select_variant(const FaParams& p, const fa2tune_variant::Normal& n,
+                                           int head_dim, int dtype) {
+  const bool tuned = kVariantTunedCount > 0 && on_tuned_gpu();
+  return select_variant_on(p, n, head_dim, dtype, tuned, tuned ? sm_count() : 0);
+}
+
+// The packed twin of select_variant_on: the tuned packed entries (the batch compared as its
+// count of sequences at their mean length), else the default's varlen twin. p is
+// varlen_params'.
+inline const VarlenVariantChoice* select_varlen_variant_on(const FaParams& p, const FaVarlen& v,
+                                                           const fa2tune_variant::Normal& n,
+                                                           int head_dim, int dtype, bool tuned,
+                                                           int sms) {
+  const VarlenVariantTable* t =
+      find_variant(kVarlenVariantTuned, kVarlenVariantTunedCount, head_dim, dtype, n);
+  if (t != nullptr && tuned) {
+    const fa2tune_variant::Found f = fa2tune_variant::pick(
+        t->choices, t->count, varlen_call_shape(p, v), n, sms, true,
+        [t, &p, &v](int i) { return accepts_varlen_variant(t->choices[i], p, v); });
+    if (f.index >= 0) return &t->choices[f.index];
+  }
+  const VarlenVariantTable* d =
+      find_variant(kVarlenVariantDefaults, kVarlenVariantDefaultCount, head_dim, dtype, n);
+  return d == nullptr || !accepts_varlen_variant(d->choices[0], p, v) ? nullptr : d->choices;
+}
+
+inline const VarlenVariantChoice* select_varlen_variant(const FaParams& p, const FaVarlen& v,
+                                                        const fa2tune_variant::Normal& n,
+                                                        int head_dim, int dtype) {
+  const bool tuned = kVarlenVariantTunedCount > 0 && on_tuned_gpu();
+  return select_varlen_variant_on(p, v, n, head_dim, dtype, tuned, tuned ? sm_count() : 0);
+}
+
+}  // namespace fa2tune_detail
+
+inline const char* fa2tune_config_name_variant(const FaParams& p, const FaVariant& var,
+                                               int head_dim, fa2tune_dtype dtype, bool causal) {
+  if (!fa2tune_detail::valid(p) || !fa2tune_detail::valid_variant(var)) return nullptr;
+  const fa2tune_variant::Normal n = fa2tune_detail::dense_variant(var, causal, p.nq, p.nk);
+  if (n.plain()) return fa2tune_config_name(p, head_dim, dtype, n.causal);
+  const fa2tune_detail::VariantChoice* c =
+      fa2tune_detail::select_variant(p, n, head_dim, static_cast<int>(dtype));
+  return c == nullptr ? nullptr : c->name;
+}
+
+inline cudaError_t fa2tune_forward_variant(const FaParams& p, const FaVariant& var, int head_dim,
+                                           fa2tune_dtype dtype, bool causal,
+                                           cudaStream_t stream = 0) {
+  if (!fa2tune_detail::valid(p) || !fa2tune_detail::valid_variant(var))
+    return cudaErrorInvalidValue;
+  const fa2tune_variant::Normal n = fa2tune_detail::dense_variant(var, causal, p.nq, p.nk);
+  if (n.plain()) return fa2tune_forward(p, head_dim, dtype, n.causal, stream);
+  const fa2tune_detail::VariantChoice* c =
+      fa2tune_detail::select_variant(p, n, head_dim, static_cast<int>(dtype));
+  if (c == nullptr) return cudaErrorNotSupported;
+  const FaVariant k = fa2tune_detail::kernel_variant(n, var);
+  return fa2tune_detail::in_batch_slices(
+      p, c->workspace_size != nullptr,
+      [c, &k, stream](const FaParams& s) { return c->launch(s, k, stream); });
+}
+
+// Scratch bytes the config fa2tune_forward_variant would launch here needs (see the top).
+inline size_t fa2tune_workspace_size_variant(const FaParams& p, const FaVariant& var,
+                                             int head_dim, fa2tune_dtype dtype, bool causal) {
+  if (!fa2tune_detail::valid(p) || !fa2tune_detail::valid_variant(var)) return 0;
+  const fa2tune_variant::Normal n = fa2tune_detail::dense_variant(var, causal, p.nq, p.nk);
+  if (n.plain()) return fa2tune_workspace_size(p, head_dim, dtype, n.causal);
+  const fa2tune_detail::VariantChoice* c =
+      fa2tune_detail::select_variant(p, n, head_dim, static_cast<int>(dtype));
+  return c == nullptr || c->workspace_size == nullptr ? 0 : c->workspace_size(p);
+}
+
+// fa2tune_forward_variant with the caller's workspace (fa2tune_forward_with_workspace's
+// contract).
+inline cudaError_t fa2tune_forward_variant_with_workspace(const FaParams& p,
+                                                          const FaVariant& var, int head_dim,
+                                                          fa2tune_dtype dtype, bool causal,
+                                                          void* workspace,
+                                                          size_t workspace_bytes,
+                                                          cudaStream_t stream = 0) {
+  if (!fa2tune_detail::valid(p) || !fa2tune_detail::valid_variant(var))
+    return cudaErrorInvalidValue;
+  const fa2tune_variant::Normal n = fa2tune_detail::dense_variant(var, causal, p.nq, p.nk);
+  if (n.plain())
+    return fa2tune_forward_with_workspace(p, head_dim, dtype, n.causal, workspace,
+                                          workspace_bytes, stream);
+  const fa2tune_detail::VariantChoice* c =
+      fa2tune_detail::select_variant(p, n, head_dim, static_cast<int>(dtype));
+  if (c == nullptr) return cudaErrorNotSupported;
+  const FaVariant k = fa2tune_detail::kernel_variant(n, var);
+  if (c->launch_with_workspace == nullptr)
+    return fa2tune_detail::in_batch_slices(
+        p, c->workspace_size != nullptr,
+        [c, &k, stream](const FaParams& s) { return c->launch(s, k, stream); });
+  return c->launch_with_workspace(p, k, workspace, workspace_bytes, stream);
+}
+
+// The tuned variant entry a call gets, found without a device (see the top).
+struct fa2tune_tuned_variant_choice {
+  int index;         // among the tuned entries of the call's (D, dtype, mask, switches)
+  const char* name;  // the entry's config
+  double distance;   // from the asked shape to the entry's (0: the same shape)
+  int nq, nk, batch, q_heads, kv_heads;  // the shape the entry was tuned at
+  bool causal;                           // the mask the call is served as
+  int window_left, window_right, chunk;  // the entry's window and chunk (store's form)
+  bool same_variant;  // the entry's window and chunk are the call's (normalised)
+};
+
+namespace fa2tune_detail {
+
+// The answer for a variant that normalises to plain attention: the plain entry.
+inline fa2tune_tuned_variant_choice plain_variant_choice(const fa2tune_tuned_choice& c,
+                                                         bool causal) {
+  return {c.index, c.name, c.distance, c.nq, c.nk, c.batch, c.q_heads, c.kv_heads,
+          causal,  -1,     -1,         0,    true};
+}
+
+template <class Choice>
+inline fa2tune_tuned_variant_choice variant_choice(int i, const Choice& c, double distance,
+                                                   bool causal, bool same) {
+  return {i,
+          c.name,
+          distance,
+          static_cast<int>(c.shape.nq),
+          static_cast<int>(c.shape.nk),
+          static_cast<int>(c.shape.batch),
+          static_cast<int>(c.shape.heads),
+          static_cast<int>(c.shape.kv_heads),
+          causal,
+          c.window_left,
+          c.window_right,
+          c.chunk,
+          same};
+}
+
+}  // namespace fa2tune_detail
+
+inline bool fa2tune_nearest_tuned_variant(const FaVariant& var, int head_dim,
+                                          fa2tune_dtype dtype, bool causal, int nq, int nk,
+                                          int batch, int q_heads, int kv_heads, int sm_count,
+                                          fa2tune_tuned_variant_choice* out) {
+  if (nq < 1 || nk < 0 || batch < 1 || q_heads < 1 || kv_heads < 1 || q_heads % kv_heads != 0)
+    return false;
+  if (!fa2tune_detail::valid_variant(var)) return false;
+  const fa2tune_variant::Normal n = fa2tune_detail::dense_variant(var, causal, nq, nk);
+  if (n.plain()) {
+    fa2tune_tuned_choice c{};
+    if (!fa2tune_nearest_tuned(head_dim, dtype, n.causal, nq, nk, batch, q_heads, kv_heads,
+                               sm_count, &c))
+      return false;
+    if (out != nullptr) *out = fa2tune_detail::plain_variant_choice(c, n.causal);
+    return true;
+  }
+  const fa2tune_detail::VariantTable* t = fa2tune_detail::find_variant(
+      fa2tune_detail::kVariantTuned, fa2tune_detail::kVariantTunedCount, head_dim,
+      static_cast<int>(dtype), n);
+  if (t == nullptr) return false;
+  const fa2tune_variant::Found f = fa2tune_variant::pick(
+      t->choices, t->count, fa2tune_detail::call_shape(nq, nk, batch, q_heads, kv_heads), n,
+      sm_count, false, [](int) { return true; });
+  if (f.index < 0) return false;
+  if (out != nullptr)
+    *out = fa2tune_detail::variant_choice(f.index, t->choices[f.index], f.distance, n.causal,
+                                          f.same_variant);
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------
+// Packed variable-length attention-variant entry points (see the top).
+
+inline const char* fa2tune_config_name_varlen_variant(const FaParams& p, const FaVarlen& v,
+                                                      const FaVariant& var, int num_seqs,
+                                                      int max_seqlen_q, int max_seqlen_k,
+                                                      int head_dim, fa2tune_dtype dtype,
+                                                      bool causal) {
+  FaParams s{};
+  if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
+    return nullptr;
+  if (!fa2tune_detail::valid_variant(var)) return nullptr;
+  const fa2tune_variant::Normal n =
+      fa2tune_detail::packed_variant(var, causal, max_seqlen_q, max_seqlen_k);
+  if (n.plain())
+    return fa2tune_config_name_varlen(p, v, num_seqs, max_seqlen_q, max_seqlen_k, head_dim,
+                                      dtype, n.causal);
+  const fa2tune_detail::VarlenVariantChoice* c =
+      fa2tune_detail::select_varlen_variant(s, v, n, head_dim, static_cast<int>(dtype));
+  return c == nullptr ? nullptr : c->name;
+}
+
+inline cudaError_t fa2tune_forward_varlen_variant(const FaParams& p, const FaVarlen& v,
+                                                  const FaVariant& var, int num_seqs,
+                                                  int max_seqlen_q, int max_seqlen_k,
+                                                  int head_dim, fa2tune_dtype dtype,
+                                                  bool causal, cudaStream_t stream = 0) {
+  FaParams s{};
+  if (!fa2tune_detail::varlen_params(p, v, num_seqs, max_seqlen_q, max_seqlen_k, &s))
+    return cudaErrorInvalidValue;
+  if (!fa2tune_detail::valid_variant(var)) return cudaErrorInvalidValue;
+  const fa2tune_variant::Normal n =
+      fa2tune_detail::packed_variant(var, causal, max_seqlen_q, max_seqlen_k);
+  if (n.plain())
+    return fa2tune_forward_varlen(p, v, num_seqs, max_seqlen_q, max_seqlen_k, head_dim, dtype,
+                                  n.causal, stream);
+  const fa2tune_detail::VarlenVariantChoice* c =
+      fa2tune_detail::select_varlen_variant(s, v, n, head_dim, static_cast<int>(dtype));
+  if (c == nullptr) return cudaErrorNotSupported;
+  const FaVariant k = fa2tune_detail::kernel_variant(n, var);
+  constexpr int kMaxGridZ = 65535;  // as launch_varlen_slices
+  for (int b0 = 0; b0 < s.batch; b0 += kMaxGridZ) {
+    FaParams slice = s;
+    slice.batch = s.batch - b0 < kMaxGridZ ? s.batch - b0 : kMaxGridZ;
+    FaVarlen sv = v;
+    sv.cu_seqlens_q = v.cu_seqlens_q + b0;
+    sv.cu_seqlens_k = v.cu_seqlens_k + b0;
+    const cudaError_t err = c->launch(slice, sv, k, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+inline bool fa2tune_nearest_tuned_varlen_variant(const FaVariant& var, int head_dim,
+                                                 fa2tune_dtype dtype, bool causal,
+                                                 int num_seqs, int total_q, int max_seqlen_q,
+                                                 int max_seqlen_k, int q_heads, int kv_heads,
+                                                 int sm_count,
+                                                 fa2tune_tuned_variant_choice* out) {
+  if (num_seqs < 1 || total_q < 0 || max_seqlen_q < 1 || max_seqlen_k < 0 || q_heads < 1 ||
+      kv_heads < 1 || q_heads % kv_heads != 0)
+    return false;
+  if (!fa2tune_detail::valid_variant(var)) return false;
+  const fa2tune_variant::Normal n =
+      fa2tune_detail::packed_variant(var, causal, max_seqlen_q, max_seqlen_k);
+  if (n.plain()) {
+    fa2tune_tuned_choice c{};
+    if (!fa2tune_nearest_tuned_varlen(head_dim, dtype, n.causal, num_seqs, total_q, q_heads,
+                                      kv_heads, sm_count, &c))
+      return false;
+    if (out != nullptr) *out = fa2tune_detail::plain_variant_choice(c, n.causal);
+    return true;
+  }
+  const fa2tune_detail::VarlenVariantTable* t = fa2tune_detail::find_variant(
+      fa2tune_detail::kVarlenVariantTuned, fa2tune_detail::kVarlenVariantTunedCount, head_dim,
+      static_cast<int>(dtype), n);
+  if (t == nullptr) return false;
+  const fa2tune_variant::Found f = fa2tune_variant::pick(
+      t->choices, t->count, fa2tune_shape::varlen_shape(total_q, num_seqs, q_heads, kv_heads),
+      n, sm_count, true, [](int) { return true; });
+  if (f.index < 0) return false;
+  if (out != nullptr)
+    *out = fa2tune_detail::variant_choice(f.index, t->choices[f.index], f.distance, n.causal,
+                                          f.same_variant);
   return true;
 }
 

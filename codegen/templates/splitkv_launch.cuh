@@ -201,7 +201,7 @@ inline cudaError_t workspace_hook_launch(Traits<D, E, C, R, B, W, S, P>*, const 
 
 // A VariantTraits pointer converts to its Traits base, which would find the plain hooks
 // above and launch the plain kernel: these exact matches refuse that at compile time (a
-// variant's hooks take FaVariant; the header's dispatch of variants is not wired yet).
+// variant config's hooks are the variant ones below, which take FaVariant).
 template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN>
 size_t workspace_hook_size(VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*,
                            const FaParams& p) = delete;
@@ -209,5 +209,22 @@ template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, boo
 cudaError_t workspace_hook_launch(VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*,
                                   const FaParams& p, void* workspace, size_t bytes,
                                   cudaStream_t stream) = delete;
+
+// The variant dispatch's hooks (dispatch.cuh, fa2tune_detail::VariantWorkspace), found the
+// same way on a VariantTraits: the workspace is sized as a plain config's (from nk), and the
+// launch takes the variant's values.
+template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN>
+inline size_t variant_workspace_hook_size(VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*,
+                                          const FaParams& p) {
+  return workspace_size<VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>>(p);
+}
+
+template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN>
+inline cudaError_t variant_workspace_hook_launch(
+    VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*, const FaParams& p, const FaVariant& var,
+    void* workspace, size_t bytes, cudaStream_t stream) {
+  return launch_variant_with_workspace<VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>>(
+      p, var, workspace, bytes, stream);
+}
 
 }  // namespace splitkv

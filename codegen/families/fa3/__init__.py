@@ -75,6 +75,18 @@ FA3 = Family(
             + ["const __grid_constant__ CUtensorMap"] * 3
         ),  # p, vl, tma_q, tma_k, tma_v over the packed tensors
         varlen_guard="fa3::can_launch_varlen",
+        variant_kernel="fa3::fwd_variant_kernel",
+        variant_launcher="fa3::launch_variant",
+        variant_kernel_params=", ".join(
+            ["const FaParams"] + ["const __grid_constant__ CUtensorMap"] * 3 + ["const FaVariant"]
+        ),
+        varlen_variant_kernel="fa3::fwd_varlen_variant_kernel",
+        varlen_variant_launcher="fa3::launch_varlen_variant",
+        varlen_variant_kernel_params=", ".join(
+            ["const FaParams", "const fa3::VarlenArgs"]
+            + ["const __grid_constant__ CUtensorMap"] * 3
+            + ["const FaVariant"]
+        ),
     ),
     host_prep=fa3_tensor_maps,  # imports torch / cuda-bindings when called
     varlen_host_prep=fa3_varlen_tensor_maps,

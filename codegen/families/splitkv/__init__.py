@@ -79,6 +79,9 @@ SPLITKV = Family(
         kernel="splitkv::fwd_kernel",
         launcher="splitkv::launch",
         kernel_params="const FaParams, float*, float*, int*",  # p, ws_o, ws_lse, ws_count
+        variant_kernel="splitkv::fwd_variant_kernel",
+        variant_launcher="splitkv::launch_variant",
+        variant_kernel_params="const FaParams, float*, float*, int*, const FaVariant",
     ),
     host_prep=splitkv_workspace,  # imports torch / cuda-bindings when called
     serves=space.serves,
