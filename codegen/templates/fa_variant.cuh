@@ -40,15 +40,16 @@ struct Normal {
 // core.variant.normalize with the call's lengths (kUnknown: not known, as for a packed batch
 // without them): a bound reaching past every key is none, a chunk holding every key of a
 // call whose queries all have a key position is none, a right bound 0 is causality, one
-// query row is unmasked (core.shape.effective_causal), a causal call's right bound is 0 and
-// plain causal is no window. The arguments are valid (bounds >= -1, chunk >= 0).
+// query row with a window or a chunk is unmasked (core.shape.effective_causal; other calls
+// keep their mask, which the lookup serves as effective_causal says), a causal call's right
+// bound is 0 and plain causal is no window. The arguments are valid (bounds >= -1, chunk >= 0).
 inline Normal normalize(bool causal, int left, int right, int chunk, bool softcap, bool sinks,
                         long long nq, long long nk) {
   if (nk != kUnknown && left >= nk - 1) left = -1;
   if (nq != kUnknown && right >= nq - 1) right = -1;
   if (nq != kUnknown && nk != kUnknown && chunk >= nk && nk >= nq) chunk = 0;
   if (right == 0) causal = true;  // a right bound 0 is causality, with or without a left bound
-  if (nq != kUnknown) causal = causal && nq != 1;  // decode is tuned and served unmasked
+  if (nq != kUnknown && (left >= 0 || chunk > 0)) causal = causal && nq != 1;  // decode: unmasked
   if (causal) right = 0;
   if (causal && left < 0 && chunk == 0) right = -1;  // plain causal: no window
   return {causal, left, right, chunk, softcap, sinks};
