@@ -14,6 +14,9 @@ then compare its summary with the shipped file (CPU only, no torch)::
 
     python bench/retime_vs_shipped.py retime.json db/data/h200_results_families.json
 
+The first file may also be that campaign's database dumped (``fa2tune dump``): its fastest
+OK measurement per problem is then the re-timed one.
+
 One row per problem of the summary: the shipped best config and time, the re-timed config
 and time (the same config when the warm start measured it first), and their ratio; the
 last line gives the spread of the ratios over the rows whose config is the shipped one.
@@ -71,12 +74,21 @@ def describe(problem: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("summary", type=Path, help="fa2tune tune --summary-json output")
+    parser.add_argument(
+        "summary", type=Path, help="fa2tune tune --summary-json output, or its database dumped"
+    )
     parser.add_argument("shipped", type=Path, nargs="+", help="results files (fa2tune dump)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     best = shipped_best(args.shipped)
-    rows = json.loads(args.summary.read_text())["problems"]
+    data = json.loads(args.summary.read_text())
+    if "measurements" in data:  # a dump: per problem its fastest OK measurement
+        retimed = shipped_best([args.summary])
+        problems = {problem_key(m["problem"]): m["problem"] for m in data["measurements"]}
+        rows = [{"problem": problems[k], "best_config": c, "best_ms": ms}
+                for k, (c, ms) in retimed.items()]  # fmt: skip
+    else:
+        rows = data["problems"]
     print("| problem | shipped config | shipped ms | re-timed config | re-timed ms | ratio |")
     print("|---|---|---:|---|---:|---:|")
     same: list[float] = []
