@@ -172,6 +172,31 @@ def _tables(
     ]
 
 
+def config_instantiations(configs: Sequence[AnyConfig], variant: bool = False) -> list[str]:
+    """The header lines that compile ``configs`` (each name once, in name order): an alias
+    per config in ``fa2tune_configs``, then each family's explicit instantiations of it
+    (``variant``: the variant kernels and launchers, for the variant tables' include)."""
+    unique: dict[str, AnyConfig] = {}
+    for cfg in configs:
+        unique.setdefault(cfg.name, cfg)
+    which = "attention-variant configs" if variant else "configs"
+    kernel = "variant kernel" if variant else "kernel"
+    out = [
+        f"// The {which} compiled into this header: one alias per config ...",
+        "namespace fa2tune_configs {",
+        *(f"using {name} = {family_of(c).header.traits(c)};" for name, c in sorted(unique.items())),
+        "}  // namespace fa2tune_configs",
+        "",
+        f"// ... and their explicit instantiations ({kernel}, host launcher, guard if any).",
+    ]
+    for name, c in sorted(unique.items()):
+        extra = {"variant": True} if variant else {}
+        out += family_of(c).header.instantiations(
+            f"fa2tune_configs::{name}", varlen=is_varlen(c), **extra
+        )
+    return out
+
+
 def render_table(
     gpu: str,
     tables: Mapping[TableKey, Mapping[Shape, AnyConfig]],
@@ -197,27 +222,12 @@ def render_table(
         ValueError: a packed entry whose family has no varlen launcher in the header.
     """
     varlen = varlen or {}
-    configs: dict[str, AnyConfig] = {}
-    for cfg in [
+    out = config_instantiations([
         *(c for k in sorted(tables) for _, c in sorted(tables[k].items())),
         *defaults,
         *(c for k in sorted(varlen) for _, c in sorted(varlen[k].items())),
         *varlen_defaults,
-    ]:
-        configs.setdefault(cfg.name, cfg)
-    out = [
-        "// The configs compiled into this header: one alias per config ...",
-        "namespace fa2tune_configs {",
-        *(
-            f"using {name} = {family_of(c).header.traits(c)};"
-            for name, c in sorted(configs.items())
-        ),
-        "}  // namespace fa2tune_configs",
-        "",
-        "// ... and their explicit instantiations (kernel, host launcher, guard if any).",
-    ]
-    for name, c in sorted(configs.items()):
-        out += family_of(c).header.instantiations(f"fa2tune_configs::{name}", varlen=is_varlen(c))
+    ])  # fmt: skip
     out += [
         "",
         "namespace fa2tune_detail {",

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from codegen.cpp_text import DATA_DECL, braced, c_string, cpp_bool
-from codegen.dispatch_table import is_varlen
+from codegen.dispatch_table import config_instantiations, is_varlen
 from codegen.families import FAMILIES, family_of
 from core.config import Dtype
 from core.elements import element
@@ -218,29 +218,15 @@ def render_variant_tables(
         ValueError: an entry whose family has no variant launcher of its mode in the header.
     """
     varlen = varlen or {}
-    configs: dict[str, AnyConfig] = {}
-    for cfg in [
-        *(e.config for k in sorted(tables) for e in sorted(tables[k])),
-        *(c for _, c in defaults),
-        *(e.config for k in sorted(varlen) for e in sorted(varlen[k])),
-        *(c for _, c in varlen_defaults),
-    ]:
-        configs.setdefault(cfg.name, cfg)
-    out = [
-        "// The attention-variant configs compiled into this header: one alias per config ...",
-        "namespace fa2tune_configs {",
-        *(
-            f"using {name} = {family_of(c).header.traits(c)};"
-            for name, c in sorted(configs.items())
-        ),
-        "}  // namespace fa2tune_configs",
-        "",
-        "// ... and their explicit instantiations (variant kernel, host launcher, guard if any).",
-    ]
-    for name, c in sorted(configs.items()):
-        out += family_of(c).header.instantiations(
-            f"fa2tune_configs::{name}", varlen=is_varlen(c), variant=True
-        )
+    out = config_instantiations(
+        [
+            *(e.config for k in sorted(tables) for e in sorted(tables[k])),
+            *(c for _, c in defaults),
+            *(e.config for k in sorted(varlen) for e in sorted(varlen[k])),
+            *(c for _, c in varlen_defaults),
+        ],
+        variant=True,
+    )
     out += [
         "",
         "namespace fa2tune_detail {",
