@@ -281,6 +281,24 @@ def _problems_query(
     return query
 
 
+def _verified_by_speed(problem_id: int, *where: ColumnElement[bool]) -> Any:
+    """A problem's verified measurements (OK, with a median) with their builds, fastest first
+    (ties: the earlier measurement), narrowed by ``where``: a select of (Measurement, Build)
+    rows (typed Any, as :func:`_fastest`: its generic form differs between SQLAlchemy
+    releases)."""
+    return (
+        select(Measurement, Build)
+        .join(Build, Build.id == Measurement.build_id)
+        .where(
+            Measurement.problem_id == problem_id,
+            Measurement.status == MeasureStatus.OK.value,
+            Measurement.median_ms.is_not(None),
+            *where,
+        )
+        .order_by(Measurement.median_ms, Measurement.id)
+    )
+
+
 def best_of(
     s: Session,
     problems: Sequence[Problem],
@@ -298,18 +316,7 @@ def best_of(
     only = [Build.family == family] if family is not None else []
     winner: tuple[float, float, int, BestResult] | None = None
     for problem in problems:
-        row = s.execute(
-            select(Measurement, Build)
-            .join(Build, Build.id == Measurement.build_id)
-            .where(
-                Measurement.problem_id == problem.id,
-                Measurement.status == MeasureStatus.OK.value,
-                Measurement.median_ms.is_not(None),
-                *only,
-            )
-            .order_by(Measurement.median_ms, Measurement.id)
-            .limit(1)
-        ).first()
+        row = s.execute(_verified_by_speed(problem.id, *only).limit(1)).first()
         if row is None:
             continue
         m, build = row
@@ -676,17 +683,8 @@ def variant_winners(
             lens = parse_seqlens(p.seqlens)
             wanted = packed_families if lens is not None else families
             needs = row_variant(p).needs
-            rows = s.execute(
-                select(Measurement, Build)
-                .join(Build, Build.id == Measurement.build_id)
-                .where(
-                    Measurement.problem_id == p.id,
-                    Measurement.status == MeasureStatus.OK.value,
-                    Measurement.median_ms.is_not(None),
-                    *([Build.family.in_(list(wanted))] if wanted is not None else []),
-                )
-                .order_by(Measurement.median_ms, Measurement.id)
-            ).all()
+            only = [Build.family.in_(list(wanted))] if wanted is not None else []
+            rows = s.execute(_verified_by_speed(p.id, *only)).all()
             fit = next(((m, b) for m, b in rows if build_switches(b.params) == needs), None)
             if fit is not None:
                 out.append((_best_result(p.gpu, p, fit[1], fit[0], exact=True), lens))
