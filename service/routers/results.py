@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -12,14 +11,12 @@ from fastapi.concurrency import run_in_threadpool
 from core.records import MeasureStatus
 from db.dump_format import DumpFile, TransferError, parse_dump
 from db.results import MAX_PAGE
-from db.store import Store
 from db.transfer import IngestSummary, ingest
 from service.deps import (
     IndexHolderDep,
     IngestAuth,
     SettingsDep,
     SlowDep,
-    SlowEndpoints,
     StoreDep,
 )
 from service.params import (
@@ -30,33 +27,23 @@ from service.params import (
     PlainBool,
     PlainInt,
 )
-from service.schemas import ErrorOut, IngestOut, ResultOut, ResultPageOut, ValidationErrorOut
+from service.render import PageQuery, render_page
+from service.routers import SLOW_REFUSALS
+from service.schemas import ErrorOut, IngestOut, ResultPageOut, ValidationErrorOut
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1", tags=["results"])
 
 
-@dataclass(frozen=True)
-class PageQuery:
-    """One page's parameters and the index generation: the key of the page cache."""
-
-    gpu: str | None
-    d: int | None
-    n: int | None
-    dtype: str | None
-    causal: bool | None
-    status: str | None
-    offset: int
-    limit: int
-    generation: int
-
-
 @router.get(
     "/results",
     response_model=ResultPageOut,
     summary="List measurements",
-    responses={status.HTTP_422_UNPROCESSABLE_CONTENT: {"model": ValidationErrorOut}},
+    responses={
+        status.HTTP_422_UNPROCESSABLE_CONTENT: {"model": ValidationErrorOut},
+        **SLOW_REFUSALS,
+    },
 )
 async def list_results(
     holder: IndexHolderDep,
@@ -83,9 +70,10 @@ async def list_results(
     """Measurements matching the filters, ordered by GPU and problem, fastest first; follow
     ``next_offset`` for the next page.
 
-    Pages are read and rendered in a worker thread, a bounded number of requests at a time,
-    and cached until the database changes (an ingest here, or within about a minute when
-    other writers add measurements)."""
+    Pages are read and rendered in a worker process, a bounded number of requests at a time
+    (more wait in a bounded queue; past it, 429, and 503 after waiting too long, both with
+    ``Retry-After``), and cached until the database changes (an ingest here, or within
+    about a minute when other writers add measurements)."""
     key = PageQuery(
         gpu=gpu.strip() if gpu else None,
         d=d,
@@ -99,40 +87,9 @@ async def list_results(
     )
     body = slow.pages.get(key)
     if body is None:
-        body = await run_in_threadpool(_render_page, holder.store, slow, key)
+        body = (await slow.renderer.run(render_page, key)).raise_for_status()
+        slow.pages.put(key, body)
     return Response(content=body, media_type="application/json")
-
-
-def _render_page(store: Store, slow: SlowEndpoints, key: PageQuery) -> bytes:
-    """A page's JSON, from the cache when a request that waited ahead of this one rendered
-    it already."""
-    body = slow.pages.get(key)
-    if body is not None:
-        return body
-    page = store.results(
-        key.gpu,
-        key.d,
-        key.n,
-        dtype=key.dtype,
-        causal=key.causal,
-        status=key.status,
-        offset=key.offset,
-        limit=key.limit,
-    )
-    end = page.offset + len(page.items)
-    body = (
-        ResultPageOut(
-            total=page.total,
-            offset=page.offset,
-            limit=page.limit,
-            next_offset=end if end < page.total else None,
-            items=[ResultOut.of(r) for r in page.items],
-        )
-        .model_dump_json()
-        .encode()
-    )
-    slow.pages.put(key, body)
-    return body
 
 
 _DUMP_BODY = {
@@ -155,9 +112,14 @@ _DUMP_BODY = {
             "description": "wrong token, or writes disabled (no token configured)",
         },
         status.HTTP_413_CONTENT_TOO_LARGE: {"model": ErrorOut},
+        status.HTTP_429_TOO_MANY_REQUESTS: {
+            "model": ErrorOut,
+            "description": "another ingest runs and the queue is full (Retry-After)",
+        },
         status.HTTP_503_SERVICE_UNAVAILABLE: {
             "model": ErrorOut,
-            "description": "the database is unavailable, or its SQLite file was deleted",
+            "description": "the database is unavailable, its SQLite file was deleted, or the "
+            "ingest waited too long behind another (Retry-After)",
         },
         status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: {
             "model": ErrorOut,
