@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from core.records import MeasureStatus
 from db.dump_format import DumpFile, TransferError, parse_dump
@@ -111,6 +113,10 @@ _DUMP_BODY = {
             "model": ErrorOut,
             "description": "wrong token, or writes disabled (no token configured)",
         },
+        status.HTTP_408_REQUEST_TIMEOUT: {
+            "model": ErrorOut,
+            "description": "the body did not arrive within FA2TUNE_INGEST_BODY_TIMEOUT_S",
+        },
         status.HTTP_413_CONTENT_TOO_LARGE: {"model": ErrorOut},
         status.HTTP_429_TOO_MANY_REQUESTS: {
             "model": ErrorOut,
@@ -145,13 +151,14 @@ async def ingest_results(
 
     The body may be at most ``FA2TUNE_INGEST_MAX_BYTES`` (8 MiB by default; larger files go
     through ``fa2tune ingest``): a larger one is refused with 413 as soon as its declared
-    length or the bytes received so far exceed that, without reading the rest. Ingests run
-    one at a time.
+    length or the bytes received so far exceed that, without reading the rest. It must
+    arrive within ``FA2TUNE_INGEST_BODY_TIMEOUT_S`` (30 s by default) of the server starting
+    to read it, else 408. Both close the connection. Ingests run one at a time.
     """
     # The body is read here, after authentication, rather than declared as a model
     # parameter: FastAPI would decode it before running the token check. One ingest at a
     # time holds a body (and its parsed form, about 7x its size) in memory: the admission
-    # limit of service.main.SlowGate.
+    # limit of service.admission.SlowGate.
     _require_json(request.headers.get("content-type"))
     state = request.app.state.dbfile.check()
     if not state.ok:  # never acknowledge rows written into an unlinked file
@@ -160,7 +167,7 @@ async def ingest_results(
             f"writes refused: {state.problem}",
             headers={"Retry-After": "5"},
         )
-    body = await _read_limited(request, settings.ingest_max_bytes)
+    body = await _read_limited(request, settings.ingest_max_bytes, settings.ingest_body_timeout_s)
     try:
         dump: DumpFile = await run_in_threadpool(parse_dump, body)
     except TransferError as exc:
@@ -192,26 +199,50 @@ def _require_json(content_type: str | None) -> None:
         )
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
+async def _read_limited(request: Request, limit: int, timeout_s: float) -> bytes:
     """The request body, read chunk by chunk as the server receives it.
 
     Raises:
         HTTPException: 413 when the declared Content-Length or the bytes received so far
-            exceed ``limit`` (nothing more is read; the server drops the rest); 422 for an
-            empty body.
+            exceed ``limit`` (nothing more is read; the connection is closed); 408 when the
+            body has not arrived within ``timeout_s`` (a slow client must not hold the one
+            ingest slot); 422 for an empty body; 400 when the client disconnected (never
+            delivered: logged as one line, not a traceback).
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body over {limit} bytes")
+        raise HTTPException(
+            status.HTTP_413_CONTENT_TOO_LARGE, f"body over {limit} bytes", headers=_CLOSE
+        )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body over {limit} bytes")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(
+                        status.HTTP_413_CONTENT_TOO_LARGE,
+                        f"body over {limit} bytes",
+                        headers=_CLOSE,
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        log.info("POST /v1/results: body not received within %g s (%d bytes)", timeout_s, size)
+        raise HTTPException(
+            status.HTTP_408_REQUEST_TIMEOUT,
+            f"body not received within {timeout_s:g} s ({size} bytes arrived); nothing was written",
+            headers=_CLOSE,
+        ) from None
+    except ClientDisconnect:
+        log.info("POST /v1/results: the client disconnected after %d bytes; nothing written", size)
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "client disconnected") from None
     if size == 0:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT, "empty body: expected a results file (JSON)"
         )
     return b"".join(chunks)
+
+
+# A refused body's rest is not read: the connection cannot carry another request.
+_CLOSE = {"Connection": "close"}
