@@ -48,7 +48,7 @@ class Settings(BaseSettings):
         "export, result pages); more wait, so /v1/best keeps the CPU",
     )
     service_queue: int = Field(
-        default=8,
+        default=32,
         ge=0,
         le=1024,
         description="service: requests that may wait per slow endpoint group (header export, "

@@ -119,7 +119,8 @@ def limited_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             # time has a millisecond's resolution (uvloop), too coarse to order a burst.
             self._since = 0
             self._head_done = False  # the current request's head is complete
-            self._head_bytes = 0
+            self._head_bytes = 0  # bytes of the current head in earlier reads
+            self._read = 0  # bytes of the read being parsed
             self._too_large = False
             self._head_timer: asyncio.TimerHandle | None = None
 
@@ -178,10 +179,17 @@ def limited_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
         def data_received(self, data: bytes) -> None:
             if self._too_large:
                 return
+            self._read = len(data)
             super().data_received(data)
             if not self._head_done and not self._too_large:
                 self._head_bytes += len(data)
                 self._too_large = self._head_bytes > self.LIMITS.max_header_bytes
+                if self._head_timer is None and not self._too_large:
+                    # Only a head that did not come in one read needs a deadline (a timer
+                    # per request would cost the fast path).
+                    self._head_timer = self.loop.call_later(
+                        self.LIMITS.header_timeout_s, self._head_timed_out
+                    )
             if self._too_large and not self.transport.is_closing():
                 self.CLOSED.note("request head too large", self.loop)
                 self._cancel_head_timer()
@@ -194,17 +202,16 @@ def limited_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
             self._head_bytes = 0
             self._since = next(_ACTIVITY)
             self._cancel_head_timer()
-            self._head_timer = self.loop.call_later(
-                self.LIMITS.header_timeout_s, self._head_timed_out
-            )
 
         def on_headers_complete(self) -> None:
             self._head_done = True
             self._cancel_head_timer()
-            size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
-            if size > self.LIMITS.max_header_bytes:  # a large head that came in one read
-                self._too_large = True
-                return
+            # Measured only when this read and the head's earlier ones could hold too much.
+            if self._head_bytes + self._read > self.LIMITS.max_header_bytes:
+                size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+                if size > self.LIMITS.max_header_bytes:  # a large head that came in one read
+                    self._too_large = True
+                    return
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
