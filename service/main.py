@@ -111,6 +111,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        slow.renderer.start()  # the workers boot while the shipped results load
         if shipped:
             try:
                 added = await run_in_threadpool(load_shipped_results, store)
@@ -119,7 +120,7 @@ def create_app(
                 # A bad bundled file must not keep the service down; what is there is served.
                 log.exception("loading the shipped results failed")
         await run_in_threadpool(holder.refresh)
-        slow.renderer.start()
+        await slow.renderer.ready()
         watcher = asyncio.create_task(
             _watch(holder, app.state.dbfile), name="fa2tune-index-refresh"
         )

@@ -33,6 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from fastapi import HTTPException, status
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -189,6 +190,7 @@ class Renderer:
         self.store = store
         self.processes = processes
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._warming: list[concurrent.futures.Future[bool]] = []
         self._url: str | None = None
         if processes > 0:
             url = store.engine.url
@@ -213,8 +215,25 @@ class Renderer:
             initializer=_init_worker,
             initargs=(self._url, logging.getLogger().getEffectiveLevel()),
         )
-        for _ in range(self.processes):  # start them now rather than at the first request
-            self._pool.submit(_ready)
+        # Start them now rather than at the first request.
+        self._warming = [self._pool.submit(_ready) for _ in range(self.processes)]
+
+    async def ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until the workers :meth:`start` started have opened the database (a
+        worker's start takes seconds: the server's first slow requests must not wait for it
+        past their queue's wait); a pool that fails or takes longer leaves the jobs to threads.
+        """
+        warming, self._warming = self._warming, []
+        if not warming:
+            return
+        try:
+            with anyio.fail_after(timeout_s):
+                for future in warming:
+                    await asyncio.wrap_future(future)
+        except (BrokenProcessPool, TimeoutError, OSError) as exc:
+            log.error("render workers did not start (%r); rendering in threads", exc)
+            self.close()
+            self._url = None
 
     def close(self) -> None:
         """Stop the workers; jobs not started are dropped."""

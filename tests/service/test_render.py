@@ -100,3 +100,15 @@ def test_a_dead_worker_falls_back_to_threads(store: Store) -> None:
 def test_in_memory_databases_render_in_threads() -> None:
     with Store.from_url("sqlite://") as memory:
         assert not Renderer(memory, processes=2).in_processes
+
+
+def test_workers_that_cannot_start_leave_the_jobs_to_threads(store: Store) -> None:
+    renderer = Renderer(store, processes=1)
+    renderer._url = "nosuch://database"  # the worker's initializer fails on it
+    try:
+        renderer.start()
+        anyio.run(renderer.ready)
+        assert not renderer.in_processes
+        assert anyio.run(renderer.run, pid_job).body == str(os.getpid()).encode()
+    finally:
+        renderer.close()
