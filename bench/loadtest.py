@@ -352,7 +352,9 @@ def mixed_paths(*, polite: bool = False) -> dict[str, Background]:
     }
 
 
-def mixed_miss_paths(seed_: int, *, polite: bool = False) -> dict[str, Background]:
+def mixed_miss_paths(
+    seed_: int, *, polite: bool = False, page_clients: int = MIXED_RESULTS_CLIENTS
+) -> dict[str, Background]:
     """Background load of ``--mixed-miss``: requests the caches have not seen.
 
     Each header client asks a GPU's header for two random head dims (any multiple of 8 from 8
@@ -375,7 +377,7 @@ def mixed_miss_paths(seed_: int, *, polite: bool = False) -> dict[str, Backgroun
             paths.append("/v1/export/header?" + urllib.parse.urlencode(query))
         headers.append(paths)
     pages: list[list[str]] = []
-    for _ in range(MIXED_RESULTS_CLIENTS):
+    for _ in range(page_clients):
         paths = []
         for _ in range(MISS_CYCLE):
             limit = rng.randint(500, 1000)
@@ -384,7 +386,7 @@ def mixed_miss_paths(seed_: int, *, polite: bool = False) -> dict[str, Backgroun
         pages.append(paths)
     return {
         "export_header_varying_d": Background(MIXED_HEADER_CLIENTS, headers, polite=polite),
-        "results_varying_offset": Background(MIXED_RESULTS_CLIENTS, pages, polite=polite),
+        "results_varying_offset": Background(page_clients, pages, polite=polite),
     }
 
 
@@ -461,6 +463,7 @@ def run_load(
     seed_: int,
     mixed: str | None = None,
     polite: bool = False,
+    page_clients: int = MIXED_RESULTS_CLIENTS,
 ) -> dict[str, Any]:
     """Warm up, then time ``requests`` requests; returns the figures.
 
@@ -474,7 +477,7 @@ def run_load(
     if mixed == "hit":
         background = mixed_paths(polite=polite)
     elif mixed == "miss":
-        background = mixed_miss_paths(seed_, polite=polite)
+        background = mixed_miss_paths(seed_, polite=polite, page_clients=page_clients)
     background_stats: dict[str, Stats] = {}
     stats, wall = asyncio.run(
         _load(url, make_paths(requests, rng), concurrency, client, background, background_stats)
@@ -775,6 +778,7 @@ def run_mode(args: argparse.Namespace, url: str, pid: int | None) -> dict[str, A
         figures = run_load(
             url, args.requests, args.concurrency, warmup=args.warmup, client=args.client,
             seed_=args.seed, mixed=_mixed(args), polite=args.polite,
+            page_clients=args.page_clients,
         )  # fmt: skip
     figures["load_average_before_after"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     return figures
@@ -921,6 +925,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-timeout", type=float, default=5.0, help="floods: s per probe")
     parser.add_argument(
         "--hold", type=float, default=10.0, help="--flood: s to hold the idle connections after"
+    )
+    parser.add_argument(
+        "--page-clients",
+        type=int,
+        default=MIXED_RESULTS_CLIENTS,
+        help="--mixed-miss: clients asking /v1/results pages (issue 27's starvation case: 100)",
     )
     parser.add_argument(
         "--polite",
