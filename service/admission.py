@@ -1,13 +1,14 @@
 """Admission to the slow endpoints: a few served at a time, a bounded queue, quick refusals.
 
 ``GET /v1/export/header``, ``GET /v1/results`` and ``POST /v1/results`` each belong to a
-group (:meth:`service.deps.SlowEndpoints.admission`) with ``slots`` requests inside the app
-at a time, from routing to the last byte sent, and at most ``queue`` more waiting at the door
-(:class:`SlowGate`, outside every other layer, so a waiting request costs nothing but its
-connection). A request that finds the queue full is refused at once with 429; one that waits
-longer than ``wait_s`` is refused with 503. Both carry ``Retry-After`` and a JSON ``detail``
-like every other error. So however many clients ask, a request is answered or refused within
-about ``wait_s``, and ``/v1/best`` keeps the event loop.
+group (:meth:`Admissions.of`) with ``slots`` requests inside the app at a time, from routing
+to the last byte sent, and at most ``queue`` more waiting at the door (:class:`SlowGate`,
+outside every other layer, so a waiting request costs nothing but its connection). A request
+that finds the queue full is refused with 429, after a pause of :data:`REFUSAL_PAUSE_S` (so
+that a client asking again at once cannot keep the event loop busy with refusals); one that
+waits longer than ``wait_s`` is refused with 503. Both carry ``Retry-After`` and a JSON
+``detail`` like every other error. So however many clients ask, a request is answered or
+refused within about ``wait_s``, and ``/v1/best`` keeps the event loop.
 
 The queue is first come, first served. This module never reads the environment: the limits
 come from :class:`core.settings.Settings` through :func:`service.main.create_app`.
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Refusals are logged at most this often per group (a flood must not flood the log too).
 _LOG_EVERY_S = 10.0
+#: How long a 429 waits before it is sent.
+REFUSAL_PAUSE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,10 @@ class SlowGate:
             return
         refusal = await admission.enter()
         if refusal is not None:
+            if refusal.status == 429:
+                # A client that asks again at once, whatever Retry-After says, would otherwise
+                # keep the event loop busy with refusals; a pause costs a sleeping task.
+                await anyio.sleep(REFUSAL_PAUSE_S)
             await refusal.response()(scope, receive, send)
             return
         try:
