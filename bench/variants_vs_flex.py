@@ -23,8 +23,8 @@ kernel's few microseconds are otherwise hidden under host work) and gives the ba
 the K/V rows its window lets it read (``GB/s visible``). Each case compiles FlexAttention
 afresh (``torch._dynamo.reset``): past dynamo's recompile limit flex_attention runs unfused.
 Times are the median of ``--reps`` CUDA-event timings after warm-up; inputs are N(0, 1)
-(never zeros); outputs are fresh per call. Needs torch 2.5+ with a CUDA GPU, nvcc for fa2tune's first
-build. From the repository root::
+(never zeros); outputs are fresh per call. Needs torch 2.5+ with a CUDA GPU, nvcc for
+fa2tune's first build. From the repository root::
 
     PYTHONPATH=$PWD python bench/variants_vs_flex.py [--reps 20] [--only mistral,gemma2]
 """

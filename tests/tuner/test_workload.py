@@ -264,7 +264,9 @@ def test_shipped_variant_workloads_ask_their_models_variants() -> None:
     assert variants("mistral_7b.yaml") == {Variant(4096, 0), Variant(4096, -1)}
     assert variants("gemma2_9b.yaml") == {Variant(softcap=50.0), Variant(4096, 0, softcap=50.0)}
     assert variants("gpt_oss_20b.yaml") == {
-        Variant(sinks=True), Variant(128, 0, sinks=True), Variant(128, -1, sinks=True)
+        Variant(sinks=True),
+        Variant(128, 0, sinks=True),
+        Variant(128, -1, sinks=True),
     }
     llama4 = load_workload(EXAMPLES / "llama4_scout.yaml").targets
     assert {t.variant for t in llama4} == {Variant(-1, 0, 8192), Variant(chunk=8192), Variant()}
