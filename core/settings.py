@@ -47,12 +47,69 @@ class Settings(BaseSettings):
         description="service: requests served at a time per slow endpoint group (header "
         "export, result pages); more wait, so /v1/best keeps the CPU",
     )
+    service_queue: int = Field(
+        default=32,
+        ge=0,
+        le=1024,
+        description="service: requests that may wait per slow endpoint group (header export, "
+        "result pages, ingest) while the group is busy; one more is refused at once (429 "
+        "with Retry-After)",
+    )
+    service_queue_wait_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="service: longest wait in a slow endpoint group's queue; a request still "
+        "waiting then is refused (503 with Retry-After)",
+    )
+    service_render_processes: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="service: processes that read and render result pages and headers, off "
+        "the server's interpreter (so /v1/best keeps it); 0 renders in the server's threads",
+    )
+    service_max_connections: int = Field(
+        default=1000,
+        ge=8,
+        le=1_000_000,
+        description="fa2tune serve: open client connections at most (and 128 fewer than the "
+        "process's descriptor limit); a new one past it closes the longest-idle one",
+    )
+    service_keep_alive_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="fa2tune serve: a connection that sends nothing for this long, since it "
+        "opened or since its last answer, is closed",
+    )
+    service_header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="fa2tune serve: a request's line and headers must arrive within this "
+        "many seconds of their first byte, else the connection is closed",
+    )
+    service_max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="fa2tune serve: largest request line plus headers; a larger one is "
+        "answered 431 and its connection closed",
+    )
     ingest_max_bytes: int = Field(
         default=8 * 1024 * 1024,
         ge=1024,
         le=256 * 1024 * 1024,
         description="service: largest POST /v1/results body (a parsed body takes about 7x its "
         "size in memory); larger files go through `fa2tune ingest`",
+    )
+    ingest_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="service: seconds a POST /v1/results body may take to arrive, from the "
+        "request's start; a slower one is refused (408) and its connection closed",
     )
 
     @field_validator("ingest_token")

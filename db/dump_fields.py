@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
@@ -37,6 +37,16 @@ TFLOPS_TOLERANCE: Final = 1e-3
 #: The longest compile time a build may report, in seconds.
 MAX_COMPILE_SECONDS: Final = 1e6
 MAX_GPU_NAME: Final = 128  # the gpus.name column
+#: The longest ``error`` text of a build or a measurement, in characters. What fa2tune writes
+#: is far shorter (a failed build's excerpt of its log, a worker's six-frame traceback), and
+#: ``fa2tune dump`` clips longer ones (:func:`clip_text`), so the files it writes ingest.
+MAX_ERROR_CHARS: Final = 16_384
+#: The longest ``extra`` object of a measurement, as compact JSON, in characters.
+MAX_EXTRA_CHARS: Final = 16_384
+#: How far past the reading machine's clock a measurement's ``created_at`` may lie (clocks
+#: of the tuning machines are not exact); later is refused, not stored (year 9999 would stay
+#: "the newest measurement" for ever).
+MAX_CLOCK_SKEW: Final = timedelta(days=1)
 
 #: What single-line text must not contain: control characters (C0 with NUL and newline, DEL,
 #: C1), line and paragraph separators, zero-width and bidirectional format characters (which
@@ -148,14 +158,29 @@ def _head_dim(value: int) -> int:
     return value
 
 
-def json_object(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Refuse an object that is not standard JSON (holds NaN or Infinity)."""
+def json_object(
+    value: dict[str, Any] | None, max_chars: int | None = None
+) -> dict[str, Any] | None:
+    """Refuse an object that is not standard JSON (holds NaN or Infinity), or, given
+    ``max_chars``, whose compact JSON is longer."""
     if value is not None:
         try:
-            json.dumps(value, allow_nan=False)
+            text = json.dumps(value, allow_nan=False, separators=(",", ":"))
         except ValueError:
             raise ValueError("must be standard JSON (no NaN or Infinity)") from None
+        if max_chars is not None and len(text) > max_chars:
+            raise ValueError(
+                f"must be at most {max_chars} characters as compact JSON (got {len(text)})"
+            )
     return value
+
+
+def clip_text(value: str | None, max_chars: int = MAX_ERROR_CHARS) -> str | None:
+    """``value`` cut to ``max_chars`` characters, saying so at its end, when longer."""
+    if value is None or len(value) <= max_chars:
+        return value
+    marker = f"\n[clipped: {len(value)} characters in all]"
+    return value[: max_chars - len(marker)] + marker
 
 
 _ALNUM = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
@@ -239,6 +264,20 @@ def text_field(max_length: int, description: str, *, min_length: int = 0) -> Any
 
 Printable = Annotated[str, AfterValidator(_printable)]
 NoNul = Annotated[str, AfterValidator(_no_nul)]
+
+
+#: An ``error`` text: no NUL, at most :data:`MAX_ERROR_CHARS` characters (the length is
+#: checked first, so a huge text is refused before it is scanned).
+ErrorText = Annotated[str, Field(max_length=MAX_ERROR_CHARS), AfterValidator(_no_nul)]
+
+
+def error_text_field(description: str) -> Any:
+    """An optional :data:`ErrorText` field."""
+    return Field(
+        default=None, description=f"{description} (no NUL; at most {MAX_ERROR_CHARS} characters)"
+    )
+
+
 ErrorFigure = Annotated[
     float | None,
     BeforeValidator(_json_error_figure),

@@ -46,19 +46,22 @@ from db.dump_fields import (
     CC_PATTERN,
     INT32_MAX,
     INT64_MAX,
+    MAX_CLOCK_SKEW,
     MAX_COMPILE_SECONDS,
+    MAX_EXTRA_CHARS,
     MAX_TFLOPS,
     TFLOPS_TOLERANCE,
     ErrorFigure,
+    ErrorText,
     GpuName,
     HeadDim,
     Integer,
-    NoNul,
     Number,
     OptionalInteger,
     OptionalNumber,
     Printable,
     Timestamp,
+    error_text_field,
     int32_field,
     json_integer,
     json_object,
@@ -187,7 +190,7 @@ class BuildRecord(_Record):
     flags: list[Annotated[Printable, Field(max_length=1024)]] = Field(
         default_factory=list, max_length=1024, description="nvcc flags (printable, one line each)"
     )
-    error: NoNul | None = Field(default=None, description="build log of a failure (no NUL)")
+    error: ErrorText | None = error_text_field("build log of a failure")
 
     @model_validator(mode="after")
     def _name_matches_config(self) -> Self:
@@ -358,9 +361,11 @@ class MeasurementRecord(_Record):
     driver_local_bytes: OptionalInteger = int32_field(
         0, "local memory bytes per thread (driver)", None
     )
-    error: NoNul | None = Field(default=None, description="what went wrong (no NUL)")
+    error: ErrorText | None = error_text_field("what went wrong")
     extra: dict[str, Any] | None = Field(
-        default=None, description="free-form details (standard JSON: no NaN or Infinity)"
+        default=None,
+        description="free-form details (standard JSON: no NaN or Infinity; at most "
+        f"{MAX_EXTRA_CHARS} characters as compact JSON)",
     )
     driver_version: Printable = text_field(64, "driver version when measured")
     cuda_version: Printable = text_field(64, "CUDA version when measured")
@@ -372,16 +377,23 @@ class MeasurementRecord(_Record):
     @field_validator("extra")
     @classmethod
     def _standard_json(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return json_object(value)
+        return json_object(value, MAX_EXTRA_CHARS)
 
     @field_validator("created_at")
     @classmethod
     def _utc(cls, value: datetime) -> datetime:
         # Naive timestamps are taken as UTC, which is what fa2tune writes.
         try:
-            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+            utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
         except OverflowError:  # year 9999 with a negative offset, year 1 with a positive
             raise ValueError(f"{value.isoformat()} is out of range in UTC") from None
+        latest = utcnow() + MAX_CLOCK_SKEW
+        if utc > latest:
+            raise ValueError(
+                f"{utc.isoformat()} is in the future: a measurement's time may be at most "
+                f"{MAX_CLOCK_SKEW.days} day past this machine's clock ({latest.isoformat()})"
+            )
+        return utc
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -12,7 +12,7 @@ the queries that build these values are in :mod:`db.queries`.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -172,7 +172,9 @@ class ResultRow:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; the variant's fields flat and only when it is not plain."""
-        data = asdict(self)
+        # Shallow: every field but the variant is a scalar, and asdict's deep copies were half
+        # the cost of a page of 1000 rows.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["measured_at"] = self.measured_at.isoformat()
         _flat_variant(data, self.variant)
         return data

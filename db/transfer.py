@@ -31,6 +31,7 @@ from core.problem import parse_seqlens, seqlens_text
 from core.records import MeasureStatus
 from core.variant import Variant
 from core.version import __version__
+from db.dump_fields import clip_text
 from db.dump_format import (
     BuildKey,
     BuildRecord,
@@ -101,13 +102,15 @@ def _gpu_record(g: Gpu) -> GpuRecord:
 
 def _build_record(b: Build) -> BuildRecord:
     config = build_config(b)
+    report = build_report_values(b)
     return BuildRecord(
         config_name=b.config_name,
         config=ConfigRecord.of(config),
         arch=b.arch,
         status=BuildStatus(b.status),
         flags=list(b.flags),
-        **build_report_values(b),
+        # Clipped to what an ingest takes, so a file this writes always ingests.
+        **{**report, "error": clip_text(report["error"])},
     )
 
 
@@ -188,7 +191,7 @@ def export(store: Store, gpu: str | None = None) -> DumpFile:
                 ref_err=m.ref_err,
                 driver_registers=m.driver_registers,
                 driver_local_bytes=m.driver_local_bytes,
-                error=m.error,
+                error=clip_text(m.error),
                 extra=m.extra,
                 driver_version=m.driver_version,
                 cuda_version=m.cuda_version,

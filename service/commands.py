@@ -62,9 +62,15 @@ def serve(
         bool, typer.Option("--access-log/--no-access-log", help="log every request")
     ] = True,
 ) -> None:
-    """Serve the HTTP API (/v1/best, /v1/results, /v1/export/header; docs at /docs)."""
+    """Serve the HTTP API (/v1/best, /v1/results, /v1/export/header; docs at /docs).
+
+    Its limits (connections, idle and header timeouts, header size, the slow endpoints'
+    queues, ingest size and time) are FA2TUNE_SERVICE_* and FA2TUNE_INGEST_* settings; see
+    docs/service.md.
+    """
     import uvicorn  # the other sub-commands do not need the server
 
+    from service.connections import uvicorn_options
     from service.main import create_app
 
     override_settings(host=host, port=port)
@@ -83,6 +89,8 @@ def serve(
         access_log=access_log,
         # The CLI already configured logging; keep uvicorn from replacing it.
         log_config=None,
+        # Connections: a cap, idle ones closed, bounded request heads (service.connections).
+        **uvicorn_options(settings),
     )
 
 

@@ -1,5 +1,5 @@
 """FastAPI dependencies: the store, the best-config index, settings, the ingest token, and
-the thread limits and response caches of the slow endpoints.
+the admission limits, renderer and response caches of the slow endpoints.
 
 The dependencies are ``async`` on purpose: they only read ``app.state``, and sync
 dependencies would each cost a thread-pool hop on the hot ``/v1/best`` path.
@@ -14,13 +14,14 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Annotated
 
-from anyio import CapacityLimiter
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from core.settings import Settings, get_settings
 from db.store import Store
+from service.admission import Admissions
 from service.index import BestIndex, IndexHolder
+from service.render import Renderer
 
 
 async def get_store(request: Request) -> Store:
@@ -82,44 +83,41 @@ class ByteLRU:
         return len(self._items)
 
 
+#: Bytes each of the two response caches (headers, result pages) may hold.
+CACHE_BYTES = 16 * 1024 * 1024
+
+
 @dataclass
 class SlowEndpoints:
     """What keeps the expensive endpoints from starving ``/v1/best``.
 
-    * Admission: at most ``threads`` requests per group (header export, result pages) and
-      one ingest are inside the app at a time, from routing to the last byte sent
-      (:class:`service.main.SlowGate`); the others wait, costing nothing. Bounding only the
-      worker threads would not do: on two cores, rendering cached pages back to back
-      (validation, routing, sending 650 kB) took most of the event loop's time.
-    * Their blocking work (database reads, rendering, JSON parsing) runs in worker threads.
+    * Admission (:mod:`service.admission`): per group (header export, result pages, ingest)
+      a few requests inside the app at a time, from routing to the last byte sent, a bounded
+      queue at the door, and a quick 429/503 with ``Retry-After`` past it.
+    * Rendering (:mod:`service.render`): database reads and rendering of pages and headers
+      run in worker processes, off the server's interpreter.
     * Rendered headers and result pages are cached, keyed by their parameters and the index
       generation (:attr:`service.index.IndexHolder.generation`), which changes whenever the
       store does.
     """
 
-    export: CapacityLimiter
-    results: CapacityLimiter
-    ingest: CapacityLimiter
+    admissions: Admissions
+    renderer: Renderer
     headers: ByteLRU
     pages: ByteLRU
 
     @classmethod
-    def create(cls, threads: int) -> SlowEndpoints:
+    def create(cls, store: Store, settings: Settings) -> SlowEndpoints:
         return cls(
-            export=CapacityLimiter(threads),
-            results=CapacityLimiter(threads),
-            ingest=CapacityLimiter(1),  # one body in memory at a time: memory stays bounded
-            headers=ByteLRU(16 * 1024 * 1024),
-            pages=ByteLRU(16 * 1024 * 1024),
+            admissions=Admissions(
+                slots=settings.service_threads,
+                queue=settings.service_queue,
+                wait_s=settings.service_queue_wait_s,
+            ),
+            renderer=Renderer(store, settings.service_render_processes),
+            headers=ByteLRU(CACHE_BYTES),
+            pages=ByteLRU(CACHE_BYTES),
         )
-
-    def limiter(self, method: str, path: str) -> CapacityLimiter | None:
-        """The admission limit of a request, None for the cheap endpoints."""
-        if path == "/v1/export/header":
-            return self.export
-        if path == "/v1/results":
-            return self.ingest if method == "POST" else self.results
-        return None
 
 
 async def get_slow_endpoints(request: Request) -> SlowEndpoints:

@@ -21,19 +21,21 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, RedirectResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
 from core.version import __version__
 from db.dump_format import DumpFile
 from db.shipped import load_shipped_results
 from db.store import Store
+from service.admission import SlowGate
 from service.dbfile import DatabaseFile
 from service.deps import SlowEndpoints
 from service.fastpath import BestFastPath
 from service.index import IndexHolder
 from service.params import strict_query
+from service.render import DATABASE_UNAVAILABLE
 from service.routers import best, export, gpus, health, results
 from service.schemas import ErrorOut, ValidationErrorOut
 
@@ -65,43 +67,25 @@ class Fa2TuneApp(FastAPI):
 
     The fast path needs none of FastAPI's middleware (error pages, telemetry, body limits:
     it reads no body and raises nothing it expects), and outside them it saves about a
-    quarter of the server's CPU per request. Everything it passes on sees the normal stack.
+    quarter of the server's CPU per request. Everything it passes on sees the normal stack,
+    behind the admission of the slow endpoints (:class:`service.admission.SlowGate`).
     """
 
     fast_path_holder: IndexHolder | None = None
 
     def build_middleware_stack(self) -> ASGIApp:
-        stack: ASGIApp = SlowGate(super().build_middleware_stack(), self.state.slow)
+        stack: ASGIApp = SlowGate(super().build_middleware_stack(), self.state.slow.admissions)
         if self.fast_path_holder is None:
             return stack
         return BestFastPath(stack, self.fast_path_holder)
 
 
-class SlowGate:
-    """Admission control for the expensive endpoints (:class:`service.deps.SlowEndpoints`).
-
-    A request for one of them enters the app only with a token of its group's limiter and
-    keeps it until its response is sent; the rest wait here, outside everything, so that
-    ``/v1/best`` keeps the event loop however many clients fetch headers or pages.
-    """
-
-    def __init__(self, app: ASGIApp, slow: SlowEndpoints) -> None:
-        self.app = app
-        self.slow = slow
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        limiter = (
-            self.slow.limiter(scope["method"], scope["path"]) if scope["type"] == "http" else None
-        )
-        if limiter is None:
-            await self.app(scope, receive, send)
-            return
-        async with limiter:
-            await self.app(scope, receive, send)
-
-
 def create_app(
-    store: Store | None = None, *, load_shipped: bool | None = None, fast_path: bool = True
+    store: Store | None = None,
+    *,
+    load_shipped: bool | None = None,
+    fast_path: bool = True,
+    settings: Settings | None = None,
 ) -> FastAPI:
     """Build the application.
 
@@ -112,18 +96,22 @@ def create_app(
             only for the configured database (an injected store is left as given).
         fast_path: answer plainly valid ``/v1/best`` requests in a pure-ASGI layer
             (:mod:`service.fastpath`); off, every request goes through the FastAPI route.
+        settings: the limits of the slow endpoints (admission, render processes); None for
+            :func:`core.settings.get_settings`.
 
     Returns:
-        The app; its lifespan builds the best-config index.
+        The app; its lifespan builds the best-config index and starts the render workers.
     """
+    settings = settings or get_settings()
     owns_store = store is None
     if store is None:
-        store = Store.from_url(get_settings().db_url)
+        store = Store.from_url(settings.db_url)
     shipped = owns_store if load_shipped is None else load_shipped
     holder = IndexHolder(store)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        slow.renderer.start()  # the workers boot while the shipped results load
         if shipped:
             try:
                 added = await run_in_threadpool(load_shipped_results, store)
@@ -132,6 +120,7 @@ def create_app(
                 # A bad bundled file must not keep the service down; what is there is served.
                 log.exception("loading the shipped results failed")
         await run_in_threadpool(holder.refresh)
+        await slow.renderer.ready()
         watcher = asyncio.create_task(
             _watch(holder, app.state.dbfile), name="fa2tune-index-refresh"
         )
@@ -141,10 +130,11 @@ def create_app(
             watcher.cancel()
             with suppress(asyncio.CancelledError):
                 await watcher
+            slow.renderer.close()
             if owns_store:
                 store.close()
 
-    slow = SlowEndpoints.create(get_settings().service_threads)
+    slow = SlowEndpoints.create(store, settings)
     app = Fa2TuneApp(
         title="fa2tune",
         version=__version__,
@@ -251,7 +241,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("database error on %s %s: %s", request.method, request.url.path, exc)
     return JSONResponse(
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-        content={"detail": "database unavailable; try again later"},
+        content={"detail": DATABASE_UNAVAILABLE},
         headers={"Retry-After": "5"},
     )
 

@@ -24,6 +24,11 @@ from db.store import Store
 from service.header import export_header
 from tests.support.service_data import make_store
 
+# The apps the tests build render result pages and headers in their own threads: a render
+# worker process per app would cost a process start (seconds of CPU) for each of hundreds of
+# apps. The same render jobs run in worker processes in tests/service/test_render.py.
+os.environ.setdefault("FA2TUNE_SERVICE_RENDER_PROCESSES", "0")
+
 # Trust-auth server of the development machine and CI; override for another server.
 POSTGRES_URL = os.environ.get(
     "FA2TUNE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"

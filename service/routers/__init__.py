@@ -17,3 +17,14 @@ def json_error(model: str, description: str) -> dict[str, Any]:
         "description": description,
         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
     }
+
+
+#: The refusals of the slow endpoints' admission (:mod:`service.admission`), documented.
+SLOW_REFUSALS: dict[int | str, dict[str, Any]] = {
+    429: json_error("ErrorOut", "too many requests waiting for this endpoint (Retry-After)"),
+    503: json_error(
+        "ErrorOut",
+        "not served within the queue's wait, the database is unavailable (Retry-After), or "
+        "(header export) the kernel template is not installed",
+    ),
+}

@@ -129,6 +129,8 @@ async def best(
     shape), and ``variant`` (the asked one) and ``measured_problem.variant`` say what it was
     answered for; both are absent for plain attention. Nothing tuned with its switches: 404.
     """
+    asked_causal = causal
+    variant_given = (window_left, window_right, chunk, softcap, sinks) != (-1, -1, 0, 0.0, False)
     try:
         shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
         q = shape.nq if shape is not None else n
@@ -154,7 +156,11 @@ async def best(
     try:
         if shape is None:
             assert n is not None  # resolve_shape requires n or nq
-            entry = index.lookup(gpu, d, n, dtype, causal, exact=exact)
+            # ``n`` alone is answered from the per-N tables as it always was, and as the fast
+            # path answers it: the mask asked for, not the one-row rule that resolve_variant
+            # applies for shapes (effective_causal); only a variant argument changes it.
+            per_n_causal = causal if variant_given else asked_causal
+            entry = index.lookup(gpu, d, n, dtype, per_n_causal, exact=exact)
             # Pre-rendered body (see service.index): no per-request model validation.
             return Response(content=entry.body(n), media_type="application/json")
         answer = index.lookup_shape(gpu, d, dtype, causal, shape, exact=exact)

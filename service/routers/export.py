@@ -5,19 +5,16 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
-from fastapi.concurrency import run_in_threadpool
+from fastapi import APIRouter, Query, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
-from codegen.export import ExportError
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
-from service.deps import IndexHolderDep, SlowDep, SlowEndpoints
-from service.header import UnknownGpuError, export_header
-from service.index import IndexHolder
+from service.deps import IndexHolderDep, SlowDep
 from service.params import GpuQuery, parse_head_dims
-from service.routers import json_error
+from service.render import render_header
+from service.routers import SLOW_REFUSALS, json_error
 
 router = APIRouter(prefix="/v1/export", tags=["export"])
 
@@ -50,9 +47,7 @@ HeadDimsItem = Annotated[str, Field(json_schema_extra={"pattern": HEAD_DIMS_PATT
         status.HTTP_422_UNPROCESSABLE_CONTENT: json_error(
             "ValidationErrorOut", "invalid parameters"
         ),
-        status.HTTP_503_SERVICE_UNAVAILABLE: json_error(
-            "ErrorOut", "the kernel template is not installed"
-        ),
+        **SLOW_REFUSALS,
     },
 )
 async def header(
@@ -77,15 +72,18 @@ async def header(
     ``fa2tune_forward(params, head_dim, dtype, causal, stream)`` dispatching on the device
     name, D, N bucket, dtype and mask. Compiles with plain nvcc (C++17, sm_80+).
 
-    The header is rendered in a worker thread, a bounded number of requests at a time, and
-    cached until the database changes, so its ``generated`` time is that of the first
-    request since."""
+    The header is rendered in a worker process, a bounded number of requests at a time (more
+    wait in a bounded queue; past it, 429, and 503 after waiting too long, both with
+    ``Retry-After``), and cached until the database changes, so its ``generated`` time is
+    that of the first request since."""
     ds = _head_dims(d)
     dtypes = tuple(dtype) if dtype else DTYPES
     key = (gpu, tuple(ds) if ds else None, dtypes, holder.generation)
     body = slow.headers.get(key)
     if body is None:
-        body = await run_in_threadpool(_render, holder, slow, key, gpu, ds, dtypes)
+        rendered = await slow.renderer.run(render_header, gpu, key[1], dtypes)
+        body = rendered.raise_for_status()
+        slow.headers.put(key, body)
     return PlainTextResponse(
         body,
         media_type="text/plain; charset=utf-8",
@@ -109,26 +107,3 @@ def _head_dims(values: list[str] | None) -> list[int] | None:
             [{"type": "value_error", "loc": ("query", "d"), "msg": str(exc), "input": values}]
         ) from None
     return ds
-
-
-def _render(
-    holder: IndexHolder,
-    slow: SlowEndpoints,
-    key: tuple[object, ...],
-    gpu: str,
-    ds: list[int] | None,
-    dtypes: tuple[Dtype, ...],
-) -> bytes:
-    """The header's bytes, from the cache when a request that waited ahead of this one
-    rendered it already."""
-    body = slow.headers.get(key)
-    if body is not None:
-        return body
-    try:
-        body = export_header(holder.store, gpu, ds, dtypes=dtypes).encode()
-    except UnknownGpuError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    except ExportError as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
-    slow.headers.put(key, body)
-    return body

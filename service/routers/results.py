@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from core.records import MeasureStatus
 from db.dump_format import DumpFile, TransferError, parse_dump
 from db.results import MAX_PAGE
-from db.store import Store
 from db.transfer import IngestSummary, ingest
 from service.deps import (
     IndexHolderDep,
     IngestAuth,
     SettingsDep,
     SlowDep,
-    SlowEndpoints,
     StoreDep,
 )
 from service.params import (
@@ -30,33 +29,23 @@ from service.params import (
     PlainBool,
     PlainInt,
 )
-from service.schemas import ErrorOut, IngestOut, ResultOut, ResultPageOut, ValidationErrorOut
+from service.render import PageQuery, render_page
+from service.routers import SLOW_REFUSALS
+from service.schemas import ErrorOut, IngestOut, ResultPageOut, ValidationErrorOut
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1", tags=["results"])
 
 
-@dataclass(frozen=True)
-class PageQuery:
-    """One page's parameters and the index generation: the key of the page cache."""
-
-    gpu: str | None
-    d: int | None
-    n: int | None
-    dtype: str | None
-    causal: bool | None
-    status: str | None
-    offset: int
-    limit: int
-    generation: int
-
-
 @router.get(
     "/results",
     response_model=ResultPageOut,
     summary="List measurements",
-    responses={status.HTTP_422_UNPROCESSABLE_CONTENT: {"model": ValidationErrorOut}},
+    responses={
+        status.HTTP_422_UNPROCESSABLE_CONTENT: {"model": ValidationErrorOut},
+        **SLOW_REFUSALS,
+    },
 )
 async def list_results(
     holder: IndexHolderDep,
@@ -83,9 +72,10 @@ async def list_results(
     """Measurements matching the filters, ordered by GPU and problem, fastest first; follow
     ``next_offset`` for the next page.
 
-    Pages are read and rendered in a worker thread, a bounded number of requests at a time,
-    and cached until the database changes (an ingest here, or within about a minute when
-    other writers add measurements)."""
+    Pages are read and rendered in a worker process, a bounded number of requests at a time
+    (more wait in a bounded queue; past it, 429, and 503 after waiting too long, both with
+    ``Retry-After``), and cached until the database changes (an ingest here, or within
+    about a minute when other writers add measurements)."""
     key = PageQuery(
         gpu=gpu.strip() if gpu else None,
         d=d,
@@ -99,40 +89,9 @@ async def list_results(
     )
     body = slow.pages.get(key)
     if body is None:
-        body = await run_in_threadpool(_render_page, holder.store, slow, key)
+        body = (await slow.renderer.run(render_page, key)).raise_for_status()
+        slow.pages.put(key, body)
     return Response(content=body, media_type="application/json")
-
-
-def _render_page(store: Store, slow: SlowEndpoints, key: PageQuery) -> bytes:
-    """A page's JSON, from the cache when a request that waited ahead of this one rendered
-    it already."""
-    body = slow.pages.get(key)
-    if body is not None:
-        return body
-    page = store.results(
-        key.gpu,
-        key.d,
-        key.n,
-        dtype=key.dtype,
-        causal=key.causal,
-        status=key.status,
-        offset=key.offset,
-        limit=key.limit,
-    )
-    end = page.offset + len(page.items)
-    body = (
-        ResultPageOut(
-            total=page.total,
-            offset=page.offset,
-            limit=page.limit,
-            next_offset=end if end < page.total else None,
-            items=[ResultOut.of(r) for r in page.items],
-        )
-        .model_dump_json()
-        .encode()
-    )
-    slow.pages.put(key, body)
-    return body
 
 
 _DUMP_BODY = {
@@ -154,10 +113,19 @@ _DUMP_BODY = {
             "model": ErrorOut,
             "description": "wrong token, or writes disabled (no token configured)",
         },
+        status.HTTP_408_REQUEST_TIMEOUT: {
+            "model": ErrorOut,
+            "description": "the body did not arrive within FA2TUNE_INGEST_BODY_TIMEOUT_S",
+        },
         status.HTTP_413_CONTENT_TOO_LARGE: {"model": ErrorOut},
+        status.HTTP_429_TOO_MANY_REQUESTS: {
+            "model": ErrorOut,
+            "description": "another ingest runs and the queue is full (Retry-After)",
+        },
         status.HTTP_503_SERVICE_UNAVAILABLE: {
             "model": ErrorOut,
-            "description": "the database is unavailable, or its SQLite file was deleted",
+            "description": "the database is unavailable, its SQLite file was deleted, or the "
+            "ingest waited too long behind another (Retry-After)",
         },
         status.HTTP_415_UNSUPPORTED_MEDIA_TYPE: {
             "model": ErrorOut,
@@ -183,13 +151,14 @@ async def ingest_results(
 
     The body may be at most ``FA2TUNE_INGEST_MAX_BYTES`` (8 MiB by default; larger files go
     through ``fa2tune ingest``): a larger one is refused with 413 as soon as its declared
-    length or the bytes received so far exceed that, without reading the rest. Ingests run
-    one at a time.
+    length or the bytes received so far exceed that, without reading the rest. It must
+    arrive within ``FA2TUNE_INGEST_BODY_TIMEOUT_S`` (30 s by default) of the server starting
+    to read it, else 408. Both close the connection. Ingests run one at a time.
     """
     # The body is read here, after authentication, rather than declared as a model
     # parameter: FastAPI would decode it before running the token check. One ingest at a
     # time holds a body (and its parsed form, about 7x its size) in memory: the admission
-    # limit of service.main.SlowGate.
+    # limit of service.admission.SlowGate.
     _require_json(request.headers.get("content-type"))
     state = request.app.state.dbfile.check()
     if not state.ok:  # never acknowledge rows written into an unlinked file
@@ -198,7 +167,7 @@ async def ingest_results(
             f"writes refused: {state.problem}",
             headers={"Retry-After": "5"},
         )
-    body = await _read_limited(request, settings.ingest_max_bytes)
+    body = await _read_limited(request, settings.ingest_max_bytes, settings.ingest_body_timeout_s)
     try:
         dump: DumpFile = await run_in_threadpool(parse_dump, body)
     except TransferError as exc:
@@ -230,26 +199,50 @@ def _require_json(content_type: str | None) -> None:
         )
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
+async def _read_limited(request: Request, limit: int, timeout_s: float) -> bytes:
     """The request body, read chunk by chunk as the server receives it.
 
     Raises:
         HTTPException: 413 when the declared Content-Length or the bytes received so far
-            exceed ``limit`` (nothing more is read; the server drops the rest); 422 for an
-            empty body.
+            exceed ``limit`` (nothing more is read; the connection is closed); 408 when the
+            body has not arrived within ``timeout_s`` (a slow client must not hold the one
+            ingest slot); 422 for an empty body; 400 when the client disconnected (never
+            delivered: logged as one line, not a traceback).
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body over {limit} bytes")
+        raise HTTPException(
+            status.HTTP_413_CONTENT_TOO_LARGE, f"body over {limit} bytes", headers=_CLOSE
+        )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, f"body over {limit} bytes")
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(
+                        status.HTTP_413_CONTENT_TOO_LARGE,
+                        f"body over {limit} bytes",
+                        headers=_CLOSE,
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        log.info("POST /v1/results: body not received within %g s (%d bytes)", timeout_s, size)
+        raise HTTPException(
+            status.HTTP_408_REQUEST_TIMEOUT,
+            f"body not received within {timeout_s:g} s ({size} bytes arrived); nothing was written",
+            headers=_CLOSE,
+        ) from None
+    except ClientDisconnect:
+        log.info("POST /v1/results: the client disconnected after %d bytes; nothing written", size)
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "client disconnected") from None
     if size == 0:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT, "empty body: expected a results file (JSON)"
         )
     return b"".join(chunks)
+
+
+# A refused body's rest is not read: the connection cannot carry another request.
+_CLOSE = {"Connection": "close"}

@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from functools import cache
 from typing import Any
 
@@ -22,12 +23,21 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from db.dump_fields import GPU_NAME_PATTERN, INT32_MAX, INT64_MAX, GpuName
+from db.dump_fields import (
+    GPU_NAME_PATTERN,
+    INT32_MAX,
+    INT64_MAX,
+    MAX_ERROR_CHARS,
+    MAX_EXTRA_CHARS,
+    GpuName,
+    clip_text,
+)
 from db.dump_format import DumpFile, TransferError, parse_dump
-from db.models import Measurement, Problem
+from db.models import Measurement, Problem, utcnow
 from db.queries import problem_flops
 from db.shipped import shipped_files
 from db.store import Store
+from db.transfer import export as transfer_export
 from db.transfer import ingest
 
 Doc = dict[str, Any]
@@ -204,6 +214,24 @@ REJECTED: list[Any] = [
     pytest.param(
         _measurement(created_at="9999-12-31T23:00:00-05:00"), f"{M}.created_at", id="when"
     ),
+    # issue 27: nothing from the future, no megabyte texts
+    pytest.param(_measurement(created_at="9999-01-01T00:00:00Z"), "in the future", id="year-9999"),
+    pytest.param(
+        _measurement(created_at=(utcnow() + timedelta(days=2)).isoformat()),
+        f"{M}.created_at",
+        id="two-days-ahead",
+    ),
+    pytest.param(
+        _measurement(error="x" * (MAX_ERROR_CHARS + 1)), f"{M}.error", id="error-too-long"
+    ),
+    pytest.param(
+        _set("builds", 0, "error", value="y" * (MAX_ERROR_CHARS + 1)),
+        "builds.0.error",
+        id="build-error-too-long",
+    ),
+    pytest.param(
+        _measurement(extra={"log": "z" * MAX_EXTRA_CHARS}), "as compact JSON", id="extra-too-long"
+    ),
     # JSON types as the published schema states them (issue 15: schemathesis found
     # "smem_optin_bytes": false stored as 0): no booleans or strings for numbers, no numbers
     # for booleans or timestamps, no fractions for integers
@@ -236,6 +264,31 @@ REJECTED: list[Any] = [
     pytest.param(_measurement(created_at=0), f"{M}.created_at", id="when-number"),
     pytest.param(_set("format_version", value=True), "format_version", id="version-true"),
 ]
+
+
+def test_texts_at_their_limit_and_times_within_a_day_are_taken(base: Doc) -> None:
+    m = base["measurements"][0]
+    m.update(
+        error="e" * MAX_ERROR_CHARS,
+        extra={"k": "v" * (MAX_EXTRA_CHARS - len('{"k":""}'))},
+        created_at=(utcnow() + timedelta(hours=23)).isoformat(),  # a clock a little ahead
+    )
+    assert len(parse_dump(json.dumps(base)).measurements) == 1
+
+
+def test_dump_clips_long_errors_so_its_file_ingests(base: Doc, target: Store) -> None:
+    """A database may hold longer errors than an ingest takes (written before the limit, or
+    by hand): ``fa2tune dump`` clips them, saying so, and the file ingests."""
+    ingest(target, json.dumps(base))
+    with target.engine.connect() as conn:
+        conn.execute(update(Measurement).values(error="w" * (3 * MAX_ERROR_CHARS)))
+        conn.commit()
+    dumped = transfer_export(target)
+    (record,) = dumped.measurements
+    assert record.error is not None and len(record.error) == MAX_ERROR_CHARS
+    assert record.error.endswith(f"[clipped: {3 * MAX_ERROR_CHARS} characters in all]")
+    assert parse_dump(dumped.model_dump_json()).measurements[0].error == record.error
+    assert clip_text("short") == "short" and clip_text(None) is None
 
 
 @pytest.mark.parametrize(("mutate", "field"), REJECTED)
@@ -335,7 +388,7 @@ def test_best_reports_the_throughput_of_its_median(base: Doc, target: Store) -> 
     _gpu_name("nvidia  h200")(other)
     om = other["measurements"][0]
     om.update(median_ms=om["median_ms"] / 2, p10_ms=None, p90_ms=None, tflops=om["tflops"] * 2)
-    om["created_at"] = "2030-01-01T00:00:00Z"
+    om["created_at"] = "2020-01-01T00:00:00Z"  # another measurement: another time
     ingest(target, json.dumps(base))
     ingest(target, json.dumps(other))
     assert [g.name for g in target.gpus()] == [base["gpus"][0]["name"]]  # one GPU

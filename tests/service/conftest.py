@@ -3,8 +3,9 @@
 ``seeded_file`` seeds one SQLite database per module (:func:`tests.support.service_data.seed`);
 every test gets its own copy as ``store``, so a test that writes leaves the next one the
 seeded data. A module that needs other rows overrides ``store`` and keeps ``app``/``client``.
-``fast_path`` is the app's ``fast_path`` flag; a module that sets ``BOTH_PATHS = True`` runs
-each test that uses the app through the ASGI fast path and through the FastAPI route.
+``settings`` are the app's (a module or test may override them); ``fast_path`` is the app's
+``fast_path`` flag; a module that sets ``BOTH_PATHS = True`` runs each test that uses the app
+through the ASGI fast path and through the FastAPI route.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from core.problem import Problem
+from core.settings import Settings, get_settings
 from db import transfer
 from db.store import Store
 from service.main import create_app
@@ -70,8 +72,15 @@ def fast_path() -> bool:
 
 
 @pytest.fixture
-def app(store: Store, fast_path: bool) -> FastAPI:
-    return create_app(store, fast_path=fast_path)
+def settings() -> Settings:
+    """The app's settings: the defaults, but with a queue wait no test reaches, so a request
+    that waits behind one a test holds is not refused because the machine is slow."""
+    return get_settings().model_copy(update={"service_queue_wait_s": 60.0})
+
+
+@pytest.fixture
+def app(store: Store, fast_path: bool, settings: Settings) -> FastAPI:
+    return create_app(store, fast_path=fast_path, settings=settings)
 
 
 @pytest.fixture

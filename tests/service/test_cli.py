@@ -11,7 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from core import settings as settings_module
+from core.settings import Settings
 from fa2tune.cli import app
+from service.connections import ConnectionLimits
 from tests.support.service_data import make_store, seed
 
 
@@ -93,6 +95,9 @@ def test_serve_runs_uvicorn_with_settings(
     assert call["access_log"] is True
     assert call["app"].title == "fa2tune"
     assert "http://127.0.0.1:8123" in caplog.text
+    # The connection limits (service.connections) are the server's: the defaults here.
+    assert ConnectionLimits.of(Settings()) == call["http"].LIMITS
+    assert call["timeout_keep_alive"] == 5
 
     calls.clear()
     result = CliRunner().invoke(

@@ -1,10 +1,10 @@
-"""Issue 15: the slow endpoints run off the event loop, a bounded number at a time, and cache
-what they render until the store changes (CPU only; no assertion on the machine's speed)."""
+"""Issues 15 and 27: the slow endpoints run off the event loop, a bounded number at a time, and
+cache what they render until the store changes (CPU only; nothing here depends on the
+machine's speed: a slow render is a fake that blocks until the test releases it)."""
 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -12,9 +12,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from db.store import Store
+from service import render
 from service.deps import ByteLRU
 from service.header import export_header
-from service.routers import export as export_router
+from tests.support.blocking import DEADLINE_S, Blocker
 from tests.support.service_data import set_token
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -22,28 +23,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 BEST = {"gpu": "H200", "d": 128, "n": 4096}
 
 
-def _slow_export(calls: list[str], active: list[int], peak: list[int]) -> Any:
-    lock = threading.Lock()
-
-    def fake(store: Store, gpu: str, ds: Any = None, *, dtypes: Any = None) -> str:
-        with lock:
-            calls.append(gpu)
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        time.sleep(1.0)
-        with lock:
-            active[0] -= 1
-        return f"// header for {gpu}\n"
-
-    return fake
-
-
 def test_slow_export_does_not_block_best(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[str] = []
-    active, peak = [0], [0]
-    monkeypatch.setattr(export_router, "export_header", _slow_export(calls, active, peak))
+    slow = Blocker(lambda store, gpu, ds=None, *, dtypes=None: f"// header for {gpu}\n")
+    monkeypatch.setattr(render, "export_header", slow)
     results: dict[int, Any] = {}
 
     def fetch(i: int, gpu: str) -> None:
@@ -55,25 +39,25 @@ def test_slow_export_does_not_block_best(
     ]
     for t in threads:
         t.start()
-    time.sleep(0.2)  # the first export is sleeping in its worker thread
-    for use_fast_path in (True, False):  # the fast path; the FastAPI route ("False")
-        params = dict(BEST) if use_fast_path else {**BEST, "causal": "False"}
-        start = time.perf_counter()
+    assert slow.entered.wait(DEADLINE_S)
+    # An export is rendering (and cannot finish before release): /v1/best answers meanwhile,
+    # through the fast path and through the FastAPI route ("False").
+    for params in (BEST, {**BEST, "causal": "False"}):
         r = client.get("/v1/best", params=params)
         assert r.status_code == 200, r.text
-        assert time.perf_counter() - start < 0.5  # generous: an export takes 1 s
-        assert any(t.is_alive() for t in threads)  # answered while exports were running
+    assert slow.active == 1 and not slow.release.is_set()
+    slow.release.set()
     for t in threads:
-        t.join(timeout=30)
-    assert all(results[i].status_code == 200 for i in range(3))
+        t.join(timeout=DEADLINE_S)
+    assert [results[i].status_code for i in range(3)] == [200, 200, 200]
     # service_threads (default 1): one export at a time; the others waited.
-    assert peak[0] == 1
+    assert slow.peak == 1
     # "H200" and "nvidia h200 " are two spellings of one header but were both rendered
     # (the header quotes the spelling); the same request again comes from the cache.
-    rendered = len(calls)
+    rendered = len(slow.calls)
     r = client.get("/v1/export/header", params={"gpu": "H200"})
     assert r.status_code == 200 and r.text == "// header for H200\n"
-    assert len(calls) == rendered
+    assert len(slow.calls) == rendered
 
 
 def test_header_cache_follows_the_store(
@@ -82,13 +66,12 @@ def test_header_cache_follows_the_store(
     first = client.get("/v1/export/header", params={"gpu": "H200", "d": "128"})
     assert first.status_code == 200
     calls: list[int] = []
-    real = export_header
 
     def counting(*args: Any, **kwargs: Any) -> str:
         calls.append(1)
-        return real(*args, **kwargs)
+        return export_header(*args, **kwargs)
 
-    monkeypatch.setattr(export_router, "export_header", counting)
+    monkeypatch.setattr(render, "export_header", counting)
     again = client.get("/v1/export/header", params={"gpu": "H200", "d": "128"})
     assert again.text == first.text and calls == []
     assert again.headers["content-type"] == "text/plain; charset=utf-8"
@@ -134,12 +117,7 @@ def test_results_page_renders_off_the_event_loop(
     client: TestClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store: Store = app.state.store
-    real = store.results
-
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(1.0)
-        return real(*args, **kwargs)
-
+    slow = Blocker(store.results)
     monkeypatch.setattr(store, "results", slow)
     done = threading.Event()
 
@@ -149,11 +127,11 @@ def test_results_page_renders_off_the_event_loop(
 
     thread = threading.Thread(target=fetch)
     thread.start()
-    time.sleep(0.2)
-    start = time.perf_counter()
+    assert slow.entered.wait(DEADLINE_S)
     assert client.get("/v1/best", params={**BEST, "exact": "1"}).status_code == 200
-    assert time.perf_counter() - start < 0.5 and not done.is_set()
-    thread.join(timeout=30)
+    assert not done.is_set()  # answered while the page was still being read
+    slow.release.set()
+    thread.join(timeout=DEADLINE_S)
     assert done.is_set()
 
 
