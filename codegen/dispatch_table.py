@@ -78,8 +78,9 @@ def varlen_twin(config: AnyConfig) -> Fa2Config:
 
 
 @dataclass(frozen=True)
-class _Mode:
-    """What the C++ names and says differently for one mode (the rest is shared)."""
+class TableMode:
+    """What the C++ names and says differently for one mode of a table (dense or packed;
+    plain or variant: :mod:`codegen.dispatch_variants` uses it too); the rest is shared."""
 
     choice: str  # the entry struct
     table: str  # the per-key table struct
@@ -90,13 +91,13 @@ class _Mode:
     defaults_heading: tuple[str, ...]
 
 
-_DENSE = _Mode(
+_DENSE = TableMode(
     "Choice", "Table", "kTuned", "kTuned", "kDefault",
     ("// Tuned configs, one table per (D, dtype, causal): one entry per tuned shape",
      "// {nq, nk, batch, heads, kv_heads}, sorted by shape."),
     ("// FlashAttention-2 defaults, used for other GPUs and untuned shapes.",),
 )  # fmt: skip
-_PACKED = _Mode(
+_PACKED = TableMode(
     "VarlenChoice", "VarlenTable", "kVarlen", "kVarlenTuned", "kVarlenDefault",
     ("",
      "// Packed variable-length (_vl) configs, one table per (D, dtype, causal): one entry per",
@@ -132,7 +133,7 @@ def _table_row(key: TableKey, choices: str, count: int) -> str:
 
 
 def _tables(
-    mode: _Mode,
+    mode: TableMode,
     tables: Mapping[TableKey, Mapping[Shape, AnyConfig]],
     defaults: Sequence[AnyConfig],
 ) -> list[str]:

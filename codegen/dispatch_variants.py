@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from codegen.cpp_text import DATA_DECL, braced, c_string, cpp_bool
-from codegen.dispatch_table import config_instantiations, is_varlen
+from codegen.dispatch_table import TableMode, config_instantiations, is_varlen
 from codegen.families import FAMILIES, family_of
 from core.config import Dtype
 from core.elements import element
@@ -94,18 +94,7 @@ class VariantEntry:
     config: AnyConfig = field(compare=False)
 
 
-@dataclass(frozen=True)
-class _Mode:
-    choice: str  # the entry struct
-    table: str  # the per-key table struct
-    key_table: str  # the prefix of one key's entries
-    tuned: str  # the tuned tables' array (and, + "Count", their number)
-    defaults: str  # the prefix of the default arrays
-    heading: tuple[str, ...]
-    defaults_heading: tuple[str, ...]
-
-
-_DENSE = _Mode(
+_DENSE = TableMode(
     "VariantChoice", "VariantTable", "kVariant", "kVariantTuned", "kVariantDefault",
     ("// Tuned attention-variant configs, one table per (D, dtype, causal, switches): one",
      "// entry per tuned problem, {nq, nk, batch, heads, kv_heads}, its window_left,",
@@ -113,7 +102,7 @@ _DENSE = _Mode(
     ("// FlashAttention-2's defaults with each tuned key's switches, for other GPUs and calls",
      "// no tuned entry of the key can run."),
 )  # fmt: skip
-_PACKED = _Mode(
+_PACKED = TableMode(
     "VarlenVariantChoice", "VarlenVariantTable", "kVarlenVariant", "kVarlenVariantTuned",
     "kVarlenVariantDefault",
     ("",
@@ -151,14 +140,14 @@ def _key_row(key: VariantKey, choices: str, count: int) -> str:
     return "    " + braced(d, element(dtype).header_enum, *flags, choices, count) + ","
 
 
-def _ident(mode: _Mode, key: VariantKey) -> str:
+def _ident(mode: TableMode, key: VariantKey) -> str:
     d, dtype, causal, *switches = key
     names = "".join(f"_{s}" for s, on in zip(_SUFFIX.values(), switches, strict=True) if on)
     return f"{mode.key_table}_d{d}_{dtype}_{'causal' if causal else 'full'}{names}"
 
 
 def _tables(
-    mode: _Mode,
+    mode: TableMode,
     tables: Mapping[VariantKey, Sequence[VariantEntry]],
     defaults: Sequence[tuple[VariantKey, AnyConfig]],
 ) -> list[str]:
