@@ -162,7 +162,7 @@ def breakdown(n: int, d: int, calls: int, reps: int) -> dict[str, float]:
     k, v = torch.randn_like(q), torch.randn_like(q)
     key = (q.device, q.dtype, q.shape, k.shape, False, "bnhd")
     table = {key: None}
-    current = torch_op._current_device
+    current = torch_op.current_device_index
     pieces: dict[str, Callable[[], object]] = {
         "q.new_empty(q.shape)": lambda: q.new_empty(q.shape),
         "torch.empty_like(q)": lambda: torch.empty_like(q),

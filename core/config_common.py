@@ -73,6 +73,7 @@ class ParamSpec:
     search_as: tuple[str, str] | Callable[[Any], SearchValue] | None = None
     search_order: tuple[str, ...] | None = None
     variant: bool = False
+    cache: bool = False
     name: str = ""
 
     @property
@@ -133,6 +134,7 @@ def param(
     search_as: tuple[str, str] | Callable[[Any], SearchValue] | None = None,
     search_order: tuple[str, ...] | None = None,
     variant: bool = False,
+    cache: bool = False,
 ) -> Any:
     """Declare one family parameter as a dataclass field.
 
@@ -156,11 +158,13 @@ def param(
             word).
         search_order: the order of the choice values in a study (default: sorted).
         variant: an attention variant's compile-time switch (:func:`variant_switch`).
+        cache: part of a KV-cache kernel's layout (:func:`cache_params`): left out of the
+            name, the dict form and the C++ arguments of every config at its default.
     """
     spec = ParamSpec(
         token=token, optional=optional, missing_ok=missing_ok, suffix=suffix,
         instead_of=instead_of, traits=traits, macro=macro, search=search,
-        search_as=search_as, search_order=search_order, variant=variant,
+        search_as=search_as, search_order=search_order, variant=variant, cache=cache,
     )  # fmt: skip
     return field(default=default, metadata={_META: spec})
 
@@ -176,6 +180,20 @@ def variant_switch(name: str) -> Any:
     set is instantiated with its family's variant macro, and its kernel takes ``FaVariant``
     as its last argument (:mod:`codegen.families.declared`)."""
     return param(VARIANT_TOKENS[name], default=False, optional=True, suffix=True, variant=True)
+
+
+def kvcache_switch() -> Any:
+    """Declare a family config's KV-cache switch: ``_kvc`` at the end of the name, set for a
+    kernel that reads K and V from a cache with each sequence's length on the device (its
+    kernel takes ``FaVariant`` and ``FaKvCache`` last; the problem decides it, the search never
+    draws it). Not a ``Traits`` argument: the cache macro names ``CacheTraits`` itself."""
+    return param("kvc", default=False, optional=True, suffix=True, traits=False, cache=True)
+
+
+def page_size_param() -> Any:
+    """Declare a cache kernel's page size: ``_pg<P>`` after ``_kvc`` for a paged cache, a
+    power of two; 0 (a contiguous cache, and every config without a cache) is not written."""
+    return param("pg{}", default=0, optional=True, suffix=True, cache=True)
 
 
 @dataclass(frozen=True)
@@ -221,7 +239,7 @@ def _segment_pattern(spec: ConfigSpec, p: ParamSpec) -> str:
     if alt:
         body = "(?:" + "|".join([body, *(q.pattern() for q in alt)]) + ")"
         return "_" + body
-    return f"(?:_{body})?" if p.kind == "flag" else "_" + body
+    return f"(?:_{body})?" if p.kind == "flag" or p.cache else "_" + body
 
 
 def _build_spec(
@@ -301,6 +319,8 @@ class FamilyConfigBase:
         for p in self.spec.name_order():
             alt = [q for q in self.spec.params if q.instead_of == p.name]
             text = next((q.text(True) for q in alt if getattr(self, q.name)), None)
+            if p.cache and getattr(self, p.name) == self.spec.defaults[p.name]:
+                continue  # a cache parameter at its default is not written
             text = text or p.text(getattr(self, p.name))
             if text is not None:
                 parts.append(text)
@@ -312,11 +332,14 @@ class FamilyConfigBase:
         return name_key(self.name)
 
     def to_dict(self) -> dict[str, object]:
-        """Every field, but the variant switches only when set (the dict forms of configs
-        stored before the variants stay what they were)."""
+        """Every field, but the variant switches only when set and the cache parameters only
+        off their defaults (the dict forms of configs stored before them stay what they
+        were)."""
         out = asdict(self)
         for p in self.spec.params:
-            if p.variant and not out[p.name]:
+            if (p.variant and not out[p.name]) or (
+                p.cache and out[p.name] == self.spec.defaults[p.name]
+            ):
                 del out[p.name]
         return out
 
@@ -324,6 +347,14 @@ class FamilyConfigBase:
     def variant_switches(self) -> dict[str, bool]:
         """The config's attention-variant switches by name (empty for a family without)."""
         return {p.name: bool(getattr(self, p.name)) for p in self.spec.params if p.variant}
+
+    @property
+    def has_cache(self) -> bool:
+        """Whether the config is a KV-cache kernel (a cache parameter off its default: its
+        kernel takes ``FaVariant`` and ``FaKvCache`` last)."""
+        return any(
+            getattr(self, p.name) != self.spec.defaults[p.name] for p in self.spec.params if p.cache
+        )
 
     @property
     def has_variant(self) -> bool:

@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import ELEMENT_BYTES, tile_head_dim
-from core.config_common import FamilyConfigBase, family_config, param, variant_switch
+from core.config_common import (
+    FamilyConfigBase,
+    family_config,
+    kvcache_switch,
+    page_size_param,
+    param,
+    variant_switch,
+)
 
 #: Bytes of float32.
 _F32 = 4
@@ -37,6 +44,9 @@ class SplitKvConfig(FamilyConfigBase):
             are fewer key tiles); their partial results are merged by the last to finish.
         local, softcap, sinks: attention-variant switches
             (:func:`~core.config_common.variant_switch`, semantics in :mod:`core.variant`).
+        kvcache: a KV-cache kernel (``_kvc``): lengths on the device, K/V from a cache
+            (:func:`~core.config_common.kvcache_switch`; docs/splitkv_kernel.md).
+        page: the cache's page size (``_pg<P>``, a power of two), 0 for a contiguous cache.
     """
 
     rows: int = param("r{}", default=16, search="skv_rows")
@@ -47,6 +57,8 @@ class SplitKvConfig(FamilyConfigBase):
     local: bool = variant_switch("local")
     softcap: bool = variant_switch("softcap")
     sinks: bool = variant_switch("sinks")
+    kvcache: bool = kvcache_switch()
+    page: int = page_size_param()
 
     @property
     def threads(self) -> int:

@@ -17,9 +17,11 @@ What differs, on purpose:
   with gradients silently missing).
 * Arguments fa2tune does not run raise :class:`NotImplementedError` naming them: ``qv``, the
   fp8 descales and fp8 inputs, a V head dim other than Q's, ``seqused_q``/``seqused_k``,
-  ``deterministic=True``, and in :func:`flash_attn_with_kvcache` everything beyond a plain
-  contiguous cache (appending K/V, rotary, cache lengths per sequence, batch indices,
-  left padding, paged caches, packed queries: issue 24). Scheduling hints (``num_splits``,
+  ``deterministic=True``, and in :func:`flash_attn_with_kvcache` rotary embedding, left
+  padding and packed queries over a cache (``cu_seqlens_q``, ``cu_seqlens_k_new``,
+  ``max_seqlen_q``); paged and contiguous caches, lengths on the device, batch indices and
+  appending K/V run (:func:`fa2tune.torch.attention_with_kvcache`). Scheduling hints
+  (``num_splits``,
   ``pack_gqa``, ``sm_margin``, ``scheduler_metadata``) are accepted and ignored: fa2tune's
   tuned config decides the schedule.
 * The LSE of a row that sees no key is +inf, as FlashAttention returns it (fa2tune's own op
@@ -40,6 +42,7 @@ import torch
 
 from fa2tune.ops.choice import Unsupported
 from fa2tune.ops.kernels import CuSeqlens
+from fa2tune.ops.kvcache import lengths_tensor, run_with_kvcache
 from fa2tune.ops.torch_op import run
 
 __all__ = [
@@ -277,29 +280,29 @@ def flash_attn_with_kvcache(
     *,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """FlashAttention-3's ``flash_attn_with_kvcache``, the plain contiguous case only:
-    attention of ``q`` ``[B, Nq, Hq, D]`` over a cache ``[B, Ncache, Hkv, D]`` every sequence
-    of which uses the same number of keys (``cache_seqlens`` None: all of them, or one int:
-    the first that many). That is :func:`flash_attn_func` on the cache (sliced to the int).
+    """FlashAttention-3's ``flash_attn_with_kvcache``: attention of ``q`` ``[B, Nq, Hq, D]``
+    over a KV cache, contiguous ``[rows, capacity, Hkv, D]`` or paged
+    ``[pages, page size, Hkv, D]`` with ``page_table`` (int32 ``[B, max_pages]``), after
+    appending ``k``/``v`` ``[B, Nnew, Hkv, D]`` in place at each sequence's length
+    (:func:`fa2tune.torch.attention_with_kvcache`). ``cache_seqlens``: int32 ``[B]`` on the
+    device, an int for all, or None (every sequence uses the whole capacity).
 
     Returns:
         ``out``, or with ``return_softmax_lse`` ``(out, softmax_lse)`` (``[B, Hq, Nq]``).
 
     Raises:
-        NotImplementedError: new K/V to append, rotary embedding, cache lengths as a tensor,
-            batch indices, left padding, a page table, packed queries (issue 24), or another
-            refused argument (named).
+        NotImplementedError: rotary embedding, left padding, packed queries or new keys
+            (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``), another refused
+            argument (named), or a call the kernels cannot serve (with the reason).
+        ValueError: bad arguments.
     """
     del rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin  # hints
     refused = {
-        "k (appending new keys to the cache)": k,
-        "v (appending new values to the cache)": v,
         "rotary_cos (rotary embedding)": rotary_cos,
         "rotary_sin (rotary embedding)": rotary_sin,
-        "rotary_seqlens (rotary embedding)": rotary_seqlens,
-        "cache_batch_idx (batch indices into the cache)": cache_batch_idx,
+        # rotary_seqlens only matters with rotary_cos (FlashAttention-3 ignores it without)
+        "rotary_seqlens (rotary embedding)": rotary_seqlens if rotary_cos is not None else None,
         "cache_leftpad (left-padded caches)": cache_leftpad,
-        "page_table (paged KV caches)": page_table,
         "cu_seqlens_q (packed queries over a cache)": cu_seqlens_q,
         "cu_seqlens_k_new (packed new keys)": cu_seqlens_k_new,
         "max_seqlen_q (packed queries over a cache)": max_seqlen_q,
@@ -307,18 +310,24 @@ def flash_attn_with_kvcache(
     for what, value in refused.items():
         if value is not None:
             raise _refuse(what)
-    if isinstance(cache_seqlens, torch.Tensor):
-        raise _refuse("cache_seqlens as a tensor (a length per sequence: issue 24)")
     _check_common(q, v_cache, qv, q_descale, k_descale, v_descale, False)
-    keys, values = k_cache, v_cache
-    if cache_seqlens is not None:
-        n = int(cache_seqlens)
-        if not 0 <= n <= int(k_cache.shape[1]):
-            raise ValueError(f"cache_seqlens {n} is outside the cache's {k_cache.shape[1]} rows")
-        keys, values = k_cache[:, :n], v_cache[:, :n]
-    out, lse = _attend(q, keys, values, None, softmax_scale, causal, window_size,
-                       attention_chunk, softcap, sinks, return_softmax_lse)  # fmt: skip
-    return (out, lse) if return_softmax_lse else out
+    if cache_seqlens is None:  # every sequence uses the whole cache
+        capacity = (int(page_table.shape[1]) * int(k_cache.shape[1]) if page_table is not None
+                    else int(k_cache.shape[1]))  # fmt: skip
+        cache_seqlens = capacity - (int(k.shape[1]) if k is not None else 0)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, sinks)):
+        raise _refuse("gradients through flash_attn_with_kvcache (forward only)")
+    try:
+        out, lse = run_with_kvcache(
+            _last_dim_contiguous(q), k_cache, v_cache, k, v,
+            lengths_tensor(cache_seqlens, q, k_cache, k, page_table), page_table,
+            cache_batch_idx, bool(causal), float(scale), _window(window_size),
+            int(attention_chunk), float(softcap), sinks, return_softmax_lse, False,
+        )  # fmt: skip
+    except Unsupported as exc:
+        raise NotImplementedError(f"fa2tune does not run this call: {exc.reason}") from exc
+    return (out, _fa_lse(lse)) if return_softmax_lse else out
 
 
 def flash_attn_combine(

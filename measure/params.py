@@ -368,3 +368,110 @@ def variant_params(
         ptr = sinks.data_ptr()
     w = launch_variant(causal, variant, nq, nk)
     return FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), ptr)
+
+
+class FaKvCache(ctypes.Structure):
+    """A KV-cache kernel's last argument (``codegen/templates/fa_params.cuh``): device
+    pointers to each sequence's cached length, the batch-to-cache-row map and the block
+    table, the table's row stride and the keys this call appended."""
+
+    _fields_ = [
+        ("seqlens", ctypes.c_void_p),
+        ("batch_idx", ctypes.c_void_p),
+        ("block_table", ctypes.c_void_p),
+        ("table_stride", ctypes.c_int32),
+        ("added", ctypes.c_int32),
+    ]
+
+
+assert ctypes.sizeof(FaKvCache) == 32 and ctypes.alignment(FaKvCache) == 8
+assert FaKvCache.table_stride.offset == 24 and FaKvCache.added.offset == 28
+
+
+def cache_params(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor | None,
+    scale: float,
+    capacity: int,
+) -> FaParams:
+    """The :class:`FaParams` of a KV-cache launch: ``q`` and ``o`` ``[B, Nq, Hq, D]``, the
+    caches ``[rows, capacity, Hkv, D]`` (contiguous: rows of the cache, the batch stride
+    the cache row's) or ``[pages, page size, Hkv, D]`` (paged: the batch stride is the page
+    stride); ``nk`` is the ``capacity`` (the most keys a sequence can have).
+
+    Raises:
+        ValueError: as :func:`make_params` for the tensors' strides, alignment, dtypes and
+            devices, or caches whose heads or head dim do not match ``q``.
+    """
+    import torch
+
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("o", o)):
+        _check_tensor(name, t, "bnhd")
+    dtypes = {t.dtype for t in (q, k_cache, v_cache, o)}
+    supported = {getattr(torch, e.torch_name) for e in ELEMENTS.values()}
+    if len(dtypes) != 1 or q.dtype not in supported:
+        raise ValueError(f"q, the caches and o must share one dtype, fp16 or bf16; got {dtypes}")
+    devices = {t.device for t in (q, k_cache, v_cache, o)}
+    if len(devices) != 1 or q.device.type != "cuda":
+        raise ValueError(f"all tensors must be on one CUDA device; got {devices}")
+    b, nq, hq, d = _dims(q, "bnhd")
+    _, _, hkv, dk = _dims(k_cache, "bnhd")
+    if tuple(v_cache.shape) != tuple(k_cache.shape) or dk != d or hkv < 1 or hq % hkv:
+        raise ValueError(
+            f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match q "
+            f"{tuple(q.shape)}"
+        )
+    if max(b, hq, nq, capacity) >= 2**31:
+        raise ValueError("dimensions must fit in int32")
+    qs, ks, vs, os_ = (_strides(t, "bnhd") for t in (q, k_cache, v_cache, o))
+    return FaParams(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(),
+        lse.data_ptr() if lse is not None else None,
+        *qs, *ks, *vs, *os_, b, hq, hkv, nq, capacity, float(scale),
+    )  # fmt: skip
+
+
+class FaKvAppend(ctypes.Structure):
+    """A cache kernel's append argument (``codegen/templates/kv_append.cuh``): the new keys'
+    and values' pointers and strides (elements), rows per sequence, the page size (0:
+    contiguous) and 16-byte chunks per row."""
+
+    _fields_ = [
+        ("k_new", ctypes.c_void_p),
+        ("v_new", ctypes.c_void_p),
+        ("k_batch_stride", ctypes.c_int64),
+        ("k_row_stride", ctypes.c_int64),
+        ("k_head_stride", ctypes.c_int64),
+        ("v_batch_stride", ctypes.c_int64),
+        ("v_row_stride", ctypes.c_int64),
+        ("v_head_stride", ctypes.c_int64),
+        ("rows", ctypes.c_int32),
+        ("page_size", ctypes.c_int32),
+        ("chunks", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
+assert ctypes.sizeof(FaKvAppend) == 80 and ctypes.alignment(FaKvAppend) == 8
+assert FaKvAppend.rows.offset == 64 and FaKvAppend.chunks.offset == 72
+
+
+def append_params(k: torch.Tensor, v: torch.Tensor, page_size: int) -> FaKvAppend:
+    """The :class:`FaKvAppend` of new rows ``k``/``v`` ``[B, Nnew, Hkv, D]`` (pointers filled
+    in; the caller patches them per call).
+
+    Raises:
+        ValueError: a head dimension that is not contiguous, a stride not a multiple of 8
+            elements or a pointer not 16-byte aligned (the kernel copies 16-byte chunks).
+    """
+    for name, t in (("k", k), ("v", v)):
+        _check_tensor(name, t, "bnhd")
+    ks, vs = _strides(k, "bnhd"), _strides(v, "bnhd")
+    # _strides gives (batch, head, row); FaKvAppend wants (batch, row, head)
+    return FaKvAppend(
+        k.data_ptr(), v.data_ptr(), ks[0], ks[2], ks[1], vs[0], vs[2], vs[1],
+        int(k.shape[1]), page_size, int(k.shape[-1]) * k.element_size() // 16, 0,
+    )  # fmt: skip

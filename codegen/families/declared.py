@@ -13,6 +13,11 @@ instantiated with the family's *variant macro* instead, whose arguments are ever
 argument in order (the mode parameters such as ``varlen`` included, the switches last): one
 macro serves every combination, and its kernel takes ``FaVariant`` after the plain kernel's
 arguments.
+
+A KV-cache config (:func:`core.config_common.kvcache_switch` set) is instantiated with the
+family's *cache macro* over every ``Traits`` argument, the variant switches and the page size
+included, and named by its family's cache traits type; the cache parameters are nobody
+else's arguments, so the other configs' text stays what it was.
 """
 
 from __future__ import annotations
@@ -33,12 +38,14 @@ def cpp_args(config: FamilyConfigBase, *, traits: bool, every: bool = False) -> 
     instantiation macro's after the kernel name (``every``: the variant macro's, every
     ``Traits`` argument)."""
     spec = config.spec
+    cache = config.has_cache
     params = [
         p for p in spec.params
-        if p.traits and (traits or every or (p.macro is None and not p.variant))
+        if p.traits and (cache or not p.cache)
+        and (traits or every or cache or (p.macro is None and not p.variant))
     ]  # fmt: skip
     values = [getattr(config, p.name) for p in params]
-    if traits:
+    if traits and not cache:  # the cache traits type has no defaulted arguments
         while params and params[-1].optional and values[-1] == spec.defaults[params[-1].name]:
             params.pop()
             values.pop()
@@ -47,15 +54,26 @@ def cpp_args(config: FamilyConfigBase, *, traits: bool, every: bool = False) -> 
 
 
 def instantiation(
-    config: FamilyConfigBase, include: str, macro: str, variant_macro: str | None = None
+    config: FamilyConfigBase,
+    include: str,
+    macro: str,
+    variant_macro: str | None = None,
+    cache_macro: str | None = None,
 ) -> str:
     """The ``.cu`` text of one config: ``#include`` of the family's template and one macro
     line (``macro``, or the macro of the first set parameter that declares one; a config
-    with a variant switch set: ``variant_macro`` over every Traits argument).
+    with a variant switch set: ``variant_macro`` over every Traits argument; a KV-cache
+    config: ``cache_macro`` over every Traits argument and the page size).
 
     Raises:
-        ValueError: a config with a variant switch of a family without ``variant_macro``.
+        ValueError: a config with a variant switch of a family without ``variant_macro``,
+            or a cache config of one without ``cache_macro``.
     """
+    if config.has_cache:
+        if cache_macro is None:
+            raise ValueError(f"{config.name}: the {config.family} family has no cache kernels")
+        args = ", ".join([config.name, *cpp_args(config, traits=False, every=True)])
+        return f'#include "{include}"\n{cache_macro}({args})\n'
     if config.has_variant:
         if variant_macro is None:
             raise ValueError(f"{config.name}: the {config.family} family has no variant kernels")

@@ -51,6 +51,26 @@ static_assert(sizeof(FaVariant) == 24 && alignof(FaVariant) == 8, "FaVariant is 
 static_assert(offsetof(FaVariant, softcap) == 12 && offsetof(FaVariant, sinks) == 16,
               "FaVariant offsets");
 
+// The KV-cache arguments of a cache kernel (splitkv's CacheTraits), passed by value after
+// FaVariant. K and V are a cache: each sequence's valid length lives on the device
+// (seqlens[b] keys before this call's `added` appended rows), so one launch, or one captured
+// graph, serves every decode step. Contiguous caches hold [cache rows, capacity, kv_heads, D],
+// batch row b reading cache row batch_idx[b] (or b). Paged ones hold
+// [pages, page size, kv_heads, D], sequence b's key j in page
+// block_table[row * table_stride + j / page size] with row = batch_idx[b] (or b); FaParams'
+// k/v batch strides are then the page strides and nk the capacity (table_stride * page
+// size). Lengths past nk are clamped to it.
+struct FaKvCache {
+  const int32_t* seqlens;      // [batch] keys cached before this call's appended ones
+  const int32_t* batch_idx;    // [batch] cache (or block-table) row of each batch row, or null
+  const int32_t* block_table;  // [batch, table_stride] page of each page-sized key block
+  int32_t table_stride;        // entries between two sequences' rows of block_table
+  int32_t added;               // keys appended by this call, counted into every length
+};
+static_assert(sizeof(FaKvCache) == 32 && alignof(FaKvCache) == 8, "FaKvCache is part of the ABI");
+static_assert(offsetof(FaKvCache, table_stride) == 24 && offsetof(FaKvCache, added) == 28,
+              "FaKvCache offsets");
+
 static_assert(sizeof(FaParams) == 160, "FaParams layout is part of the ABI");
 static_assert(alignof(FaParams) == 8, "FaParams alignment is part of the ABI");
 static_assert(offsetof(FaParams, q) == 0 && offsetof(FaParams, k) == 8 &&

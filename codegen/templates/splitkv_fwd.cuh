@@ -43,6 +43,16 @@
 // GEMM (fa::SoftcapScore). Sinks join the softmax's denominator once, where the result is
 // final: in the block's own merge with one split, in the last block's merge of the splits
 // otherwise; a row no split saw a key for gets O = 0 and LSE = its head's sink logit.
+//
+// KV caches (CacheTraits: the variant switches, any or none, plus the page size; kernels take
+// FaVariant and FaKvCache after the workspace pointers): each sequence's key count is read
+// from the device (FaKvCache::seqlens plus the keys this call appended), so one launch serves
+// every step of a decode loop and a captured graph replays over growing lengths; FaParams' nk
+// is the cache's capacity, which sizes the grid and the workspace, and the splits divide the
+// sequence's own key tiles. A contiguous cache may map batch rows to cache rows (batch_idx);
+// a paged cache reads key row j of sequence b from page block_table[b][j / Page], row
+// j % Page, with FaParams' batch strides as the page strides. Everything else (masking
+// bottom-right at the sequence's own length, the variants, the merge) is the body above.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,6 +63,7 @@
 #include "fa_mma.cuh"      // mma.sync, ldmatrix, cp.async
 #include "fa_params.cuh"   // FaParams
 #include "fa_softmax.cuh"  // the online softmax
+#include "kv_append.cuh"   // the cache kernels' append
 
 namespace splitkv {
 
@@ -81,6 +92,8 @@ struct Traits {
   static constexpr bool Softcap = false;
   static constexpr bool Sinks = false;
   static constexpr bool kVariant = false;
+  static constexpr bool kCache = false;  // CacheTraits sets these
+  static constexpr int kPage = 0;
 
   static constexpr int kThreads = 32 * Warps;
   static constexpr int kMTiles = Rows / 16;
@@ -134,6 +147,22 @@ struct VariantTraits : Traits<DHead_, Elem_, Causal_, Rows_, Bc_, Warps_, Stages
   static_assert(kVariant, "a variant kernel sets a variant switch (plain ones use Traits)");
 };
 
+// A KV-cache kernel's traits: a variant kernel's switches (any of them, or none) plus the cache
+// layout. The kernel reads each sequence's length from FaKvCache (device memory), and with
+// Page > 0 reads K and V through its block table, pages of Page keys (a power of two): where a
+// page holds whole key tiles (Page >= Bc) one table entry per tile, else one per key row.
+template <int DHead_, typename Elem_, bool Causal_, int Rows_, int Bc_, int Warps_, int Stages_,
+          int Splits_, bool Local_, bool Softcap_, bool Sinks_, int Page_>
+struct CacheTraits : Traits<DHead_, Elem_, Causal_, Rows_, Bc_, Warps_, Stages_, Splits_> {
+  static constexpr bool Local = Local_;
+  static constexpr bool Softcap = Softcap_;
+  static constexpr bool Sinks = Sinks_;
+  static constexpr bool kVariant = Local || Softcap || Sinks;
+  static constexpr bool kCache = true;
+  static constexpr int kPage = Page_;  // 0: a contiguous cache
+  static_assert(Page_ >= 0 && (Page_ & (Page_ - 1)) == 0, "the page size is a power of two");
+};
+
 // Byte offsets of the chunks a lane's ldmatrix reads, for fragment rows row0 + 16 * i (same
 // swizzle term) and chunks 2 * ks + lane_chunk. The chunk splits into a high part that the
 // swizzle leaves alone (a compile-time immediate once ks is unrolled) and a low part, of which
@@ -178,7 +207,8 @@ inline int splits_for(const FaParams& p) {
 template <class T>
 __device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ ws_o,
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count,
-                                         const FaVariant& var, int& last) {
+                                         const FaVariant& var, const FaKvCache& kc,
+                                         int& last) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
   using Mask = fa::VariantMask<T::Causal, T::Local>;
@@ -258,6 +288,13 @@ __device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ 
       static_cast<const Elem*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
   const Elem* gV =
       static_cast<const Elem*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+  // A paged cache: the batch strides are page strides, and the pages come from the table.
+  [[maybe_unused]] const int32_t* page_of = nullptr;
+  if constexpr (T::kPage > 0) {
+    gK = static_cast<const Elem*>(p.k) + kv_head * p.k_head_stride;
+    gV = static_cast<const Elem*>(p.v) + kv_head * p.v_head_stride;
+    page_of = kc.block_table;  // this sequence's row (fwd_body's cache overload moved it)
+  }
   Elem* sK_warp = sKV + warp * S * 2 * T::kTileElems;
 
   // This warp's i-th tile: K and V rows into ring slot i % S, keys past nk and chunks past the
@@ -279,12 +316,81 @@ __device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ 
       const uint32_t sK = sKV_warp + (i % S) * 2 * T::kTileElems * 2;
       const uint32_t sV = sK + T::kTileElems * 2;
       const int rows_left = p.nk - key0;
-      if constexpr (kRowStep > 0) {
+      // Where the tile's rows start: key0 of K and V, or in a paged cache whose pages hold
+      // whole tiles (Page >= Bc, tiles start at multiples of Bc) row key0 % Page of the
+      // tile's page, looked up once.
+      const Elem* k_rows = gK;
+      const Elem* v_rows = gV;
+      int row0 = key0;
+      if constexpr (T::kPage >= Bc) {
+        const int64_t page = page_of[key0 / T::kPage];
+        k_rows = gK + page * p.k_batch_stride;
+        v_rows = gV + page * p.v_batch_stride;
+        row0 = key0 % T::kPage;
+      }
+      if constexpr (T::kPage > 0 && T::kPage < Bc && kRowStep > 0 && T::kPage >= kRowStep) {
+        // Pages smaller than a tile but holding whole steps of a lane's rows: the tile's
+        // Bc / Page table entries are read once, and row r_lane + it * kRowStep of the tile
+        // lies in its page (it * kRowStep) / Page, a compile-time index (r_lane < kRowStep).
+        // Entries past nk are not read (the table may end there).
+        constexpr int P = T::kPage, kPages = Bc / P;
+        int64_t page[kPages];
+#pragma unroll
+        for (int j = 0; j < kPages; ++j)
+          page[j] = j * P < rows_left ? static_cast<int64_t>(page_of[key0 / P + j]) : 0;
+        if (c_used) {
+          // By 4, as the per-row path below: fully unrolled, the copies' addresses of the
+          // whole tile are held at once (d=128, Page=16: 255 registers against 166).
+#pragma unroll 4
+          for (int it = 0; it < Bc / kRowStep; ++it) {
+            const int r = r_lane + it * kRowStep;
+            const int in_page = (it * kRowStep) % P + r_lane;
+            const int64_t at = page[(it * kRowStep) / P];
+            const bool valid = c_data && r < rows_left;
+            const Elem* k_src = gK + at * p.k_batch_stride + in_page * p.k_row_stride + c_lane * 8;
+            const Elem* v_src = gV + at * p.v_batch_stride + in_page * p.v_row_stride + c_lane * 8;
+            const uint32_t dst = (r * D + (c_swz ^ T::swizzle_term(it * kRowStep)) * 8) * 2;
+            cp_async_16(sK + dst, valid ? k_src : gK, valid ? 16 : 0);
+            cp_async_16(sV + dst, valid ? v_src : gV, valid ? 16 : 0);
+          }
+        }
+      } else if constexpr (T::kPage > 0 && T::kPage < Bc) {
+        // Pages smaller than a lane's row step (or D whose chunks do not tile a warp): key
+        // row key0 + r is row (key0 + r) % Page of page page_of[(key0 + r) / Page], looked
+        // up per row. Rows past nk read nothing (and look up nothing).
+        constexpr int P = T::kPage;
+        // A lane's rows and chunk as in the contiguous paths below (kRowStep > 0: one chunk
+        // column, rows r_lane + it * kRowStep; else the flat index), one lookup per row.
+        // Unrolled by 4, not fully: a full unroll hoists every row's table load ahead of
+        // the copies and holds them all (d=128, Bc=32, Page=16: 238 registers, against 168).
+        constexpr int kIters = kRowStep > 0 ? Bc / kRowStep : Bc * kCh / 32;
+#pragma unroll 4
+        for (int it = 0; it < kIters; ++it) {
+          const int idx = it * 32 + lane;
+          const int r = kRowStep > 0 ? r_lane + it * kRowStep : idx / kCh;
+          const int c = kRowStep > 0 ? c_lane : idx % kCh;
+          if (kUCh == kCh || c < kUCh) {
+            const bool valid = r < rows_left && (kHCh == kCh || c < kHCh);
+            const Elem* k_src = gK;
+            const Elem* v_src = gV;
+            if (valid) {
+              const int key = key0 + r;
+              const int64_t page = page_of[key / P];
+              const int in_page = key % P;
+              k_src = gK + page * p.k_batch_stride + in_page * p.k_row_stride + c * 8;
+              v_src = gV + page * p.v_batch_stride + in_page * p.v_row_stride + c * 8;
+            }
+            const uint32_t dst = T::offset(r, c) * 2;
+            cp_async_16(sK + dst, k_src, valid ? 16 : 0);
+            cp_async_16(sV + dst, v_src, valid ? 16 : 0);
+          }
+        }
+      } else if constexpr (kRowStep > 0) {
         if (c_used) {  // the same chunk column on every row: a lane's whole loop or nothing
           const Elem* k_src =
-              gK + (static_cast<int64_t>(key0) + r_lane) * p.k_row_stride + c_lane * 8;
+              k_rows + (static_cast<int64_t>(row0) + r_lane) * p.k_row_stride + c_lane * 8;
           const Elem* v_src =
-              gV + (static_cast<int64_t>(key0) + r_lane) * p.v_row_stride + c_lane * 8;
+              v_rows + (static_cast<int64_t>(row0) + r_lane) * p.v_row_stride + c_lane * 8;
 #pragma unroll
           for (int it = 0; it < Bc / kRowStep; ++it) {
             const int r = r_lane + it * kRowStep;
@@ -297,8 +403,8 @@ __device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ 
           }
         }
       } else {
-        const Elem* k_tile = gK + static_cast<int64_t>(key0) * p.k_row_stride;
-        const Elem* v_tile = gV + static_cast<int64_t>(key0) * p.v_row_stride;
+        const Elem* k_tile = k_rows + static_cast<int64_t>(row0) * p.k_row_stride;
+        const Elem* v_tile = v_rows + static_cast<int64_t>(row0) * p.v_row_stride;
 #pragma unroll
         for (int it = 0; it < Bc * kCh / 32; ++it) {
           const int idx = it * 32 + lane;
@@ -634,17 +740,42 @@ __device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ 
 template <class T>
 __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count) {
-  static_assert(!T::kVariant, "variant kernels take FaVariant");
+  static_assert(!T::kVariant && !T::kCache, "variant kernels take FaVariant");
   __shared__ int last;
-  fwd_main<T>(p, ws_o, ws_lse, ws_count, FaVariant{}, last);
+  fwd_main<T>(p, ws_o, ws_lse, ws_count, FaVariant{}, FaKvCache{}, last);
 }
 template <class T>
 __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count,
                                          const FaVariant& var) {
-  static_assert(T::kVariant, "plain kernels take no FaVariant");
+  static_assert(T::kVariant && !T::kCache, "plain kernels take no FaVariant");
   __shared__ int last;
-  fwd_main<T>(p, ws_o, ws_lse, ws_count, var, last);
+  fwd_main<T>(p, ws_o, ws_lse, ws_count, var, FaKvCache{}, last);
+}
+// A cache kernel's: the sequence's length read from the device (clamped to the capacity nk)
+// and its cache row (a contiguous cache) or block-table row (a paged one); the body then
+// runs on that length, reading kc.block_table as the sequence's own row of pages.
+template <class T>
+__device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
+                                         float* __restrict__ ws_lse, int* __restrict__ ws_count,
+                                         const FaVariant& var, const FaKvCache& kc) {
+  static_assert(T::kCache, "only cache kernels take FaKvCache");
+  using Elem = typename T::Elem;
+  __shared__ int last;
+  const int m_tiles = ((p.q_heads / p.kv_heads) * p.nq + T::Rows - 1) / T::Rows;
+  const int batch = blockIdx.x / m_tiles / p.kv_heads;
+  FaParams pc = p;
+  pc.nk = max(0, min(kc.seqlens[batch] + kc.added, p.nk));
+  FaKvCache kb = kc;
+  const int row = kc.batch_idx != nullptr ? kc.batch_idx[batch] : batch;
+  if constexpr (T::kPage == 0) {  // batch row b reads cache row batch_idx[b]
+    const int64_t shift = row - batch;
+    pc.k = static_cast<const Elem*>(p.k) + shift * p.k_batch_stride;
+    pc.v = static_cast<const Elem*>(p.v) + shift * p.v_batch_stride;
+  } else {  // ... or block-table row batch_idx[b] (FlashAttention-3's rule for paged caches)
+    kb.block_table = kc.block_table + static_cast<int64_t>(row) * kc.table_stride;
+  }
+  fwd_main<T>(pc, ws_o, ws_lse, ws_count, var, kb, last);
 }
 
 template <class T>
@@ -657,6 +788,12 @@ __global__ void __launch_bounds__(T::kThreads) fwd_variant_kernel(const FaParams
                                                                    float* ws_lse, int* ws_count,
                                                                    const FaVariant var) {
   fwd_body<T>(p, ws_o, ws_lse, ws_count, var);
+}
+template <class T>
+__global__ void __launch_bounds__(T::kThreads)
+    fwd_cache_kernel(const FaParams p, float* ws_o, float* ws_lse, int* ws_count,
+                     const FaVariant var, const FaKvCache kc) {
+  fwd_body<T>(p, ws_o, ws_lse, ws_count, var, kc);
 }
 
 }  // namespace splitkv
@@ -679,3 +816,17 @@ __global__ void __launch_bounds__(T::kThreads) fwd_variant_kernel(const FaParams
       NAME(const FaParams p, float* ws_o, float* ws_lse, int* ws_count, const FaVariant var) { \
     splitkv::fwd_body<NAME##_traits>(p, ws_o, ws_lse, ws_count, var);                       \
   }
+
+// A KV-cache config: every Traits argument, the variant switches, then the page size (0: a
+// contiguous cache); the kernel takes FaVariant and FaKvCache after the workspace pointers,
+// and NAME_append (kv_append.cuh) writes a call's new rows into the cache before it.
+#define SPLITKV_DEFINE_CACHE_KERNEL(NAME, D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS,    \
+                                    LOCAL, SOFTCAP, SINKS, PAGE)                             \
+  using NAME##_traits = splitkv::CacheTraits<D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS, \
+                                             LOCAL, SOFTCAP, SINKS, PAGE>;                   \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                    \
+      NAME(const FaParams p, float* ws_o, float* ws_lse, int* ws_count, const FaVariant var,  \
+           const FaKvCache kc) {                                                             \
+    splitkv::fwd_body<NAME##_traits>(p, ws_o, ws_lse, ws_count, var, kc);                   \
+  }                                                                                          \
+  KVCACHE_DEFINE_APPEND_KERNEL(NAME)

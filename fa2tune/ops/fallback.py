@@ -33,12 +33,20 @@ def visible_keys(
     seen: with ``pos = i + nk - nq``, causal keeps ``j <= pos``, a window ``pos - left <= j
     <= pos + right`` (a bound -1 is none), a chunk ``j`` in ``pos``'s chunk ``[pos - pos mod
     chunk, + chunk)`` (mod rounding down, so rows before the first key see none)."""
-    left, right, chunk = variant.window_left, variant.window_right, variant.chunk
-    if not causal and left < 0 and right < 0 and chunk <= 0:
+    if not causal and not variant.local:
         return None
     pos = torch.arange(nq, device=device).unsqueeze(1) + (nk - nq)
     j = torch.arange(nk, device=device).unsqueeze(0)
-    seen = torch.ones(nq, nk, dtype=torch.bool, device=device)
+    return mask_keys(torch.ones(nq, nk, dtype=torch.bool, device=device), pos, j, causal, variant)
+
+
+def mask_keys(
+    seen: torch.Tensor, pos: torch.Tensor, j: torch.Tensor, causal: bool, variant: Variant
+) -> torch.Tensor:
+    """``seen`` with the keys ``j`` that the rows at key positions ``pos`` do not see under
+    causality and the variant's window and chunk cleared (broadcasting ``pos`` against
+    ``j``; in place)."""
+    left, right, chunk = variant.window_left, variant.window_right, variant.chunk
     if causal:
         seen &= j <= pos
     if right >= 0:
@@ -93,25 +101,44 @@ def sdpa_fallback(
         )
         lse = no_lse(q)
     else:
-        s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * scale
-        if variant.softcap > 0:
-            s = torch.tanh(s / variant.softcap) * variant.softcap
         visible = mask
         if visible is None and causal:
             visible = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril()
-        if visible is not None:
-            s = s.masked_fill(~visible, float("-inf"))
-        if variant.sinks and sinks is not None:
-            # The sink joins each row's denominator as one more logit with a zero value row.
-            sink = sinks.float().view(1, h, 1, 1).expand(int(s.shape[0]), h, nq, 1)
-            lse_full = torch.logsumexp(torch.cat((s, sink), dim=-1), dim=-1)
-        else:
-            lse_full = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - lse_full.unsqueeze(-1)).nan_to_num(0.0)  # dead rows: -inf - -inf
-        o = torch.matmul(p, vh.float()).to(q.dtype)
+        o, lse_full = float_attention(qh, kh, vh, scale, visible, variant, sinks)
+        o = o.to(q.dtype)
         lse = lse_full.contiguous() if return_lse else no_lse(q)
     out = o if layout == "bhnd" else o.transpose(1, 2)
     return out.contiguous(), lse
+
+
+def float_attention(
+    qh: torch.Tensor,
+    kh: torch.Tensor,
+    vh: torch.Tensor,
+    scale: float,
+    visible: torch.Tensor | None,
+    variant: Variant = PLAIN,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention in float32 on ``[B, H, N, D]`` tensors (K and V already at Q's heads):
+    ``(O, LSE)``, O float32. ``visible``: True where a query sees a key (broadcast against
+    ``[B, H, Nq, Nk]``), or None for all; the variant's softcap and ``sinks`` (float32
+    ``[H]``) apply. A row that sees no key gets O = 0 and LSE = -inf (its sink's logit with
+    sinks)."""
+    s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * scale
+    if variant.softcap > 0:
+        s = torch.tanh(s / variant.softcap) * variant.softcap
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    if variant.sinks and sinks is not None:
+        # The sink joins each row's denominator as one more logit with a zero value row.
+        b, h, nq = (int(x) for x in s.shape[:3])
+        sink = sinks.float().view(1, h, 1, 1).expand(b, h, nq, 1)
+        lse = torch.logsumexp(torch.cat((s, sink), dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)  # dead rows: -inf - -inf
+    return torch.matmul(p, vh.float()), lse
 
 
 def _aten_flash_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

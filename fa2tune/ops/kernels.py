@@ -68,9 +68,9 @@ log = logging.getLogger(__name__)
 
 # The current stream's handle without building a torch.cuda.Stream object (a few µs a call);
 # torch's own code generators use it. The public path stands in where it is missing.
-_raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+raw_stream: Callable[[int], int] | None = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 # torch.cuda.is_current_stream_capturing() without its Python wrapper.
-_capturing: Callable[[], bool] = getattr(
+capturing: Callable[[], bool] = getattr(
     torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing
 )
 
@@ -78,8 +78,8 @@ _capturing: Callable[[], bool] = getattr(
 def current_stream(device: torch.device) -> int:
     """The raw handle of ``device``'s current stream."""
     index = device.index
-    if _raw_stream is not None and index is not None:
-        return _raw_stream(index)
+    if raw_stream is not None and index is not None:
+        return raw_stream(index)
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
@@ -311,7 +311,7 @@ class Launcher:
         keep: object = None
         ws_key: tuple[int, int, int] | None = None
         if ws is not None and ws.needed:
-            if _capturing():
+            if capturing():
                 count_ptr, partials_ptr, keep = ws.captured(q.device)
             else:
                 # The stream's own buffers: stable between calls, so a bound launch per

@@ -109,7 +109,7 @@ def lse_shape(q: torch.Tensor, layout: Layout, packed: bool = False) -> tuple[in
 
 
 # torch.cuda.current_device() without its Python wrapper (the device is initialised by then).
-_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+current_device_index = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> None:
@@ -415,7 +415,7 @@ def run(
     lse = (q.new_empty(lse_shape(q, lay, seqs is not None), dtype=torch.float32)
            if return_lse else None)  # fmt: skip
     try:
-        if q.device.index == _current_device():
+        if q.device.index == current_device_index():
             if sinks is None:
                 entry(q, k, v, o, lse, scale, lay, seqs)
             else:

@@ -239,17 +239,13 @@ def test_forward_only_autograd(recorder: Recorder) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [
-    ({"k": torch.zeros(2, 1, 2, 64), "v": torch.zeros(2, 1, 2, 64)}, "appending new keys"),
     ({"rotary_cos": torch.zeros(8, 16), "rotary_sin": torch.zeros(8, 16)}, "rotary"),
-    ({"cache_seqlens": torch.tensor([4, 8], dtype=torch.int32)}, "cache_seqlens as a tensor"),
-    ({"cache_batch_idx": torch.tensor([1, 0], dtype=torch.int32)}, "cache_batch_idx"),
     ({"cache_leftpad": torch.tensor([0, 1], dtype=torch.int32)}, "cache_leftpad"),
-    ({"page_table": torch.zeros(2, 1, dtype=torch.int32)}, "page_table"),
     ({"cu_seqlens_q": torch.tensor([0, 8], dtype=torch.int32)}, "cu_seqlens_q"),
     ({"qv": torch.zeros(2, 8, 4, 64)}, "qv"),
     ({"k_descale": torch.ones(2, 2)}, "k_descale"),
 ])  # fmt: skip
-def test_kvcache_refuses_what_is_issue_24s(
+def test_kvcache_refuses_what_it_does_not_run(
     recorder: Recorder, kwargs: dict[str, Any], words: str
 ) -> None:
     from fa2tune.flash_attn import flash_attn_with_kvcache
@@ -260,22 +256,20 @@ def test_kvcache_refuses_what_is_issue_24s(
     assert recorder.calls == []
 
 
-def test_kvcache_plain_case_is_attention_over_the_cache(recorder: Recorder) -> None:
+def test_kvcache_takes_the_scheduler_hints_and_checks_int_lengths() -> None:
+    """Hints are accepted (metadata is an empty tensor); an int length outside the cache is a
+    ValueError before anything runs; the rest reaches the cache op (which refuses CPU
+    tensors without a fallback: NotImplementedError with the reason)."""
     from fa2tune.flash_attn import flash_attn_with_kvcache, get_scheduler_metadata
 
     q, k, v = _qkv(nq=1, nk=16)
     meta = get_scheduler_metadata(2, 1, 16, 4, 2, 64, torch.zeros(2, dtype=torch.int32))
     assert meta.numel() == 0 and meta.dtype == torch.int32
-    out, lse = flash_attn_with_kvcache(q, k, v, cache_seqlens=10, causal=True, num_splits=0,
-                                       scheduler_metadata=meta,
-                                       return_softmax_lse=True)  # fmt: skip
-    call = recorder.calls[-1]
-    assert call["k"].shape == (2, 10, 2, 64) and call["k"].data_ptr() == k.data_ptr()
-    assert call["causal"] is True and out.shape == q.shape and lse.shape == (2, 4, 1)
-    assert isinstance(flash_attn_with_kvcache(q, k, v), torch.Tensor)
-    assert recorder.calls[-1]["k"].shape == k.shape
     with pytest.raises(ValueError, match="cache_seqlens 17"):
         flash_attn_with_kvcache(q, k, v, cache_seqlens=17)
+    with pytest.raises(NotImplementedError, match="not a CUDA device"):
+        flash_attn_with_kvcache(q, k, v, cache_seqlens=10, causal=True, num_splits=0,
+                                scheduler_metadata=meta, pack_gqa=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

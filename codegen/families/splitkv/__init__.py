@@ -39,16 +39,20 @@ def _grid(config: AnyConfig, shape: Shape) -> Grid:
 def render_instantiation(config: SplitKvConfig) -> str:
     """The ``.cu`` text of ``config``: ``SPLITKV_DEFINE_KERNEL(...)``, or with a variant switch
     set ``SPLITKV_DEFINE_VARIANT_KERNEL(...)`` (every Traits argument, switches last; its
-    kernel takes ``FaVariant`` after the workspace pointers)."""
+    kernel takes ``FaVariant`` after the workspace pointers; a KV-cache config
+    ``SPLITKV_DEFINE_CACHE_KERNEL(...)``, whose kernel takes ``FaVariant`` and ``FaKvCache``)."""
     return declared.instantiation(
-        config, TEMPLATE, "SPLITKV_DEFINE_KERNEL", variant_macro="SPLITKV_DEFINE_VARIANT_KERNEL"
-    )
+        config, TEMPLATE, "SPLITKV_DEFINE_KERNEL", variant_macro="SPLITKV_DEFINE_VARIANT_KERNEL",
+        cache_macro="SPLITKV_DEFINE_CACHE_KERNEL",
+    )  # fmt: skip
 
 
 def traits(config: SplitKvConfig) -> str:
     """The C++ type naming ``config``: ``splitkv::Traits<...>``, a variant config's
     ``splitkv::VariantTraits<...>`` (the plain kernels' Traits keep their eight parameters:
     the PTX names a block's merge flag by them)."""
+    if config.has_cache:
+        return declared.traits(config, "splitkv::CacheTraits")
     return declared.traits(
         config, "splitkv::VariantTraits" if config.has_variant else "splitkv::Traits"
     )

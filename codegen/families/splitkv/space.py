@@ -42,6 +42,23 @@ MAX_PACKED_ROWS = 256
 VARIANT_SWITCHES: tuple[str, ...] = ("local", "softcap", "sinks")
 
 
+#: Page sizes the cache kernels take: every power of two up to this (FlashAttention-3 and
+#: FlashInfer take any page size; vLLM's default is 16; FlashAttention-2 needs multiples of 256).
+MAX_PAGE_SIZE = 4096
+
+
+def cache_reasons(config: SplitKvConfig) -> list[str]:
+    """Why ``config``'s KV-cache parameters are out of their domain (empty when they are
+    fine, or unused)."""
+    why: list[str] = []
+    p = config.page
+    if p and not config.kvcache:
+        why.append(f"page size {p} is set without the kvcache switch")
+    if p < 0 or p > MAX_PAGE_SIZE or (p & (p - 1)) != 0:
+        why.append(f"page size {p} is not a power of two up to {MAX_PAGE_SIZE}")
+    return why
+
+
 def accumulator_regs(config: SplitKvConfig) -> int:
     """fp32 S and O accumulators per thread, plus Q's fragments when they stay in registers
     (for the tile's head dim; the kernel may use fewer when the head dim is not a multiple of
@@ -56,6 +73,7 @@ def invalid_reasons(config: SplitKvConfig, smem_limit: int = MAX_SMEM_PER_BLOCK)
     c = config
     why = basic_reasons(c, HEAD_DIMS) + outside(c, rows=ROWS)
     why += variant_reasons(c, VARIANT_SWITCHES)
+    why += cache_reasons(c)
     if c.rows * c.tile_d > 4096:
         tile = f" (tile {c.tile_d})" if c.tile_d != c.d else ""
         why.append(f"{c.rows} rows x D={c.d}{tile} is over the 4096 the O accumulator allows")

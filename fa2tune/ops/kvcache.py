@@ -1,0 +1,652 @@
+"""``torch.ops.fa2tune.attention_with_kvcache``: attention over a KV cache whose lengths live
+on the device, with an optional in-place append, paged or contiguous.
+
+A serving engine keeps K/V in a cache (``[rows, capacity, Hkv, D]``, or pages
+``[pages, page size, Hkv, D]`` reached through an int32 block table ``[B, max_pages]``) and
+each sequence's length in an int32 tensor on the GPU. A call here
+
+1. appends ``k``/``v`` (``[B, Nnew, Hkv, D]``) at each sequence's length, in place
+   (:func:`append_kv`: index arithmetic and one ``index_put_`` per cache, on the device, no
+   host read), then
+2. attends ``q`` (``[B, Nq, Hq, D]``) to each sequence's ``cache_seqlens[b] + Nnew`` keys,
+   causal masks and windows bottom-right aligned at that length (FlashAttention's
+   ``flash_attn_with_kvcache`` semantics), on the split-KV family's cache kernels
+   (:mod:`fa2tune.ops.cache_choice`).
+
+Nothing on the per-call path depends on the lengths' values: the decision is keyed by the
+shapes (capacity, page size, batch, heads, head dim, new rows), dtype, mask and variant, made
+once (config choice, build, load) and kept; a call checks shapes, patches pointers and
+launches. So one CUDA graph captured around a call replays every decode step as the lengths
+grow, and ``torch.compile(fullgraph=True)`` traces the op as one node (it is a
+``torch.library`` custom op that mutates the caches).
+
+Where the kernels cannot serve (no GPU, no cuda-bindings or nvcc, another dtype), the call
+runs on :mod:`fa2tune.ops.kvcache_fallback` (torch ops, the same semantics, also free of host
+reads) with a warning once per reason, or raises with ``fallback=False``.
+
+Imports torch: :mod:`fa2tune.torch` imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import warnings
+from typing import Any, NamedTuple
+
+import torch
+
+from core.settings import get_settings
+from core.shape import Shape, effective_causal
+from core.variant import Variant
+from fa2tune.ops import autotune
+from fa2tune.ops.cache_choice import cache_choice
+from fa2tune.ops.choice import (
+    DTYPE_NAMES,
+    Call,
+    FallbackWarning,
+    Unsupported,
+    normalize_call,
+    open_store,
+)
+from fa2tune.ops.fallback import no_lse
+from fa2tune.ops.kernels import (
+    capturing,
+    current_stream,
+    device_info,
+    load_kernel,
+    raw_stream,
+)
+from fa2tune.ops.kvcache_fallback import kvcache_fallback, sequence_lengths
+from fa2tune.ops.torch_op import check_sinks, current_device_index, window_pair
+from fa2tune.ops.workspace import SplitKvWorkspace
+from measure.loader import BoundLaunch, CudaError, LoadedKernel, launch_geometry
+from measure.params import (
+    ALIGN_BYTES,
+    FaKvAppend,
+    FaKvCache,
+    FaParams,
+    FaVariant,
+    append_params,
+    cache_params,
+    launch_variant,
+)
+
+log = logging.getLogger("fa2tune.torch")
+
+_FALLBACK = "fa2tune.torch: attention_with_kvcache running on torch instead of a kernel: "
+#: Most cached decisions (a serving process has a few cache shapes per model).
+MAX_DECISIONS = 1024
+_decisions: dict[tuple[object, ...], _Decision] = {}
+_lock = threading.Lock()
+_warned: set[str] = set()
+_INDEX_DTYPES = (torch.int32, torch.int64)
+#: Threads per block of the append kernel (kv_append.cuh's launch bounds).
+_APPEND_THREADS = 256
+
+
+def _index_tensor(name: str, t: torch.Tensor | None, q: torch.Tensor, dims: int) -> None:
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.dtype not in _INDEX_DTYPES or t.dim() != dims:
+        what = f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
+        raise ValueError(f"{name} must be an int32 {dims}-d tensor, got {what}")
+    if t.device != q.device:
+        raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+
+
+def check_cache_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+) -> tuple[int, int]:
+    """``(capacity, page size)`` of a cache call (page size 0: contiguous), after refusing
+    arguments no implementation takes. Reads shapes only, never the tensors' values.
+
+    Raises:
+        ValueError: the message says which argument and why.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor, got {getattr(t, 'shape', t)!r}")
+    b, _, hq, d = (int(x) for x in q.shape)
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
+    rows, size, hkv, dk = (int(x) for x in k_cache.shape)
+    if dk != d:
+        raise ValueError(f"the caches' head dim {dk} differs from q's {d}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"q heads {hq} is not a multiple of the caches' {hkv} heads")
+    if {q.dtype, k_cache.dtype, v_cache.dtype} != {q.dtype}:
+        raise ValueError(f"q and the caches must share a dtype, got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}")  # fmt: skip
+    _index_tensor("cache_seqlens", cache_seqlens, q, 1)
+    _index_tensor("page_table", page_table, q, 2)
+    _index_tensor("cache_batch_idx", cache_batch_idx, q, 1)
+    if int(cache_seqlens.shape[0]) != b:
+        n = cache_seqlens.shape[0]
+        raise ValueError(f"cache_seqlens has {n} entries for a batch of {b}")
+    if cache_batch_idx is not None and int(cache_batch_idx.shape[0]) != b:
+        raise ValueError(
+            f"cache_batch_idx has {cache_batch_idx.shape[0]} entries for a batch of {b}"
+        )
+    if page_table is None:
+        page, capacity = 0, size
+        if cache_batch_idx is None and rows < b:
+            raise ValueError(f"the caches hold {rows} sequences for a batch of {b}")
+    else:
+        page = size
+        if page < 1 or page & (page - 1):
+            raise ValueError(f"the page size (k_cache.shape[1] = {page}) is not a power of two")
+        if page_table.dtype != torch.int32:
+            raise ValueError(f"page_table must be int32, got {page_table.dtype}")
+        if cache_batch_idx is None and int(page_table.shape[0]) < b:
+            raise ValueError(f"page_table has {page_table.shape[0]} rows for a batch of {b}")
+        capacity = int(page_table.shape[1]) * page
+    if (k is None) != (v is None):
+        raise ValueError("k and v are appended together: give both or neither")
+    if k is not None and v is not None:
+        if k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be 4-d and alike")
+        kb, _, kh, kd = (int(x) for x in k.shape)
+        if (kb, kh, kd) != (b, hkv, d) or k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
+            raise ValueError(f"new k/v {tuple(k.shape)} {k.dtype} do not match the batch {b} and "
+                             f"the caches' heads, head dim and dtype")  # fmt: skip
+    if capacity < 1:
+        raise ValueError("the cache holds no keys (capacity 0)")
+    return capacity, page
+
+
+def append_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+) -> None:
+    """Write ``k``/``v`` ``[B, Nnew, Hkv, D]`` into the caches at rows
+    ``cache_seqlens[b] ..+ Nnew`` of each sequence, in place and bit-exact (a copy). On the
+    device only: no value is read on the host, so the append is captured with the call.
+    The rows must fit the capacity (FlashAttention's rule; an index past it is a device-side
+    error)."""
+    b, n_new = int(k.shape[0]), int(k.shape[1])
+    pos = cache_seqlens.long().view(b, 1) + torch.arange(n_new, device=k.device).view(1, n_new)
+    rows = (cache_batch_idx.long() if cache_batch_idx is not None
+            else torch.arange(b, device=k.device)).view(b, 1)  # fmt: skip
+    if page_table is None:
+        k_cache.index_put_((rows, pos), k)
+        v_cache.index_put_((rows, pos), v)
+        return
+    size = int(k_cache.shape[1])
+    pages = page_table.long()[rows.view(b)].gather(1, torch.div(pos, size, rounding_mode="floor"))
+    slot = torch.remainder(pos, size)
+    k_cache.index_put_((pages, slot), k)
+    v_cache.index_put_((pages, slot), v)
+
+
+def lengths_tensor(
+    cache_seqlens: torch.Tensor | int,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    page_table: torch.Tensor | None,
+) -> torch.Tensor:
+    """``cache_seqlens`` as the op takes it: a tensor as given, an int (every sequence's
+    length, checked here: it is on the host) as an int32 ``[B]`` tensor on q's device.
+
+    Raises:
+        ValueError: an int length below 0 or leaving no room for the new rows.
+    """
+    if isinstance(cache_seqlens, torch.Tensor):
+        return cache_seqlens
+    n = int(cache_seqlens)
+    size = int(k_cache.shape[1])
+    capacity = int(page_table.shape[1]) * size if page_table is not None else size
+    room = capacity - (int(k.shape[1]) if k is not None else 0)
+    if not 0 <= n <= room:
+        raise ValueError(f"cache_seqlens {n} is outside [0, {room}] (a capacity of {capacity} "
+                         "keys, less the new rows)")  # fmt: skip
+    return torch.full((int(q.shape[0]),), n, dtype=torch.int32, device=q.device)
+
+
+class _Pattern:
+    """One stride pattern of a cache launcher: the checked ``FaParams`` (pointers patched per
+    call), the append's argument, and bound launches by (stream, workspace buffers)."""
+
+    __slots__ = ("append", "bound", "params")
+
+    def __init__(self, params: FaParams, append: FaKvAppend | None) -> None:
+        self.params = params
+        self.append = append
+        self.bound: dict[tuple[int, ...], tuple[BoundLaunch, BoundLaunch | None]] = {}
+
+
+class CacheLauncher:
+    """One cache decision: the loaded cache kernel and its append kernel, their geometry for
+    the decision's shapes and the arguments they take (``FaParams``, the workspace,
+    ``FaVariant``, ``FaKvCache``; the append ``FaParams``, ``FaKvAppend``, ``FaKvCache``),
+    made once per stride pattern and stream and patched per call with the pointers.
+
+    Attributes:
+        kernel, config, source: the loaded kernel, its config and where its tile came from.
+    """
+
+    __slots__ = ("_append_grid", "_append_kernel", "_block", "_capacity", "_fv", "_grid",
+                 "_kc", "_lock", "_page", "_patterns", "_smem", "_ws", "config", "kernel",
+                 "source")  # fmt: skip
+
+    def __init__(self, kernel: LoadedKernel, config: Any, source: str, shape: Shape,
+                 variant: Variant, table_stride: int, added: int, page: int) -> None:  # fmt: skip
+        self.kernel = kernel
+        self.config = config
+        self.source = source
+        grid, block = launch_geometry(config, shape.nq, shape.heads, shape.batch, nk=shape.nk,
+                                      kv_heads=shape.kv_heads)  # fmt: skip
+        self._grid, self._block, self._smem = grid, block, config.smem_bytes
+        self._capacity, self._page = shape.nk, page
+        w = launch_variant(config.causal, variant, shape.nq, None)
+        self._fv = FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), None)
+        self._kc = FaKvCache(None, None, None, table_stride, added)
+        self._ws = SplitKvWorkspace(config, shape)
+        self._lock = threading.Lock()
+        self._patterns: dict[tuple[object, ...], _Pattern] = {}
+        self._append_kernel: LoadedKernel | None = None
+        chunks = shape.batch * added * shape.kv_heads * (config.d // 8) * 2  # K and V
+        self._append_grid = (max(1, min(-(-chunks // _APPEND_THREADS), 65535)), 1, 1)
+        if added:  # the append kernel lives in the same cubin, named <config>_append
+            self._append_kernel = LoadedKernel.from_file(kernel.source, config.name + "_append")
+
+    def _pattern(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 o: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                 key: tuple[object, ...]) -> _Pattern:  # fmt: skip
+        """The checked arguments of a new stride pattern (kept for its later calls)."""
+        params = cache_params(q, k_cache, v_cache, o, None, 1.0, self._capacity)  # may raise
+        append = append_params(k, v, self._page) if k is not None and v is not None else None
+        pattern = _Pattern(params, append)
+        if len(self._patterns) < 16:  # a few per decision; odd ones are checked every call
+            self._patterns[key] = pattern
+        return pattern
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        o: torch.Tensor,
+        lse: torch.Tensor | None,
+        scale: float,
+        cache_seqlens: torch.Tensor,
+        page_table: torch.Tensor | None,
+        cache_batch_idx: torch.Tensor | None,
+        sinks: torch.Tensor | None,
+    ) -> None:
+        """Append ``k``/``v`` (when given) and attend: one launch each, on q's device's
+        current stream.
+
+        Raises:
+            ValueError: strides or alignment the kernels do not take (the caller falls back).
+            measure.loader.CudaError: the driver refused a launch.
+        """
+        if cache_seqlens.dtype != torch.int32 or not cache_seqlens.is_contiguous():
+            cache_seqlens = cache_seqlens.to(torch.int32).contiguous()  # a device-side cast
+        if cache_batch_idx is not None and (cache_batch_idx.dtype != torch.int32
+                                            or not cache_batch_idx.is_contiguous()):  # fmt: skip
+            cache_batch_idx = cache_batch_idx.to(torch.int32).contiguous()
+        if page_table is not None and page_table.stride(1) != 1:
+            page_table = page_table.contiguous()
+        qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
+        new_strides = (k.stride(), v.stride()) if k is not None and v is not None else None
+        key = (q.stride(), k_cache.stride(), v_cache.stride(), new_strides)
+        pattern = self._patterns.get(key)
+        if (
+            pattern is None
+            or (qp | kp | vp) % ALIGN_BYTES
+            or (k is not None and v is not None and (k.data_ptr() | v.data_ptr()) % ALIGN_BYTES)
+        ):
+            pattern = self._pattern(q, k_cache, v_cache, o, k, v, key)  # raises ValueError
+        index = q.get_device()  # an int: cheaper than q.device on the per-call path
+        stream = raw_stream(index) if raw_stream is not None else current_stream(q.device)
+        ws = self._ws
+        keep: object = None
+        captured = capturing()
+        if not ws.needed:
+            ws_ptrs = (0, 0)
+        elif captured:
+            count_ptr, partials_ptr, keep = ws.captured(q.device)
+            ws_ptrs = (count_ptr, partials_ptr)
+        else:
+            ws_ptrs = ws.stream_args(index, stream)
+        with self._lock:
+            p = pattern.params
+            p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
+            p.lse = lse.data_ptr() if lse is not None else None
+            p.softmax_scale = scale
+            fv, kc = self._fv, self._kc
+            fv.sinks = sinks.data_ptr() if sinks is not None else None
+            kc.seqlens = cache_seqlens.data_ptr()
+            kc.batch_idx = cache_batch_idx.data_ptr() if cache_batch_idx is not None else None
+            kc.block_table = page_table.data_ptr() if page_table is not None else None
+            append = pattern.append
+            if append is not None and k is not None and v is not None:
+                append.k_new, append.v_new = k.data_ptr(), v.data_ptr()
+            bound_key = (stream, *ws_ptrs)
+            launches = None if captured else pattern.bound.get(bound_key)
+            if launches is None:
+                attend = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
+                                          (*ws.args(*ws_ptrs), fv, kc))  # fmt: skip
+                add = None
+                if append is not None and self._append_kernel is not None:
+                    add = self._append_kernel.bind(p, self._append_grid, (_APPEND_THREADS, 1, 1),
+                                                   0, stream, (append, kc))  # fmt: skip
+                launches = (attend, add)
+                if not captured:  # a captured launch's workspace belongs to that graph
+                    pattern.bound[bound_key] = launches
+            if launches[1] is not None:
+                launches[1]()  # the append first: the attention reads the new rows
+            launches[0]()
+        del keep  # queued: a captured workspace may go back to the graph's pool
+
+
+def _decide(
+    q: torch.Tensor, capacity: int, page: int, causal: bool, variant: Variant,
+    table_stride: int, added: int, kv_heads: int,
+) -> CacheLauncher | str:  # fmt: skip
+    """The launcher of a cache decision, or why it falls back (its key's first call)."""
+    if q.device.type != "cuda":
+        return f"tensors on {q.device.type}, not a CUDA device"
+    name = str(q.dtype).removeprefix("torch.")
+    if name not in DTYPE_NAMES:
+        return f"dtype {name} (the kernels take float16 and bfloat16)"
+    b, nq, hq, d = (int(x) for x in q.shape)
+    device = device_info(q.device.index if q.device.index is not None else 0)
+    shape = Shape(nq, capacity, b, hq, kv_heads)
+    call = Call(device.index, device.name, device.sm_count, device.compute_capability, shape,
+                DTYPE_NAMES[name], causal, d, variant=variant)  # fmt: skip
+    try:
+        off = autotune.current().mode == "off"
+        choice = cache_choice(None if off else open_store(), call, page)
+        kernel = load_kernel(choice.config, device)
+        with torch.cuda.device(device.index):
+            launcher = CacheLauncher(kernel, choice.config, choice.source, shape, variant,
+                                     table_stride, added, page)  # fmt: skip
+    except Unsupported as exc:
+        return exc.reason
+    except CudaError as exc:  # the append kernel did not load
+        return f"loading {choice.config.name}_append failed: {exc}"
+    if get_settings().print_choice:
+        log.warning("fa2tune.torch: kvcache %s", call.describe(choice.describe(shape), "bnhd"))
+    return launcher
+
+
+class _Decision(NamedTuple):
+    """A cache key's decision: the launcher (or why the call falls back) and what the key's
+    shapes and arguments told once (the capacity, page size, mask and variant)."""
+
+    entry: CacheLauncher | str
+    capacity: int
+    page: int
+    causal: bool
+    variant: Variant
+    added: int
+
+
+def _spec(t: torch.Tensor | None) -> tuple[object, ...] | None:
+    """What a decision key holds of a tensor argument: shape, dtype, device (its index: -1
+    for the CPU; cheaper to get than ``t.device``)."""
+    return None if t is None else (t.shape, t.dtype, t.get_device())
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, FallbackWarning, stacklevel=4)
+
+
+def _make_decision(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+    causal: bool,
+    window: tuple[int, int],
+    chunk: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> _Decision:
+    """A key's first call: the argument checks that depend on shapes alone, the variant
+    normalised, the decision (raises ValueError on bad arguments)."""
+    capacity, page = check_cache_args(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                      cache_batch_idx)  # fmt: skip
+    nq, hq = int(q.shape[1]), int(q.shape[2])
+    if sinks is not None:
+        check_sinks(sinks, q, hq)
+    # Lengths are not known on the host: normalised as a packed batch's variant is (on the
+    # longest length, here the capacity: a bound past every key a sequence can have is none,
+    # and a chunk stays, since a sequence may have fewer keys than queries).
+    causal, variant = normalize_call(causal, window[0], window[1], chunk, float(softcap),
+                                     sinks is not None, nq, capacity, True)  # fmt: skip
+    if variant.plain:
+        causal = effective_causal(causal, nq)  # one query row sees every key either way
+    added = int(k.shape[1]) if k is not None else 0
+    table_stride = int(page_table.stride(0)) if page_table is not None else 0
+    entry = _decide(q, capacity, page, causal, variant, table_stride, added,
+                    int(k_cache.shape[2]))  # fmt: skip
+    return _Decision(entry, capacity, page, causal, variant, added)
+
+
+def run_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    chunk: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    return_lse: bool,
+    fallback: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's body: append, then attend (see the module docstring); ``(o, lse)``, ``lse``
+    empty when not asked for.
+
+    The key holds every tensor argument's shape, dtype and device and the scalar arguments,
+    so what the checks and the decision found is known for every later call of the key: a
+    call then checks strides and alignment (in the launcher) and launches.
+
+    Raises:
+        ValueError: bad arguments (:func:`check_cache_args`, a variant argument, sinks).
+        Unsupported: the kernels cannot serve the call and ``fallback`` is False.
+    """
+    key = (_spec(q), _spec(k_cache), _spec(v_cache), _spec(k), _spec(v), _spec(cache_seqlens),
+           _spec(page_table), page_table.stride() if page_table is not None else None,
+           _spec(cache_batch_idx), _spec(sinks), causal, window, chunk, softcap)  # fmt: skip
+    decision = _decisions.get(key)
+    if decision is None:
+        with _lock:
+            decision = _decisions.get(key)
+            if decision is None:
+                decision = _make_decision(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                          cache_batch_idx, causal, window, chunk, softcap,
+                                          sinks)  # fmt: skip
+                if len(_decisions) >= MAX_DECISIONS:
+                    del _decisions[next(iter(_decisions))]
+                _decisions[key] = decision
+    if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        sinks = sinks.float().contiguous()
+    entry = decision.entry
+    if not isinstance(entry, str) and torch.is_grad_enabled() and q.requires_grad:
+        entry = "gradients are recorded (the kernels are forward-only)"
+    if not isinstance(entry, str):
+        o = torch.empty_like(q) if q.is_contiguous() else q.new_empty(q.shape)
+        b, nq, hq, _ = q.shape
+        lse = q.new_empty((b, hq, nq), dtype=torch.float32) if return_lse else None
+        try:
+            if q.get_device() == current_device_index():
+                entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
+                      cache_batch_idx, sinks)  # fmt: skip
+            else:  # the kernels live in that device's context
+                with torch.cuda.device(q.device):
+                    entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
+                          cache_batch_idx, sinks)  # fmt: skip
+            return o, (lse if lse is not None else no_lse(q))
+        except ValueError as exc:
+            entry = f"tensor layout the kernels do not take ({exc})"
+    if not fallback:
+        raise Unsupported(entry)
+    _warn_once(_FALLBACK + entry)
+    if k is not None and v is not None:
+        append_kv(k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx)
+    lengths = sequence_lengths(cache_seqlens, decision.added, decision.capacity)
+    o, lse = kvcache_fallback(q, k_cache, v_cache, lengths, page_table=page_table,
+                              cache_batch_idx=cache_batch_idx, causal=decision.causal,
+                              scale=scale, variant=decision.variant, sinks=sinks)  # fmt: skip
+    return o, (lse if return_lse else no_lse(q))
+
+
+@torch.library.custom_op(  # type: ignore[untyped-decorator,unused-ignore]
+    "fa2tune::attention_with_kvcache", mutates_args=("k_cache", "v_cache")
+)
+def attention_with_kvcache_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    window_left: int,
+    window_right: int,
+    chunk: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    return_lse: bool,
+    fallback: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.fa2tune.attention_with_kvcache``: :func:`run_with_kvcache`."""
+    return run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                            cache_batch_idx, causal, scale, (window_left, window_right), chunk,
+                            softcap, sinks, return_lse, fallback)  # fmt: skip
+
+
+@attention_with_kvcache_op.register_fake  # type: ignore[untyped-decorator,unused-ignore]
+def _attention_with_kvcache_fake(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+    v: torch.Tensor | None, cache_seqlens: torch.Tensor, page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None, causal: bool, scale: float, window_left: int,
+    window_right: int, chunk: int, softcap: float, sinks: torch.Tensor | None,
+    return_lse: bool, fallback: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    b, nq, hq, _ = q.shape
+    lse = q.new_empty((b, hq, nq), dtype=torch.float32) if return_lse else no_lse(q)
+    return q.new_empty(q.shape), lse
+
+
+def attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    *,
+    cache_seqlens: torch.Tensor | int,
+    page_table: torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+    return_lse: bool = False,
+    fallback: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` over a KV cache, after appending ``k``/``v`` to it in place.
+
+    Args:
+        q: ``[B, Nq, Hq, D]`` (decode: ``Nq`` 1 or a few speculative tokens; any ``Nq``
+            works, a chunk of a prefill over its cached prefix included).
+        k_cache, v_cache: ``[rows, capacity, Hkv, D]`` (contiguous), or with ``page_table``
+            ``[pages, page size, Hkv, D]`` (any power-of-two page size, 1 included).
+        k, v: ``[B, Nnew, Hkv, D]`` new keys and values, written into the caches at each
+            sequence's length before the attention (bit-exact, in place); or None.
+        cache_seqlens: int32 ``[B]`` on q's device, the keys each sequence has cached before
+            this call (or an int for all); the call attends to ``cache_seqlens + Nnew``
+            keys, clamped to the capacity. Never read on the host.
+        page_table: int32 ``[B, max_pages]``: sequence ``b``'s key ``j`` lies in page
+            ``page_table[b, j // page size]``; pages may come in any order and be shared.
+        cache_batch_idx: int32 ``[B]``: batch row ``b`` uses cache row (or, paged, block-table
+            row) ``cache_batch_idx[b]``; default ``b``.
+        causal: bottom-right aligned at each sequence's length (query ``i`` sees key ``j``
+            iff ``j <= i + len - Nq``).
+        scale: softmax scale, ``1 / sqrt(D)`` by default.
+        window_size, attention_chunk, softcap, sinks: the attention variants, as
+            :func:`fa2tune.torch.attention` takes them, aligned at each sequence's length.
+        return_lse: also return the float32 LSE ``[B, Hq, Nq]``.
+        fallback: run what the kernels cannot serve on torch (warning once per reason);
+            False raises :class:`~fa2tune.ops.choice.Unsupported` instead.
+
+    Returns:
+        ``o`` (fresh, contiguous, q's shape), or ``(o, lse)``.
+
+    Raises:
+        ValueError: bad arguments (shapes, dtypes, devices, page size, a variant argument).
+        Unsupported: with ``fallback=False``, a call the kernels cannot serve.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    cache_seqlens = lengths_tensor(cache_seqlens, q, k_cache, k, page_table)
+    left, right = window_pair(window_size)
+    if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
+        # Traced (torch.compile) or a tensor subclass (FakeTensor): through the dispatcher.
+        o, lse = torch.ops.fa2tune.attention_with_kvcache(
+            q, k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx, causal,
+            float(scale), left, right, attention_chunk, float(softcap), sinks, return_lse,
+            fallback,
+        )  # fmt: skip
+    else:  # eager: the dispatcher's custom-op machinery costs more than the launch
+        o, lse = run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                  cache_batch_idx, causal, float(scale), (left, right),
+                                  attention_chunk, float(softcap), sinks, return_lse,
+                                  fallback)  # fmt: skip
+    return (o, lse) if return_lse else o
+
+
+def clear_cache_decisions() -> None:
+    """Forget every cache decision and warning (kernels stay loaded)."""
+    with _lock:
+        _decisions.clear()
+        _warned.clear()
+
+
+__all__ = [
+    "CacheLauncher",
+    "append_kv",
+    "attention_with_kvcache",
+    "attention_with_kvcache_op",
+    "check_cache_args",
+    "clear_cache_decisions",
+    "run_with_kvcache",
+]

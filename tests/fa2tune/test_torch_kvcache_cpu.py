@@ -1,0 +1,267 @@
+"""KV-cache attention in fa2tune.torch without a GPU (issue 24).
+
+On CPU tensors the op runs its torch path (:mod:`fa2tune.ops.kvcache_fallback`), which is
+the GPU tests' reference, so it is checked here against brute force written from the
+semantics (FlashAttention's ``flash_attn_with_kvcache``): per sequence its cache row or its
+pages in table order, ``cache_seqlens[b] + Nnew`` keys, masks bottom-right aligned at that
+length, the variants, rows with no key (O = 0, LSE = -inf or the sink's logit); the append
+(bit-exact, at each sequence's length, through ``cache_batch_idx`` and the block table); the
+argument checks; the decision made once per cache shape (growing lengths ask nothing
+again); ``fallback=False`` refusing; ``torch.compile(fullgraph=True)`` tracing the op as
+one node; and fa2tune.flash_attn's ``flash_attn_with_kvcache`` refusing what it does not run.
+Skipped without torch.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from core.variant import PLAIN, Variant  # noqa: E402
+from fa2tune.ops.choice import Unsupported  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    from fa2tune.torch import clear_caches
+
+    clear_caches()
+    yield
+    clear_caches()
+
+
+def _sees(i: int, j: int, nq: int, length: int, causal: bool, v: Variant) -> bool:
+    """The rule for one (query, key) pair of a sequence with ``length`` keys, written out."""
+    if j >= length:
+        return False
+    pos = i + length - nq
+    if causal and j > pos:
+        return False
+    if v.window_right >= 0 and j > pos + v.window_right:
+        return False
+    if v.window_left >= 0 and j < pos - v.window_left:
+        return False
+    if v.chunk > 0:
+        start = pos - pos % v.chunk  # Python's % rounds down, as the kernels' remainder
+        if not start <= j < start + v.chunk:
+            return False
+    return True
+
+
+def _brute(q: Any, keys: list[Any], values: list[Any], causal: bool, v: Variant,
+           sinks: Any, scale: float) -> tuple[Any, Any]:  # fmt: skip
+    """O and LSE one (batch, head, row) at a time; ``keys[b]``: sequence b's keys [L, Hkv, D]."""
+    b_n, nq, hq, d = q.shape
+    o = torch.zeros(b_n, nq, hq, d, dtype=torch.float64)
+    lse = torch.full((b_n, hq, nq), float("-inf"), dtype=torch.float64)
+    for b in range(b_n):
+        k_b, v_b = keys[b].double(), values[b].double()
+        length, hkv = int(k_b.shape[0]), int(k_b.shape[1])
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            for i in range(nq):
+                seen = [j for j in range(length) if _sees(i, j, nq, length, causal, v)]
+                logits = [float(q[b, i, h].double() @ k_b[j, kh]) * scale for j in seen]
+                if v.softcap > 0:
+                    logits = [v.softcap * math.tanh(s / v.softcap) for s in logits]
+                extra = [float(sinks[h])] if sinks is not None else []
+                if not logits and not extra:
+                    continue
+                m = max(logits + extra)
+                total = sum(math.exp(s - m) for s in logits + extra)
+                lse[b, h, i] = m + math.log(total)
+                for s, j in zip(logits, seen, strict=True):
+                    o[b, i, h] += math.exp(s - m) / total * v_b[j, kh]
+    return o, lse
+
+
+def _dense_cache(rows: int, cap: int, hkv: int, d: int) -> tuple[Any, Any]:
+    return torch.randn(rows, cap, hkv, d), torch.randn(rows, cap, hkv, d)
+
+
+CASES = [
+    # (page, new, batch_idx, causal, variant, sinks, nq)
+    (0, 0, False, True, PLAIN, False, 1),
+    (0, 2, True, True, PLAIN, False, 3),
+    (0, 1, False, False, Variant(5, 0), False, 1),
+    (1, 1, False, True, PLAIN, False, 2),
+    (4, 3, True, True, Variant(6, 2), False, 4),
+    (8, 0, False, False, Variant(chunk=8), True, 2),
+    (4, 2, False, True, Variant(softcap=3.0), True, 3),
+]
+
+
+@pytest.mark.parametrize(("page", "new", "mapped", "causal", "variant", "with_sinks", "nq"), CASES)
+def test_torch_path_matches_brute_force(
+    page: int, new: int, mapped: bool, causal: bool, variant: Variant, with_sinks: bool, nq: int
+) -> None:
+    from fa2tune.torch import attention_with_kvcache
+
+    torch.manual_seed(page * 10 + new + nq)
+    b, hq, hkv, d, cap = 4, 4, 2, 8, 24
+    q = torch.randn(b, nq, hq, d)
+    lens = torch.tensor([0, 1, cap - new, 9], dtype=torch.int32)
+    table = idx = None
+    if page:
+        pages = b * (cap // page) + 2
+        kc, vc = _dense_cache(pages, page, hkv, d)
+        table = torch.randperm(pages)[: b * (cap // page)].view(b, cap // page).to(torch.int32)
+    else:
+        kc, vc = _dense_cache(b + 2 if mapped else b, cap, hkv, d)
+    rows = int(table.shape[0]) if table is not None else int(kc.shape[0])
+    if mapped:
+        idx = torch.randperm(rows)[:b].to(torch.int32)
+        if table is not None:  # the map picks block-table rows: give it spare rows
+            table = torch.cat([table, table.flip(0)])[: max(rows, b)]
+            idx = torch.randperm(int(table.shape[0]))[:b].to(torch.int32)
+    kn, vn = (torch.randn(b, new, hkv, d), torch.randn(b, new, hkv, d)) if new else (None, None)
+    sinks = torch.randn(hq) if with_sinks else None
+    before_k = kc.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o, lse = attention_with_kvcache(
+            q, kc, vc, kn, vn, cache_seqlens=lens, page_table=table, cache_batch_idx=idx,
+            causal=causal, window_size=(variant.window_left, variant.window_right),
+            attention_chunk=variant.chunk, softcap=variant.softcap, sinks=sinks,
+            return_lse=True,
+        )  # fmt: skip
+    keys, values = [], []
+    for bi in range(b):
+        row = int(idx[bi]) if idx is not None else bi
+        length = int(lens[bi]) + new
+        if table is not None:
+            order = table[row].long()
+            k_seq = kc[order].reshape(-1, hkv, d)
+            v_seq = vc[order].reshape(-1, hkv, d)
+            k_before = before_k[order].reshape(-1, hkv, d)
+        else:
+            k_seq, v_seq, k_before = kc[row], vc[row], before_k[row]
+        if new:  # the append: the new rows at the old length, the rest untouched
+            start = int(lens[bi])
+            assert torch.equal(k_seq[start:length], kn[bi])
+            assert torch.equal(v_seq[start:length], vn[bi])
+            assert torch.equal(k_seq[:start], k_before[:start])
+            assert torch.equal(k_seq[length:], k_before[length:])
+        keys.append(k_seq[:length])
+        values.append(v_seq[:length])
+    want_o, want_lse = _brute(q, keys, values, causal, variant, sinks, 1 / math.sqrt(d))
+    assert torch.allclose(o.double(), want_o, atol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    finite = torch.isfinite(want_lse)
+    assert torch.allclose(lse.double()[finite], want_lse[finite], atol=1e-5)
+
+
+def _args(**over: Any) -> dict[str, Any]:
+    base = {"q": torch.randn(2, 1, 4, 8), "k_cache": torch.randn(2, 16, 2, 8),
+            "v_cache": torch.randn(2, 16, 2, 8),
+            "cache_seqlens": torch.tensor([3, 4], dtype=torch.int32)}  # fmt: skip
+    base.update(over)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"v_cache": torch.randn(2, 16, 2, 4)}, "v_cache"),
+        ({"k_cache": torch.randn(2, 16, 3, 8), "v_cache": torch.randn(2, 16, 3, 8)}, "multiple"),
+        ({"cache_seqlens": torch.tensor([3, 4, 5], dtype=torch.int32)}, "3 entries"),
+        ({"cache_seqlens": torch.tensor([3.0, 4.0])}, "cache_seqlens must be an int32"),
+        ({"k": torch.randn(2, 1, 2, 8)}, "both or neither"),
+        ({"k": torch.randn(2, 1, 1, 8), "v": torch.randn(2, 1, 1, 8)}, "new k/v"),
+        ({"page_table": torch.zeros(2, 2, dtype=torch.int32),
+          "k_cache": torch.randn(4, 6, 2, 8), "v_cache": torch.randn(4, 6, 2, 8)}, "power of two"),
+        ({"page_table": torch.zeros(1, 2, dtype=torch.int32),
+          "k_cache": torch.randn(4, 8, 2, 8), "v_cache": torch.randn(4, 8, 2, 8)}, "1 rows"),
+        ({"k_cache": torch.randn(1, 16, 2, 8), "v_cache": torch.randn(1, 16, 2, 8)}, "1 sequences"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_are_refused(over: dict[str, Any], message: str) -> None:
+    from fa2tune.torch import attention_with_kvcache
+
+    a = _args(**over)
+    with pytest.raises(ValueError, match=message):
+        attention_with_kvcache(a.pop("q"), a.pop("k_cache"), a.pop("v_cache"), a.pop("k", None),
+                               a.pop("v", None), **a)  # fmt: skip
+
+
+def test_decided_once_per_cache_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Growing lengths change no decision key: the first call decides, later ones reuse."""
+    from fa2tune.ops import kvcache
+    from fa2tune.torch import attention_with_kvcache
+
+    decided: list[object] = []
+    real = kvcache._decide
+
+    def counting(*args: Any) -> Any:
+        decided.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(kvcache, "_decide", counting)
+    a = _args()
+    lens = a["cache_seqlens"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(5):
+            kn, vn = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8)
+            attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], kn, vn,
+                                   cache_seqlens=lens, causal=True)  # fmt: skip
+            lens += 1
+    assert len(decided) == 1
+    assert lens.tolist() == [8, 9]
+
+
+def test_fallback_false_raises_with_the_reason() -> None:
+    from fa2tune.torch import attention_with_kvcache
+
+    a = _args()
+    with pytest.raises(Unsupported, match="not a CUDA device"):
+        attention_with_kvcache(a.pop("q"), a.pop("k_cache"), a.pop("v_cache"), fallback=False,
+                               **a)  # fmt: skip
+
+
+def test_compile_fullgraph_traces_one_op() -> None:
+    from fa2tune.torch import attention_with_kvcache
+
+    a = _args()
+    kc2, vc2 = a["k_cache"].clone(), a["v_cache"].clone()
+    kn, vn = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8)
+
+    def step(q: Any, kc: Any, vc: Any) -> Any:
+        return attention_with_kvcache(q * 2.0, kc, vc, kn, vn, cache_seqlens=a["cache_seqlens"],
+                                      causal=True)  # fmt: skip
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = torch.compile(step, fullgraph=True, backend="aot_eager")(a["q"], a["k_cache"],
+                                                                       a["v_cache"])  # fmt: skip
+        want = step(a["q"], kc2, vc2)
+    assert torch.equal(a["k_cache"], kc2)  # the compiled call appended too
+    assert torch.allclose(got, want)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"rotary_cos": torch.zeros(1)}, "rotary_cos"), ({"cache_leftpad": torch.zeros(2)},
+     "cache_leftpad"), ({"cu_seqlens_q": torch.zeros(3)}, "cu_seqlens_q")],
+)  # fmt: skip
+def test_flash_attn_with_kvcache_refuses_what_it_does_not_run(kwargs: dict[str, Any],
+                                                              name: str) -> None:  # fmt: skip
+    from fa2tune.flash_attn import flash_attn_with_kvcache
+
+    a = _args()
+    with pytest.raises(NotImplementedError, match=name):
+        flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], **kwargs)
+
+
+def test_flash_attn_with_kvcache_refuses_cpu_tensors_without_fallback() -> None:
+    from fa2tune.flash_attn import flash_attn_with_kvcache
+
+    a = _args()
+    with pytest.raises(NotImplementedError, match="not a CUDA device"):
+        flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=3)

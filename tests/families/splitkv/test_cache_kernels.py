@@ -1,0 +1,115 @@
+"""The split-KV family's KV-cache kernels (``_kvc``, paged ``_kvc_pg<P>``): config, text, builds.
+
+* CPU: a cache config's name, parse, dict form and stored parameters (a plain or variant
+  config's forms stay what they were: no ``page`` or ``kvcache`` key, no suffix); its
+  instantiation is ``SPLITKV_DEFINE_CACHE_KERNEL`` over every Traits argument with the
+  variant switches and the page size, and its type ``splitkv::CacheTraits<...>``; the space
+  refuses a page size that is not a power of two (up to 4096) or one without the switch.
+* Compile (sm_90, nvcc): cache kernels of the default tile at page sizes 0 (contiguous), 1,
+  4, 16 (smaller than a key tile: one table lookup per row), 64 and 256 (whole tiles per
+  page), with and without variant switches, D 64/96/128/256, build; their registers,
+  spills and shared memory are logged beside the plain tile's, the dynamic shared memory
+  is the plain tile's (a cache kernel adds no buffer), and contiguous and whole-tile paged
+  kernels spill no more than the plain tile does plus 8 bytes (ptxas, CUDA 13.0).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from codegen.build import build_configs
+from codegen.families.splitkv import render_instantiation, traits
+from codegen.families.splitkv.space import default_config, invalid_reasons
+from core.build_report import BuildStatus
+from core.settings import get_settings
+from core.splitkv_config import SplitKvConfig
+
+log = logging.getLogger(__name__)
+
+NVCC = get_settings().nvcc
+
+
+def test_cache_config_name_and_forms() -> None:
+    plain = default_config(128, "bf16", True)
+    cache = replace(plain, kvcache=True, page=16, sinks=True)
+    assert cache.name == plain.name + "_snk_kvc_pg16"
+    assert replace(plain, kvcache=True).name == plain.name + "_kvc"
+    assert SplitKvConfig.from_name(cache.name) == cache
+    assert SplitKvConfig.from_name(plain.name) == plain
+    assert "page" not in plain.to_dict() and "kvcache" not in plain.to_dict()
+    assert "page" not in plain.params() and "kvcache" not in plain.params()
+    assert cache.to_dict()["page"] == 16 and cache.params()["kvcache"] is True
+    assert SplitKvConfig.from_dict(cache.to_dict()) == cache
+    assert cache.has_cache and not plain.has_cache and not replace(plain, sinks=True).has_cache
+    assert cache.smem_bytes == plain.smem_bytes
+
+
+def test_cache_config_renders_the_cache_macro() -> None:
+    plain = default_config(64, "fp16", False)
+    text = render_instantiation(replace(plain, kvcache=True))
+    assert "SPLITKV_DEFINE_CACHE_KERNEL(" in text
+    assert text.rstrip().endswith("16, false, false, false, 0)")
+    paged = replace(plain, kvcache=True, page=4, local=True)
+    assert render_instantiation(paged).rstrip().endswith("true, false, false, 4)")
+    assert (
+        traits(paged)
+        == "splitkv::CacheTraits<64, __half, false, 16, 32, 4, 2, 16, true, false, false, 4>"
+    )
+    # the plain and variant configs keep their macros and types
+    assert "SPLITKV_DEFINE_KERNEL(" in render_instantiation(plain)
+    assert traits(replace(plain, sinks=True)).startswith("splitkv::VariantTraits<")
+
+
+@pytest.mark.parametrize(
+    ("page", "kvcache", "why"),
+    [(3, True, "power of two"), (8192, True, "power of two"), (16, False, "without the kvcache")],
+)
+def test_space_refuses_bad_page_sizes(page: int, kvcache: bool, why: str) -> None:
+    config = replace(default_config(128, "bf16", True), kvcache=kvcache, page=page)
+    assert any(why in reason for reason in invalid_reasons(config))
+
+
+def test_space_takes_every_power_of_two_page() -> None:
+    base = default_config(128, "bf16", True)
+    for exp in range(13):
+        assert invalid_reasons(replace(base, kvcache=True, page=1 << exp)) == []
+
+
+#: (plain tile, cache variants built on it: (page, switches)).
+SAMPLE: list[tuple[SplitKvConfig, list[tuple[int, dict[str, bool]]]]] = [
+    (
+        default_config(128, "bf16", True),
+        [(0, {}), (1, {}), (16, {}), (64, {}), (256, {}), (16, {"local": True, "sinks": True})],
+    ),
+    (default_config(64, "fp16", False), [(0, {}), (4, {"softcap": True}), (128, {})]),
+    (default_config(96, "fp16", True), [(32, {}), (1, {"local": True})]),
+    (default_config(256, "bf16", False), [(16, {}), (0, {"sinks": True})]),
+]
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(shutil.which(NVCC) is None, reason=f"nvcc ({NVCC!r}) is not on PATH")
+def test_cache_kernels_build(tmp_path: Path) -> None:
+    configs: list[SplitKvConfig] = []
+    for tile, variants in SAMPLE:
+        configs.append(tile)
+        configs += [replace(tile, kvcache=True, page=p, **sw) for p, sw in variants]
+    reports = {r.config.name: r for r in build_configs(configs, "sm_90", cache_dir=tmp_path,
+                                                       jobs=2)}  # fmt: skip
+    for tile, variants in SAMPLE:
+        base = reports[tile.name]
+        assert base.usable, base.error
+        for page, switches in variants:
+            config = replace(tile, kvcache=True, page=page, **switches)
+            r = reports[config.name]
+            log.info("%s: %s regs, %s B spill stores (plain tile: %s regs, %s B)", config.name,
+                     r.registers, r.spill_stores, base.registers, base.spill_stores)  # fmt: skip
+            assert r.status in (BuildStatus.OK, BuildStatus.SPILLS), f"{config.name}: {r.error}"
+            assert r.usable, config.name
+            if page == 0 or page >= tile.block_n:
+                assert r.spill_stores <= base.spill_stores + 8, config.name
