@@ -477,9 +477,18 @@ def run_with_kvcache(
         ValueError: bad arguments (:func:`check_cache_args`, a variant argument, sinks).
         Unsupported: the kernels cannot serve the call and ``fallback`` is False.
     """
-    key = (_spec(q), _spec(k_cache), _spec(v_cache), _spec(k), _spec(v), _spec(cache_seqlens),
-           _spec(page_table), page_table.stride() if page_table is not None else None,
-           _spec(cache_batch_idx), _spec(sinks), causal, window, chunk, softcap)  # fmt: skip
+    # Flat, and the devices as indices: this is most of a steady call's host work.
+    key: tuple[object, ...] = (
+        q.shape, q.dtype, q.get_device(), k_cache.shape, k_cache.dtype, k_cache.get_device(),
+        v_cache.shape, v_cache.dtype, v_cache.get_device(), cache_seqlens.shape,
+        cache_seqlens.dtype, cache_seqlens.get_device(), causal, window, chunk, softcap,
+    )  # fmt: skip
+    if k is not None or v is not None:
+        key += ("new", _spec(k), _spec(v))
+    if page_table is not None:
+        key += ("paged", _spec(page_table), page_table.stride())
+    if cache_batch_idx is not None or sinks is not None:
+        key += ("mapped", _spec(cache_batch_idx), _spec(sinks))
     decision = _decisions.get(key)
     if decision is None:
         with _lock:
