@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from codegen.compiler import CompilerNotFoundError, resolve_compiler
 from codegen.families import family_of
 from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry, compile_entries
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
@@ -49,8 +50,8 @@ HASH_CHARS = 16
 TARGET_SMEM_LIMIT: dict[str, int] = {**ARCH_SMEM_LIMIT, "sm_90a": ARCH_SMEM_LIMIT["sm_90"]}
 
 
-class NvccNotFoundError(RuntimeError):
-    """nvcc cannot be run."""
+class NvccNotFoundError(CompilerNotFoundError):
+    """nvcc cannot be run (and, where the compiler is ``auto``, neither can NVRTC)."""
 
 
 @dataclass(frozen=True)
@@ -342,7 +343,13 @@ def build_batch(
     # Absolute, because nvcc runs in each config's build directory.
     tdir = (template_dir if template_dir is not None else default_template_dir()).resolve()
     limit = smem_limit if smem_limit is not None else ARCH_SMEM_LIMIT[arch]
-    release = nvcc_version(nvcc_exe)
+    try:
+        compiler = resolve_compiler(nvcc_exe, settings.compiler, nvcc_version)
+    except NvccNotFoundError:
+        raise
+    except CompilerNotFoundError as exc:  # the NVRTC setting: reported like a missing nvcc
+        raise NvccNotFoundError(str(exc)) from exc
+    release = compiler.release
     cc = _compute_capability(arch)
 
     unique = list(dict.fromkeys(configs))
@@ -358,7 +365,7 @@ def build_batch(
             continue
         if family.name not in digests_by_family:
             digests_by_family[family.name] = template_hash(tdir, main=family.templates[0])
-        flags = nvcc_flags(target)
+        flags = compiler.flags(target, nvcc_flags(target))
         text = family.render(config)
         digest = source_hash(digests_by_family[family.name], text, flags, release, target)
         entry = NinjaEntry.in_directory(
@@ -375,17 +382,20 @@ def build_batch(
     to_build = sum(len(v) for v in pending.values())
     cached = len(plans) - to_build
     logger.info(
-        "building %d configs for %s: %d cached, %d to compile with %d jobs",
+        "building %d configs for %s: %d cached, %d to compile with %d jobs%s",
         len(unique),
         arch,
         cached,
         to_build,
         n_jobs,
+        f" ({compiler.release})" if compiler.kind != "nvcc" else "",
     )
     seconds = 0.0
     for target, entries in pending.items():
-        flags = [*nvcc_flags(target), "-I", str(tdir)]
-        seconds += compile_entries(entries, nvcc_exe, flags, cache_root / target, n_jobs, timeout_s)
+        flags = compiler.command_flags(target, nvcc_flags(target), tdir)
+        seconds += compile_entries(
+            entries, compiler.executable, flags, cache_root / target, n_jobs, timeout_s
+        )
 
     by_config = dict(unbuildable)
     for c, plan in plans.items():

@@ -122,6 +122,12 @@ class Settings(BaseSettings):
         return value
 
     nvcc: str = Field(default="nvcc", description="the nvcc executable")
+    compiler: Literal["auto", "nvcc", "nvrtc"] = Field(
+        default="auto",
+        description="what compiles the kernels: nvcc, NVRTC from the cuda-bindings and "
+        "nvidia-cuda-nvrtc wheels (no CUDA toolkit needed), or auto: nvcc when it runs, else "
+        "NVRTC",
+    )
     build_jobs: int = Field(
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="parallel nvcc jobs"
     )

@@ -31,7 +31,9 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#ifndef __CUDACC_RTC__  // NVRTC: the device built-ins need no header
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -526,6 +528,7 @@ __global__ void __launch_bounds__(T::kThreads)
   fwd_body<T>(p, vl, var);
 }
 
+#ifndef __CUDACC_RTC__  // NVRTC compiles device code only (codegen/nvrtc_job.py)
 // Host-side launchers for programs that compile the template themselves (the exported header).
 template <class T>
 inline cudaError_t launch(const FaParams& p, cudaStream_t stream) {
@@ -570,6 +573,7 @@ inline cudaError_t launch_varlen_variant(const FaParams& p, const FaVarlen& vl,
   fwd_varlen_variant_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, vl, var);
   return cudaGetLastError();
 }
+#endif  // __CUDACC_RTC__
 
 }  // namespace fa2
 

@@ -48,8 +48,6 @@ struct FaVariant {
   const float* sinks;    // [q_heads] fp32 logits joining every row's softmax denominator; or null
 };
 static_assert(sizeof(FaVariant) == 24 && alignof(FaVariant) == 8, "FaVariant is part of the ABI");
-static_assert(offsetof(FaVariant, softcap) == 12 && offsetof(FaVariant, sinks) == 16,
-              "FaVariant offsets");
 
 // The KV-cache arguments of a cache kernel (splitkv's CacheTraits), passed by value after
 // FaVariant. K and V are a cache: each sequence's valid length lives on the device
@@ -68,11 +66,12 @@ struct FaKvCache {
   int32_t added;               // keys appended by this call, counted into every length
 };
 static_assert(sizeof(FaKvCache) == 32 && alignof(FaKvCache) == 8, "FaKvCache is part of the ABI");
-static_assert(offsetof(FaKvCache, table_stride) == 24 && offsetof(FaKvCache, added) == 28,
-              "FaKvCache offsets");
 
 static_assert(sizeof(FaParams) == 160, "FaParams layout is part of the ABI");
 static_assert(alignof(FaParams) == 8, "FaParams alignment is part of the ABI");
+// Field offsets (NVRTC, which builds the kernels without a toolkit, has no constant offsetof;
+// nvcc builds check them).
+#ifndef __CUDACC_RTC__
 static_assert(offsetof(FaParams, q) == 0 && offsetof(FaParams, k) == 8 &&
                   offsetof(FaParams, v) == 16 && offsetof(FaParams, o) == 24 &&
                   offsetof(FaParams, lse) == 32,
@@ -87,3 +86,8 @@ static_assert(offsetof(FaParams, batch) == 136 && offsetof(FaParams, q_heads) ==
                   offsetof(FaParams, kv_heads) == 144 && offsetof(FaParams, nq) == 148 &&
                   offsetof(FaParams, nk) == 152 && offsetof(FaParams, softmax_scale) == 156,
               "scalar offsets");
+static_assert(offsetof(FaVariant, softcap) == 12 && offsetof(FaVariant, sinks) == 16,
+              "FaVariant offsets");
+static_assert(offsetof(FaKvCache, table_stride) == 24 && offsetof(FaKvCache, added) == 28,
+              "FaKvCache offsets");
+#endif  // __CUDACC_RTC__

@@ -12,7 +12,9 @@
 // q, o and lse unused), FaKvAppend (the new rows), FaKvCache.
 #pragma once
 
+#ifndef __CUDACC_RTC__  // NVRTC: the device built-ins need no header
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -30,8 +32,10 @@ struct FaKvAppend {
   int32_t reserved;   // 0
 };
 static_assert(sizeof(FaKvAppend) == 80 && alignof(FaKvAppend) == 8, "FaKvAppend is in the ABI");
+#ifndef __CUDACC_RTC__  // no constant offsetof in NVRTC (nvcc builds check)
 static_assert(offsetof(FaKvAppend, rows) == 64 && offsetof(FaKvAppend, chunks) == 72,
               "FaKvAppend offsets");
+#endif
 
 namespace kvcache {
 

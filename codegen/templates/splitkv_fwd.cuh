@@ -55,7 +55,9 @@
 // bottom-right at the sequence's own length, the variants, the merge) is the body above.
 #pragma once
 
+#ifndef __CUDACC_RTC__  // NVRTC: the device built-ins need no header
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 
@@ -183,6 +185,7 @@ struct FragOffsets {
   }
 };
 
+#ifndef __CUDACC_RTC__  // host helpers: NVRTC compiles device code only
 // Bytes of workspace a launch needs: partial O (DHead floats per row: the head dim, not the
 // tile's) and LSE per (row tile, split) and one counter per row tile. Zero with one split (the
 // block writes O itself). core/splitkv_config.py's workspace_bytes is the same formula.
@@ -201,6 +204,7 @@ inline int splits_for(const FaParams& p) {
   const int tiles = (p.nk + T::Bc - 1) / T::Bc;
   return tiles < T::Splits ? (tiles > 0 ? tiles : 1) : T::Splits;
 }
+#endif  // __CUDACC_RTC__
 
 // The kernel body; `last` is the caller's __shared__ flag (see fwd_body) and `var` is read
 // only where a variant switch is on.

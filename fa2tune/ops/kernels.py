@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -167,11 +168,17 @@ def load_kernel(config: AnyConfig, device: DeviceInfo) -> LoadedKernel:
         arch = arch_of(device.compute_capability)
         if arch is None:  # choose_config refuses these first; kept for direct callers
             raise Unsupported(f"no fa2tune build for {device.name}")
+        start = time.perf_counter()
         try:
             (report,) = build_configs([config], arch)
         except NvccNotFoundError as exc:
-            why = f"nvcc is needed for the first build of {config.name}: {exc}"
+            why = (f"a compiler is needed for the first build of {config.name} (nvcc, or NVRTC "
+                   f"from the cuda-bindings and nvidia-cuda-nvrtc wheels): {exc}")  # fmt: skip
             raise Unsupported(why) from exc
+        took = time.perf_counter() - start
+        if took >= 0.5:  # compiled now, not read from the build cache: say what took so long
+            log.info("fa2tune.torch: built %s for %s on first use in %.1f s (%s)", config.name,
+                     arch, took, report.nvcc_version)  # fmt: skip
         if not report.usable or report.cubin is None:
             raise Unsupported(f"build of {config.name} for {arch} failed: {report.error}")
         with torch.cuda.device(device.index):  # restores the caller's current device

@@ -221,8 +221,16 @@ def test_missing_template(fake: Fake) -> None:
         fake.build([cfg()])
 
 
-def test_missing_nvcc(fake: Fake) -> None:
-    with pytest.raises(NvccNotFoundError, match="FA2TUNE_NVCC"):
+def test_missing_nvcc(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No nvcc and no NVRTC (made unloadable here, whatever this machine has): the error
+    names both ways of getting a compiler."""
+    from codegen import nvrtc_compile
+
+    def no_nvrtc() -> str:
+        raise ImportError("no NVRTC library")
+
+    monkeypatch.setattr(nvrtc_compile, "nvrtc_release", no_nvrtc)
+    with pytest.raises(NvccNotFoundError, match=r"FA2TUNE_NVCC.*NVRTC is not available"):
         build_configs(
             [cfg()],
             "sm_90",
@@ -320,7 +328,15 @@ def test_cli_build_named_configs_json(cli: Callable[[list[str]], Result], fake: 
     assert rows[0]["dynamic_smem"] == Fa2Config.from_name(names[0]).smem_bytes
 
 
-def test_cli_build_without_nvcc(cli: Callable[[list[str]], Result], fake: Fake) -> None:
+def test_cli_build_without_nvcc(
+    cli: Callable[[list[str]], Result], fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from codegen import nvrtc_compile
+
+    def no_nvrtc() -> str:
+        raise ImportError("no NVRTC library")
+
+    monkeypatch.setattr(nvrtc_compile, "nvrtc_release", no_nvrtc)  # no compiler at all
     fake.nvcc.unlink()
     result = cli(["--d", "64", "--limit", "1"])
     assert result.exit_code == 1

@@ -12,21 +12,20 @@ captured CUDA graph replayed over 1,000 decode steps of growing lengths against 
 torch.compile (fullgraph) of an append-and-attend step, and fa2tune.flash_attn's
 ``flash_attn_with_kvcache`` on a paged cache.
 
-Skipped, with the reason, without torch, cuda-bindings, a CUDA GPU of sm_80+ or nvcc.
+Skipped, with the reason, without torch, cuda-bindings, a CUDA GPU of sm_80+ or a kernel
+compiler (nvcc, or NVRTC from the wheels).
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from core.settings import get_settings
-from tests.support.gpu import gpu_skip_reason
+from tests.support.gpu import compiler_skip_reason, gpu_skip_reason
 
 
 def _reason() -> str | None:
@@ -37,9 +36,7 @@ def _reason() -> str | None:
 
     if torch.cuda.get_device_capability(0) < (8, 0):
         return f"fa2tune's kernels need sm_80+, found {torch.cuda.get_device_name(0)}"
-    if shutil.which(get_settings().nvcc) is None:
-        return "nvcc is not on PATH"
-    return None
+    return compiler_skip_reason()  # nvcc, else NVRTC
 
 
 _REASON = _reason()

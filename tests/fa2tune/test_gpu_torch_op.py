@@ -11,13 +11,13 @@ the SDPA fallback warning (once) for D=264 and ``fallback=False`` raising,
 FA2TUNE_PRINT_CHOICE's log line, and (marker ``slow`` too: a 25 s campaign plus builds)
 first-use tuning writing a verified result to a temporary database.
 
-Skipped, with the reason, without torch, cuda-bindings, a CUDA GPU of sm_80+ or nvcc.
+Skipped, with the reason, without torch, cuda-bindings, a CUDA GPU of sm_80+ or a kernel
+compiler (nvcc, or NVRTC from the wheels).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
@@ -30,10 +30,10 @@ from codegen.families.fa3.space import default_config as fa3_default
 from codegen.families.splitkv.space import default_config as splitkv_default
 from core import settings as settings_module
 from core.problem import Problem
-from core.settings import get_settings, override_settings
+from core.settings import override_settings
 from db.store import Store
 from tests.support.factories import H200, ok_result, seed_measurement
-from tests.support.gpu import gpu_skip_reason
+from tests.support.gpu import compiler_skip_reason, gpu_skip_reason
 
 
 def _reason() -> str | None:
@@ -44,9 +44,7 @@ def _reason() -> str | None:
 
     if torch.cuda.get_device_capability(0) < (8, 0):
         return f"fa2tune's kernels need sm_80+, found {torch.cuda.get_device_name(0)}"
-    if shutil.which(get_settings().nvcc) is None:
-        return "nvcc is not on PATH"
-    return None
+    return compiler_skip_reason()  # nvcc, else NVRTC
 
 
 _REASON = _reason()

@@ -19,13 +19,13 @@ kernel for strides the kernels do not take, per sequence for D=264 and for gradi
 ``fallback=False`` raising.
 
 Run: ``pytest -m gpu tests/test_gpu_torch_varlen.py``. Skipped without torch, cuda-bindings,
-an sm_80+ GPU or nvcc.
+an sm_80+ GPU or a kernel compiler (nvcc, or
+NVRTC from the wheels).
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
@@ -36,11 +36,11 @@ import pytest
 from codegen.families.fa3.space import default_config as fa3_default
 from core import settings as settings_module
 from core.problem import Problem
-from core.settings import get_settings, override_settings
+from core.settings import override_settings
 from db.store import Store
 from fa2tune.ops.choice import default_varlen_config
 from tests.support.factories import H200, ok_result, seed_measurement
-from tests.support.gpu import gpu_skip_reason
+from tests.support.gpu import compiler_skip_reason, gpu_skip_reason
 
 
 def _reason() -> str | None:
@@ -51,9 +51,7 @@ def _reason() -> str | None:
 
     if torch.cuda.get_device_capability(0) < (8, 0):
         return f"fa2tune's kernels need sm_80+, found {torch.cuda.get_device_name(0)}"
-    if shutil.which(get_settings().nvcc) is None:
-        return "nvcc is not on PATH"
-    return None
+    return compiler_skip_reason()  # nvcc, else NVRTC
 
 
 _REASON = _reason()

@@ -49,6 +49,24 @@ def gpu_skip_reason() -> str | None:
     return None
 
 
+def compiler_skip_reason() -> str | None:
+    """Why the product cannot build kernels here (nvcc not on PATH and NVRTC not loadable),
+    or None: the torch op's GPU tests build through either (codegen.compiler)."""
+    import shutil
+
+    from core.settings import get_settings
+
+    if shutil.which(get_settings().nvcc) is not None:
+        return None
+    try:
+        from codegen.nvrtc_compile import nvrtc_release
+
+        nvrtc_release()
+    except ImportError as exc:
+        return f"nvcc is not on PATH and NVRTC is not available ({exc})"
+    return None
+
+
 def gpu_marks() -> list[pytest.MarkDecorator]:
     """The ``gpu`` marker plus a skip when :func:`gpu_skip_reason` gives a reason."""
     reason = gpu_skip_reason()
