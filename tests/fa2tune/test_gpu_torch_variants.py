@@ -24,21 +24,9 @@ from typing import Any
 import pytest
 
 from core.variant import Variant, normalize
-from tests.support.gpu import compiler_skip_reason, gpu_skip_reason
+from tests.support.gpu import torch_op_skip_reason
 
-
-def _reason() -> str | None:
-    reason = gpu_skip_reason()
-    if reason is not None:
-        return reason
-    import torch
-
-    if torch.cuda.get_device_capability(0) < (8, 0):
-        return f"fa2tune's kernels need sm_80+, found {torch.cuda.get_device_name(0)}"
-    return compiler_skip_reason()  # nvcc, else NVRTC
-
-
-_REASON = _reason()
+_REASON = torch_op_skip_reason()
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_REASON is not None, reason=f"fa2tune variant GPU tests: {_REASON}"),

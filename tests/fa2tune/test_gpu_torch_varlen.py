@@ -40,21 +40,9 @@ from core.settings import override_settings
 from db.store import Store
 from fa2tune.ops.choice import default_varlen_config
 from tests.support.factories import H200, ok_result, seed_measurement
-from tests.support.gpu import compiler_skip_reason, gpu_skip_reason
+from tests.support.gpu import torch_op_skip_reason
 
-
-def _reason() -> str | None:
-    reason = gpu_skip_reason()
-    if reason is not None:
-        return reason
-    import torch
-
-    if torch.cuda.get_device_capability(0) < (8, 0):
-        return f"fa2tune's kernels need sm_80+, found {torch.cuda.get_device_name(0)}"
-    return compiler_skip_reason()  # nvcc, else NVRTC
-
-
-_REASON = _reason()
+_REASON = torch_op_skip_reason()
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_REASON is not None, reason=f"fa2tune.torch varlen GPU tests: {_REASON}"),

@@ -67,6 +67,19 @@ def compiler_skip_reason() -> str | None:
     return None
 
 
+def torch_op_skip_reason() -> str | None:
+    """Why the torch op's GPU tests cannot run here (no GPU stack, a GPU older than sm_80, no
+    kernel compiler), or None."""
+    reason = gpu_skip_reason()
+    if reason is not None:
+        return reason
+    import torch
+
+    if torch.cuda.get_device_capability(0) < (8, 0):
+        return f"fa2tune's kernels need sm_80+, found {torch.cuda.get_device_name(0)}"
+    return compiler_skip_reason()  # nvcc, else NVRTC
+
+
 def gpu_marks() -> list[pytest.MarkDecorator]:
     """The ``gpu`` marker plus a skip when :func:`gpu_skip_reason` gives a reason."""
     reason = gpu_skip_reason()
