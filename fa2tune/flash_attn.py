@@ -311,10 +311,6 @@ def flash_attn_with_kvcache(
         if value is not None:
             raise _refuse(what)
     _check_common(q, v_cache, qv, q_descale, k_descale, v_descale, False)
-    if cache_seqlens is None:  # every sequence uses the whole cache
-        capacity = (int(page_table.shape[1]) * int(k_cache.shape[1]) if page_table is not None
-                    else int(k_cache.shape[1]))  # fmt: skip
-        cache_seqlens = capacity - (int(k.shape[1]) if k is not None else 0)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, sinks)):
         raise _refuse("gradients through flash_attn_with_kvcache (forward only)")

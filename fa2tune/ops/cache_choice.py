@@ -18,10 +18,7 @@ from dataclasses import replace
 from codegen.families import family, family_of
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
-from fa2tune.ops.choice import Call, Choice, Unsupported, choose, with_variant
-
-#: Shared memory no split-KV config reaches (the tile came from a checked config already).
-_ANY_SMEM = 1 << 40
+from fa2tune.ops.choice import ANY_SMEM, Call, Choice, Unsupported, choose, with_variant
 
 
 def cache_choice(store: Store | None, call: Call, page: int) -> Choice:
@@ -53,7 +50,7 @@ def cache_choice(store: Store | None, call: Call, page: int) -> Choice:
         assert isinstance(default, SplitKvConfig)
         config, source, measured = default, "default", None
     built = replace(config, kvcache=True, page=page)
-    ok, why = family_of(built).check(built, _ANY_SMEM)
+    ok, why = family_of(built).check(built, ANY_SMEM)  # the tile's own rules held already
     if not ok:
         raise Unsupported(why)
     return Choice(built, source, measured)

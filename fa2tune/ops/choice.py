@@ -193,7 +193,7 @@ def arch_of(compute_capability: str) -> str | None:
 
 #: A shared-memory limit no config reaches: a default asked only whether its family's
 #: kernels take a variant's switches (its other rules hold already).
-_ANY_SMEM = 1 << 40
+ANY_SMEM = 1 << 40
 
 
 def with_variant(config: AnyConfig, variant: Variant) -> tuple[AnyConfig | None, str]:
@@ -206,7 +206,7 @@ def with_variant(config: AnyConfig, variant: Variant) -> tuple[AnyConfig | None,
         built: AnyConfig = replace(cast(Any, config), **variant.needs)
     except TypeError:  # a config type that declares no switches (a plug-in family)
         return None, f"the {config.family} family has no variant kernels"
-    ok, why = family_of(built).check(built, _ANY_SMEM)
+    ok, why = family_of(built).check(built, ANY_SMEM)
     return (built, "") if ok else (None, why)
 
 

@@ -193,24 +193,25 @@ def append_kv(
 
 
 def lengths_tensor(
-    cache_seqlens: torch.Tensor | int,
+    cache_seqlens: torch.Tensor | int | None,
     q: torch.Tensor,
     k_cache: torch.Tensor,
     k: torch.Tensor | None,
     page_table: torch.Tensor | None,
 ) -> torch.Tensor:
     """``cache_seqlens`` as the op takes it: a tensor as given, an int (every sequence's
-    length, checked here: it is on the host) as an int32 ``[B]`` tensor on q's device.
+    length, checked here: it is on the host) as an int32 ``[B]`` tensor on q's device, None
+    (FlashAttention's "the whole cache") as the capacity less the new rows.
 
     Raises:
         ValueError: an int length below 0 or leaving no room for the new rows.
     """
     if isinstance(cache_seqlens, torch.Tensor):
         return cache_seqlens
-    n = int(cache_seqlens)
     size = int(k_cache.shape[1])
     capacity = int(page_table.shape[1]) * size if page_table is not None else size
     room = capacity - (int(k.shape[1]) if k is not None else 0)
+    n = room if cache_seqlens is None else int(cache_seqlens)
     if not 0 <= n <= room:
         raise ValueError(f"cache_seqlens {n} is outside [0, {room}] (a capacity of {capacity} "
                          "keys, less the new rows)")  # fmt: skip
