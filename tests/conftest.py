@@ -29,6 +29,28 @@ from tests.support.service_data import make_store
 # apps. The same render jobs run in worker processes in tests/service/test_render.py.
 os.environ.setdefault("FA2TUNE_SERVICE_RENDER_PROCESSES", "0")
 
+#: Test processes when pytest-xdist is installed and the command line names none: ``auto``
+#: (one per CPU) on machines without an NVIDIA GPU, where the suite is compile- and CPU-bound;
+#: 0 (this process) on GPU machines, whose tests would contend for the one device. Set
+#: FA2TUNE_TEST_WORKERS (a count, ``auto`` or 0) to choose; ``-n`` on the command line wins.
+_GPU_PRESENT = os.path.exists("/dev/nvidiactl")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Spread the suite over processes by test file (module fixtures are built once per file)."""
+    if not config.pluginmanager.hasplugin("xdist") or config.option.numprocesses is not None:
+        return
+    if hasattr(config, "workerinput") or "PYTEST_XDIST_WORKER" in os.environ:
+        return  # a worker runs its share itself (it would otherwise start workers of its own)
+    workers = os.environ.get("FA2TUNE_TEST_WORKERS", "0" if _GPU_PRESENT else "auto").strip()
+    if workers in ("", "0"):
+        return
+    config.option.numprocesses = workers if workers == "auto" else int(workers)
+    if config.option.dist == "no":
+        config.option.dist = "loadfile"
+
+
 # Trust-auth server of the development machine and CI; override for another server.
 POSTGRES_URL = os.environ.get(
     "FA2TUNE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
