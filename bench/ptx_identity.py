@@ -178,10 +178,11 @@ def select_targets(args: argparse.Namespace) -> list[Target]:
         from codegen.families import family_of
         from core.family import config_from_name
 
-        return [
-            Target(name, args.arch or family_of(config_from_name(name)).archs[0])
-            for name in args.config
-        ]
+        def h200_target(name: str) -> str:  # the manifests' machine: an sm_90 GPU
+            fam = family_of(config_from_name(name))
+            return fam.arch_for("9.0") or fam.archs[0]
+
+        return [Target(name, args.arch or h200_target(name)) for name in args.config]
     files = sorted(Path(args.data).glob("*.json"))
     if not files:
         raise SystemExit(f"no results files (*.json) in {args.data}")

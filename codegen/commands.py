@@ -20,7 +20,12 @@ from codegen.build import (
 )
 from codegen.families import FAMILIES, family_of
 from codegen.render import TemplateMissingError
-from codegen.targets import ARCH_SMEM_LIMIT, DEFAULT_SMEM_LIMIT, SUPPORTED_ARCHS
+from codegen.targets import (
+    ARCH_SMEM_LIMIT,
+    DEFAULT_SMEM_LIMIT,
+    SUPPORTED_ARCHS,
+    compute_capability_of,
+)
 from core.build_report import BuildReport, BuildStatus
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig, config_from_name
@@ -190,11 +195,9 @@ def _select_configs(
                 )
             if causal and not c.causal:
                 raise typer.BadParameter(f"{c.name} is not causal", param_hint="--causal")
+    elif d is None:
+        configs = _family_defaults(family, _check_dtype(dtype or "fp16"), causal, arch)
     else:
-        if d is None:
-            raise typer.BadParameter(
-                "give --d (with optional --limit) or --config", param_hint="--d"
-            )
         configs = _family_space(
             family,
             _check_d(d, family),
@@ -204,6 +207,29 @@ def _select_configs(
             arch,
         )
     return configs[:limit] if limit is not None else configs
+
+
+def _family_defaults(family: str, dtype: Dtype, causal: bool, arch: str) -> list[AnyConfig]:
+    """The family's default config of every head dim it has, fitted to the target's shared
+    memory: what a GPU of that target runs where nothing is tuned (``fa2tune build --arch X``
+    alone)."""
+    fam = FAMILIES.get(family)
+    if fam is None:
+        raise typer.BadParameter(
+            f"{family!r} is not a kernel family; use one of {', '.join(FAMILIES)}",
+            param_hint="--family",
+        )
+    if fam.arch_for(compute_capability_of(arch)) is None:
+        raise typer.BadParameter(
+            f"the {family} family does not build for {arch} GPUs (its targets: "
+            f"{', '.join(fam.archs)})",
+            param_hint="--arch",
+        )
+    # One per tile width first (the multiples of 32: D=40 runs D=64's tile), so that a short
+    # --limit still covers every tile the family instantiates.
+    dims = sorted(fam.head_dims, key=lambda d: (d % 32 != 0, d))
+    fitted = (fam.default_within(d, dtype, causal, ARCH_SMEM_LIMIT[arch]) for d in dims)
+    return [c for c in fitted if c is not None]
 
 
 def _report_table(batch: BuildBatch, title: str) -> Table:
@@ -264,7 +290,9 @@ def build(
     ] = "fa2",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of reports")] = False,
 ) -> None:
-    """Compile the config space (or the first K / the named configs) and show ptxas's report.
+    """Compile a config space (``--d``), the named configs (``--config``) or, with neither, the
+    family's default config of every head dim; ``--limit`` keeps the first K. Shows ptxas's
+    report of each.
 
     Failed configs are reported, not fatal: the exit status is 0 unless the input is wrong
     or nvcc (or the kernel template) is missing.

@@ -36,6 +36,7 @@ class GpuInfo:
     cuda_version: str  # CUDA runtime/toolkit version torch or the driver reports
     memory_bytes: int = 0
     smem_optin_bytes: int = 0  # max dynamic shared memory per block after opt-in
+    l2_bytes: int = 0  # L2 cache size (0: not read)
     sm_clock_mhz: int | None = None  # clocks as found (never changed by fa2tune)
     mem_clock_mhz: int | None = None
 

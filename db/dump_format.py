@@ -28,9 +28,11 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     StrictBool,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -117,6 +119,18 @@ class GpuRecord(_Record):
         default=0, ge=0, le=INT64_MAX, description="device memory in bytes (64-bit)"
     )
     smem_optin_bytes: Integer = int32_field(0, "opt-in shared memory per block, bytes", 0)
+    l2_bytes: Integer = Field(
+        default=0, ge=0, le=INT64_MAX, description="L2 cache in bytes; 0 where not read"
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_unread_l2(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Written only where read: a dump of GPUs stored before the field came (0) reads, and
+        # re-exports, as it did.
+        out: dict[str, Any] = handler(self)
+        if not self.l2_bytes:
+            out.pop("l2_bytes", None)
+        return out
 
     @property
     def key(self) -> GpuKey:

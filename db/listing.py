@@ -39,6 +39,7 @@ def gpus(engine: Engine) -> list[GpuSummary]:
                 cuda_version=g.cuda_version,
                 memory_bytes=g.memory_bytes,
                 smem_optin_bytes=g.smem_optin_bytes,
+                l2_bytes=g.l2_bytes,
                 measurements=total,
                 ok_measurements=n_ok,
             )

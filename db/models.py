@@ -149,6 +149,7 @@ class Gpu(Base):
     cuda_version: Mapped[str] = mapped_column(String(64))
     memory_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     smem_optin_bytes: Mapped[int] = mapped_column(default=0)
+    l2_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # 0: not read (migration 0005)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -126,6 +126,7 @@ class GpuSummary:
     cuda_version: str
     memory_bytes: int
     smem_optin_bytes: int
+    l2_bytes: int
     measurements: int
     ok_measurements: int
 

@@ -97,6 +97,7 @@ def _gpu_record(g: Gpu) -> GpuRecord:
         cuda_version=g.cuda_version,
         memory_bytes=g.memory_bytes,
         smem_optin_bytes=g.smem_optin_bytes,
+        l2_bytes=g.l2_bytes,
     )
 
 
@@ -295,6 +296,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
                 cuda_version=g.cuda_version,
                 memory_bytes=g.memory_bytes,
                 smem_optin_bytes=g.smem_optin_bytes,
+                l2_bytes=g.l2_bytes,
                 created_at=now,
                 updated_at=now,
             )

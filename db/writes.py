@@ -48,6 +48,7 @@ _GPU_REFRESHED = (
     "cuda_version",
     "memory_bytes",
     "smem_optin_bytes",
+    "l2_bytes",
     "updated_at",
 )
 _BUILD_IDENTITY = ("config_key", "arch", "source_hash")
@@ -119,6 +120,7 @@ def upsert_gpu(engine: Engine, info: GpuInfo) -> int:
         "cuda_version": info.cuda_version,
         "memory_bytes": info.memory_bytes,
         "smem_optin_bytes": info.smem_optin_bytes,
+        "l2_bytes": info.l2_bytes,
         "updated_at": now,
     }
     refreshed = {k: values[k] for k in _GPU_REFRESHED}

@@ -109,6 +109,7 @@ def current_gpu_info(device: int | None = None) -> GpuInfo:
 
     driver_api: str | None = None
     smem_optin = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
+    l2_bytes = int(getattr(props, "L2_cache_size", 0) or 0)
     smi_target = str(dev)
     try:
         from measure.loader import call, driver
@@ -117,13 +118,15 @@ def current_gpu_info(device: int | None = None) -> GpuInfo:
         call("cuInit", 0)
         driver_api = format_driver_api_version(int(call("cuDriverGetVersion")))
         cu_dev = call("cuDeviceGet", dev)
+        attr = cu.CUdevice_attribute
         smem_optin = int(
             call(
                 "cuDeviceGetAttribute",
-                cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                 cu_dev,
             )
         )
+        l2_bytes = int(call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, cu_dev))
         # nvidia-smi numbers devices its own way; the PCI bus id names the same device in both.
         bus = call("cuDeviceGetPCIBusId", 32, cu_dev)
         bus_id = bus.decode() if isinstance(bus, bytes) else str(bus)
@@ -141,12 +144,36 @@ def current_gpu_info(device: int | None = None) -> GpuInfo:
         cuda_version=cuda_version,
         memory_bytes=int(props.total_memory),
         smem_optin_bytes=smem_optin,
+        l2_bytes=l2_bytes,
         sm_clock_mhz=_to_int(smi.get("clocks.sm")),
         mem_clock_mhz=_to_int(smi.get("clocks.mem")),
     )
 
 
-def arch_for(info: GpuInfo) -> str:
-    """nvcc ``-arch`` for the device, e.g. ``"sm_90"`` for compute capability 9.0."""
-    major, minor = info.compute_capability.split(".")
-    return f"sm_{major}{minor}"
+def arch_for(info: GpuInfo) -> str | None:
+    """The plain target to build for the device (``"sm_90"`` for compute capability 9.0; the
+    newest lower one of its major version where fa2tune has none of its own, logged), None
+    where fa2tune has no code the device runs (:func:`codegen.targets.target_for`)."""
+    from codegen.targets import target_for
+
+    return target_for(info.compute_capability)
+
+
+def describe_limits(info: GpuInfo, target: str) -> str:
+    """One line for a campaign's log: the limits read from the device that bound its space,
+    and where the table of ``target`` (what builds ahead of time assume) says otherwise."""
+    from codegen.targets import TARGETS
+
+    line = (
+        f"{info.name} (compute capability {info.compute_capability}, {target} code): "
+        f"{info.sm_count} SMs, {info.smem_optin_bytes // 1024} KB shared memory per block, "
+        f"{info.l2_bytes / 2**20:.0f} MB L2, read from the device"
+    )
+    facts = TARGETS.get(target.rstrip("a"))
+    read = info.smem_optin_bytes
+    if facts is not None and read and read != facts.smem_per_block:
+        line += (
+            f"; the {facts.arch} table says {facts.smem_per_block // 1024} KB, and the space "
+            "keeps to the smaller"
+        )
+    return line

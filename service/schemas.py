@@ -339,6 +339,7 @@ class GpuOut(_Out):
     cuda_version: str = Field(description="latest seen")
     memory_bytes: int
     smem_optin_bytes: int
+    l2_bytes: int = Field(description="L2 cache in bytes; 0 where not read")
     measurements: int
     ok_measurements: int
     tuned: list[TunedSetOut]

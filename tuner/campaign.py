@@ -432,7 +432,7 @@ def _defaults(
     def default_seeds(p: Problem) -> Sequence[AnyConfig]:
         # Round-robin over the families, each family's default first, so that a short budget
         # still measures every family's best-known config before any family's second seed.
-        per_family = [_default_first(f, p) for f in serving(p)]
+        per_family = [_default_first(f, p, smem or None) for f in serving(p)]
         seeds = [c for group in zip_longest(*per_family) for c in group if c is not None]
         seeds = with_variant(seeds, p)
         return _as_varlen(seeds) if p.is_varlen else seeds
@@ -473,12 +473,17 @@ def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:
     return [t for t in twins if t is not None]
 
 
-def _default_first(family: Family, p: Problem) -> list[AnyConfig]:
+def _default_first(family: Family, p: Problem, smem_limit: int | None) -> list[AnyConfig]:
+    """The family's seeds with its default first: the default fitted to the GPU's shared
+    memory (:meth:`Family.default_within`), which is what an untuned call there runs."""
     seeds = list(family.seeds(p.d, p.dtype, p.causal))
     try:
         default = family.default(p.d, p.dtype, p.causal)
+        fitted = family.default_within(p.d, p.dtype, p.causal, smem_limit)
     except ValueError:  # a head dim the family has no default for
         return seeds
+    if fitted is not None and fitted != default:  # shrunk for this GPU: it leads the seeds
+        return [fitted, *(c for c in seeds if c != fitted)]
     return [default, *(c for c in seeds if c != default)] if default in seeds else seeds
 
 

@@ -132,14 +132,24 @@ def _campaign_on_gpu(
         UnsupportedArchError: when the GPU's architecture is not supported.
         WorkerStartError: when the worker cannot start (no GPU, no torch).
     """
-    from codegen.targets import ARCH_SMEM_LIMIT
-    from measure.gpuinfo import arch_for, current_gpu_info
+    from codegen.targets import SUPPORTED_ARCHS, runs_on
+    from measure.gpuinfo import arch_for, current_gpu_info, describe_limits
 
     storage_url = search.resolve_storage_url(db_url)
     gpu = worker.gpu_info or current_gpu_info(device)
     target = arch or arch_for(gpu)
-    if target not in ARCH_SMEM_LIMIT:
-        raise UnsupportedArchError(f"the GPU's {target} is not supported; pass --arch")
+    if target is None:
+        raise UnsupportedArchError(
+            f"fa2tune has no code a GPU of compute capability {gpu.compute_capability} runs "
+            f"(targets: {', '.join(SUPPORTED_ARCHS)}; machine code runs only within its major "
+            "version)"
+        )
+    if not runs_on(target, gpu.compute_capability):
+        raise UnsupportedArchError(
+            f"{target} code does not run on {gpu.name} (compute capability "
+            f"{gpu.compute_capability}); leave --arch out to build for the GPU"
+        )
+    log.info("%s", describe_limits(gpu, target))
     problems = make_problems(gpu.name, targets)
     log.info(
         "tuning %d problems on %s (%s, device %d), sampler %s",

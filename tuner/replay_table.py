@@ -340,5 +340,6 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
         cuda_version=info.cuda_version,
         memory_bytes=info.memory_bytes,
         smem_optin_bytes=info.smem_optin_bytes,
+        l2_bytes=info.l2_bytes,
     )
     return ReplayTable(studies=studies, problems=problems, gpu=gpu_info, arch=arch).to_dict()

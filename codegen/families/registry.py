@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias, cast
 
+from codegen.targets import runs_on
 from core.config import HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.config_common import SearchValue
 from core.family import (
@@ -202,6 +203,9 @@ class Family:
         variant_switches: the attention-variant switches its kernels are built with
             (:data:`core.variant.SWITCHES` they take; a config with another set is outside
             its space, and a campaign passes the family over for such a problem).
+        fit: how the family shrinks a config to a shared-memory limit (``(config, limit) ->
+            config or None``), applied to its default on GPUs with less shared memory than
+            the default was sized for (:meth:`default_within`); None: configs are not shrunk.
         workspace_sizes: for a family whose kernels merge partial results through a
             workspace (split-KV): ``(config, shape) -> (counters, partial rows)``, int32
             counters (zero before a launch) and float32 rows of ``d + 1`` (partial O, LSE);
@@ -227,6 +231,22 @@ class Family:
     columns: Callable[[AnyConfig], dict[str, object]] = lambda config: {}
     variant_switches: tuple[str, ...] = ()
     workspace_sizes: Callable[[AnyConfig, Shape], tuple[int, int]] | None = None
+    fit: Callable[[AnyConfig, int], AnyConfig | None] | None = None
+
+    def default_within(
+        self, d: int, dtype: Dtype, causal: bool, smem_limit: int | None
+    ) -> AnyConfig | None:
+        """The default config, fitted to ``smem_limit`` bytes of shared memory per block
+        (a target's or a device's; None: no limit): the default where it fits, else the
+        family's :attr:`fit` of it, else None.
+
+        Raises:
+            ValueError: a head dim the family has no default for.
+        """
+        config = self.default(d, dtype, causal)
+        if smem_limit is None or self.check(config, smem_limit)[0]:
+            return config
+        return self.fit(config, smem_limit) if self.fit is not None else None
 
     @property
     def head_dims_text(self) -> str:
@@ -280,21 +300,11 @@ class Family:
     def arch_for(self, compute_capability: str) -> str | None:
         """The target this family builds for a GPU of ``compute_capability`` (``"9.0"``).
 
-        The newest target the GPU runs. Builds are cubins of machine code only (no PTX for
-        the driver to compile), so a plain target (``sm_86``) runs on GPUs of the same major
-        version and an equal or newer minor one, and an architecture-specific target
-        (``sm_90a``) on exactly its compute capability. None when no target fits.
+        The newest of its targets the GPU runs (:func:`codegen.targets.runs_on`: machine code
+        only, so a plain target runs within its major version, an architecture-specific one
+        such as ``sm_90a`` on exactly its compute capability). None when no target fits.
         """
-        major, minor = (int(x) for x in compute_capability.split(".")[:2])
-        for arch in self.archs:
-            digits = arch.removeprefix("sm_").rstrip("a")
-            t_major, t_minor = int(digits[:-1]), int(digits[-1])
-            if arch.endswith("a"):
-                if (t_major, t_minor) == (major, minor):
-                    return arch
-            elif t_major == major and t_minor <= minor:
-                return arch
-        return None
+        return next((a for a in self.archs if runs_on(a, compute_capability)), None)
 
 
 #: Every family, by name; the order is the order a campaign searches them in.

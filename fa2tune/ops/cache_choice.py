@@ -18,7 +18,15 @@ from dataclasses import replace
 from codegen.families import family, family_of
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
-from fa2tune.ops.choice import ANY_SMEM, Call, Choice, Unsupported, choose, with_variant
+from fa2tune.ops.choice import (
+    ANY_SMEM,
+    Call,
+    Choice,
+    Unsupported,
+    choose,
+    smem_limit_of,
+    with_variant,
+)
 
 
 def cache_choice(store: Store | None, call: Call, page: int) -> Choice:
@@ -44,7 +52,12 @@ def cache_choice(store: Store | None, call: Call, page: int) -> Choice:
         if splitkv.arch_for(call.compute_capability) is None:
             raise Unsupported(f"no split-KV kernel builds for compute capability "
                               f"{call.compute_capability}")  # fmt: skip
-        default, why = with_variant(splitkv.default(call.d, call.dtype, call.causal), call.variant)
+        fitted = splitkv.default_within(call.d, call.dtype, call.causal,
+                                        smem_limit_of(call.compute_capability))  # fmt: skip
+        if fitted is None:
+            raise Unsupported(f"no split-KV tile fits the shared memory of compute capability "
+                              f"{call.compute_capability}")  # fmt: skip
+        default, why = with_variant(fitted, call.variant)
         if default is None:
             raise Unsupported(why)
         assert isinstance(default, SplitKvConfig)

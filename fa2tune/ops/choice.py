@@ -47,7 +47,7 @@ from functools import lru_cache
 from typing import Any, Literal, cast
 
 from codegen.families import FAMILIES, family, family_of
-from codegen.targets import SUPPORTED_ARCHS
+from codegen.targets import SUPPORTED_ARCHS, facts_for, target_for
 from core.config import HEAD_DIMS_RULE, Dtype
 from core.fa2_config import Fa2Config
 from core.family import AnyConfig
@@ -182,13 +182,12 @@ class Call:
 
 
 def arch_of(compute_capability: str) -> str | None:
-    """The build target of a GPU (``"9.0"`` -> ``"sm_90"``); None when fa2tune has none."""
+    """The build target of a GPU (``"9.0"`` -> ``"sm_90"``, ``"8.8"`` -> ``"sm_87"`` with one
+    log line: :func:`codegen.targets.target_for`); None when fa2tune has none it can run."""
     try:
-        major, minor = (int(x) for x in compute_capability.split(".")[:2])
+        return target_for(compute_capability)
     except ValueError:
         return None
-    arch = f"sm_{major}{minor}"
-    return arch if arch in SUPPORTED_ARCHS else None
 
 
 #: A shared-memory limit no config reaches: a default asked only whether its family's
@@ -210,10 +209,22 @@ def with_variant(config: AnyConfig, variant: Variant) -> tuple[AnyConfig | None,
     return (built, "") if ok else (None, why)
 
 
+def smem_limit_of(compute_capability: str) -> int | None:
+    """Shared memory per block a GPU of ``compute_capability`` offers, from its target's
+    table (:func:`codegen.targets.facts_for`); None where fa2tune has no target for it."""
+    try:
+        facts = facts_for(compute_capability)
+    except ValueError:
+        return None
+    return facts.smem_per_block if facts is not None else None
+
+
 def _default_candidates(
-    d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int
+    d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int, smem_limit: int | None
 ) -> list[AnyConfig]:
-    """The plain defaults of a dense call, best first (see :func:`default_config`)."""
+    """The plain defaults of a dense call, best first (see :func:`default_config`), each
+    fitted to ``smem_limit`` (:meth:`Family.default_within`; one that cannot fit is left
+    out)."""
     fa2, splitkv = family("fa2"), family("splitkv")
     in_splitkv = d in splitkv.head_dims
     problem = Problem(
@@ -222,18 +233,24 @@ def _default_candidates(
     )  # fmt: skip
     blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
     decode = in_splitkv and splitkv.serves(problem) and blocks < max(sm_count, 1)
-    out: list[AnyConfig] = []
+    out: list[AnyConfig | None] = []
     if decode:
-        out.append(splitkv.default(d, dtype, causal))
+        out.append(splitkv.default_within(d, dtype, causal, smem_limit))
     if d in fa2.head_dims:
-        out.append(fa2.default(d, dtype, causal))
+        out.append(fa2.default_within(d, dtype, causal, smem_limit))
     if in_splitkv and not decode:
-        out.append(splitkv.default(d, dtype, causal))
-    return out
+        out.append(splitkv.default_within(d, dtype, causal, smem_limit))
+    return [c for c in out if c is not None]
 
 
 def default_config(
-    d: int, dtype: Dtype, causal: bool, shape: Shape, sm_count: int, variant: Variant = PLAIN
+    d: int,
+    dtype: Dtype,
+    causal: bool,
+    shape: Shape,
+    sm_count: int,
+    variant: Variant = PLAIN,
+    smem_limit: int | None = None,
 ) -> AnyConfig | None:
     """The config that serves an untuned dense call, or None when no family has head dim ``d``
     (or, for a ``variant``, none whose kernels take its switches).
@@ -242,9 +259,11 @@ def default_config(
     query rows per KV head, and one block per 128 query rows would not fill the GPU) and for
     head dims only split-KV has; FlashAttention-2's default otherwise. Both from the family
     registry. With a variant, the first of these whose family builds the variant's switches,
-    with them set.
+    with them set. With ``smem_limit`` (the GPU's shared memory per block), each is fitted
+    to it first (split-KV's default is sized for sm_90's 227 KB; 99 KB GPUs run a smaller
+    tile of it).
     """
-    for config in _default_candidates(d, dtype, causal, shape, sm_count):
+    for config in _default_candidates(d, dtype, causal, shape, sm_count, smem_limit):
         built, _ = with_variant(config, variant)
         if built is not None:
             return built
@@ -272,8 +291,9 @@ def _variant_refusal(call: Call) -> str:
         base = family("fa2").default(call.d, call.dtype, call.causal)
         reasons = [with_variant(replace(cast(Any, base), varlen=True), v)[1]]
     else:
+        limit = smem_limit_of(call.compute_capability)
         candidates = _default_candidates(call.d, call.dtype, call.causal, call.shape,
-                                         call.sm_count)  # fmt: skip
+                                         call.sm_count, limit)  # fmt: skip
         reasons = [with_variant(c, v)[1] for c in candidates]
     why = "; ".join(dict.fromkeys(r for r in reasons if r))
     return f"no kernel serves the variant ({v.describe()}): {why or 'no family builds it'}"
@@ -299,8 +319,9 @@ def check_supported(dtype: str, d: int, compute_capability: str, *, packed: bool
         raise Unsupported(unsupported_head_dim(d, packed))
     if arch_of(compute_capability) is None:
         raise Unsupported(
-            f"no fa2tune build for compute capability {compute_capability} "
-            f"(builds: {', '.join(SUPPORTED_ARCHS)})"
+            f"no fa2tune build runs on compute capability {compute_capability}: its builds "
+            f"are machine code for {', '.join(SUPPORTED_ARCHS)}, each of which runs only on "
+            "GPUs of its own major version"
         )
 
 
@@ -326,7 +347,9 @@ def choose(store: Store | None, call: Call) -> Choice:
     default = (
         default_varlen_config(call.d, call.dtype, call.causal, variant)
         if packed is not None
-        else default_config(call.d, call.dtype, call.causal, call.shape, call.sm_count, variant)
+        else default_config(
+            call.d, call.dtype, call.causal, call.shape, call.sm_count, variant, smem_limit_of(cc)
+        )
     )
     built = default is not None  # a family builds the variant (before the GPU is asked)
     if default is not None and family_of(default).arch_for(cc) is None:

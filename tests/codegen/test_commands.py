@@ -83,7 +83,10 @@ def test_space_smem_limit() -> None:
         (["build", "--d", "80", "--family", "fa3"], "the fa3 family has no head dim 80"),
         (["build", "--d", "64", "--arch", "sm_70"], "not a supported architecture"),
         (["build", "--d", "64", "--dtype", "int8"], "not a supported dtype"),
-        (["build"], "give --d"),
+        (
+            ["build", "--family", "fa3", "--arch", "sm_120"],
+            "the fa3 family does not build for sm_120",
+        ),
         (["build", "--config", "not_a_config"], "not a kernel config name"),
         (["build", "--config", "fa2_d64_fp16_full_br64_bc64_w8_s1_pad8"], "16 * warps"),
         (

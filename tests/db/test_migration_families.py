@@ -86,8 +86,13 @@ def test_upgrade_keeps_every_row_and_moves_parameters_into_params(db_0001: Path)
     init_db(engine)  # 0001 -> head
     engine.dispose()
     after = {t: _rows(db_0001, t) for t in TABLES}
-    for table in ("gpus", "measurements", "ingested_files"):
+    for table in ("measurements", "ingested_files"):
         assert after[table] == before[table], table
+    # 0005 adds gpus.l2_bytes, 0 (not read) on every row that was there.
+    assert [{k: v for k, v in g.items() if k != "l2_bytes"} for g in after["gpus"]] == before[
+        "gpus"
+    ]
+    assert {g["l2_bytes"] for g in after["gpus"]} == {0}
     # 0003 adds problems.seqlens, "" (dense) on every row that was there; 0004 the variant
     # columns, plain on every row (and the rows keep their ids, so measurements still point).
     added = {"seqlens": "", **PLAIN_COLUMNS}

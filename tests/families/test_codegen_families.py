@@ -61,9 +61,16 @@ def test_unknown_families_and_parameters_are_named(call: object, message: str) -
     [
         ("9.0", "sm_90", "sm_90a"),
         ("8.9", "sm_89", None),
-        ("8.7", "sm_86", None),
+        ("8.7", "sm_87", None),
+        ("8.8", "sm_87", None),  # no sm_88 target: the newest of its major version it runs
         ("8.0", "sm_80", None),
-        ("10.0", None, None),  # cubins only: an sm_90 cubin does not run on another major
+        ("10.0", "sm_100", None),
+        ("10.3", "sm_103", None),
+        ("11.0", "sm_110", None),
+        ("12.0", "sm_120", None),
+        ("12.1", "sm_121", None),
+        ("12.9", "sm_121", None),
+        ("13.0", None, None),  # cubins only: no target of its major version runs there
         ("7.5", None, None),
     ],
 )

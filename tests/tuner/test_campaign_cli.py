@@ -673,4 +673,11 @@ def test_cli_gpu_worker_failures(
     monkeypatch.setattr(_FakeWorker, "gpu", replace(GPU, compute_capability="7.0"))
     old = CliRunner().invoke(app, args)
     assert old.exit_code == 2, old.output
-    assert "the GPU's sm_70 is not supported; pass --arch" in old.output
+    said = " ".join(old.output.replace("│", " ").split())
+    assert "fa2tune has no code a GPU of compute capability 7.0 runs" in said, said
+    # A target whose code the GPU cannot run is refused before anything is built.
+    monkeypatch.setattr(_FakeWorker, "gpu", replace(GPU, compute_capability="9.0"))
+    wrong = CliRunner().invoke(app, [*args, "--arch", "sm_120"])
+    assert wrong.exit_code == 2, wrong.output
+    said = " ".join(wrong.output.replace("│", " ").split())
+    assert "sm_120 code does not run on" in said and "compute capability 9.0" in said, said

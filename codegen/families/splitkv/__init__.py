@@ -93,6 +93,7 @@ SPLITKV = Family(
     est_registers=lambda config: space.accumulator_regs(_skv(config)),
     variant_switches=space.VARIANT_SWITCHES,
     workspace_sizes=splitkv_workspace_sizes,
+    fit=lambda config, smem_limit: space.fit_config(_skv(config), smem_limit),
 )
 
 __all__ = ["SPLITKV", "TEMPLATE", "render_instantiation", "space", "traits"]

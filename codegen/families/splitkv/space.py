@@ -121,6 +121,24 @@ def default_config(d: int, dtype: Dtype, causal: bool) -> SplitKvConfig:
     return SplitKvConfig(d, dtype, causal, 16, 32 if tile_head_dim(d) <= 128 else 16, 4, 2, 16)
 
 
+def fit_config(config: SplitKvConfig, smem_limit: int) -> SplitKvConfig | None:
+    """``config`` made to fit ``smem_limit`` bytes of shared memory per block: fewer keys per
+    warp tile first (the K/V rings shrink and the pipeline keeps its depth), then fewer warps
+    (the splits then carry the keys in flight); None when even one warp of 16-key tiles does
+    not fit. The default's tiles are sized for sm_90's 227 KB; a 99 KB GPU (sm_86/89/120/121)
+    runs the fitted one.
+    """
+    fitted = config
+    while invalid_reasons(fitted, smem_limit):
+        if fitted.block_n > BLOCK_N[0]:
+            fitted = replace(fitted, block_n=fitted.block_n // 2)
+        elif fitted.warps > WARPS[0]:
+            fitted = replace(fitted, warps=fitted.warps // 2)
+        else:
+            return None
+    return fitted
+
+
 def seed_configs(d: int, dtype: Dtype = "fp16", causal: bool = False) -> list[SplitKvConfig]:
     """The default and its neighbours in the two choices that matter most: splits and depth."""
     if d not in HEAD_DIMS:

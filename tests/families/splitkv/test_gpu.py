@@ -217,3 +217,19 @@ def test_every_config(causal: bool, cache: Path) -> None:
     _run_configs(
         configs, shape_problems(128, "fp16", causal, DECODE_SHAPES[:4] + EDGE_SHAPES[:1]), cache
     )
+
+
+@pytest.mark.parametrize("d", [96, 128, 192, 256])
+def test_defaults_fitted_to_99kb_gpus(d: int, tmp_path: Path) -> None:
+    """The default as the 99 KB targets run it (sm_86, sm_89, sm_120, sm_121: 16-key tiles,
+    then fewer warps; ``Family.default_within``), verified here: the same portable code, so
+    its results on this GPU are its results there, up to the target's own compilation."""
+    from codegen.families import family
+    from codegen.targets import ARCH_SMEM_LIMIT
+
+    splitkv = family("splitkv")
+    for dtype, causal in (("fp16", False), ("bf16", True)):
+        fitted = splitkv.default_within(d, dtype, causal, ARCH_SMEM_LIMIT["sm_120"])
+        assert fitted is not None and fitted != default_config(d, dtype, causal)
+        problems = shape_problems(d, dtype, causal, ALL_SHAPES)
+        _run_configs([cast(SplitKvConfig, fitted)], problems, tmp_path)
