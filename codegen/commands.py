@@ -18,11 +18,10 @@ from codegen.build import (
     build_batch,
     report_to_dict,
 )
-from codegen.families import FAMILIES, family_of
+from codegen.families import FAMILIES, Family, family_of
 from codegen.render import TemplateMissingError
 from codegen.targets import (
     ARCH_SMEM_LIMIT,
-    DEFAULT_SMEM_LIMIT,
     SUPPORTED_ARCHS,
     compute_capability_of,
 )
@@ -93,17 +92,27 @@ def _check_arch(arch: str) -> str:
     return arch
 
 
-def _family_space(
-    family: str, d: int, dtype: Dtype, causal: bool, smem: int, arch: str
-) -> list[AnyConfig]:
-    try:
-        fam = FAMILIES[family]
-    except KeyError:
+def _family_for(family: str, arch: str) -> Family:
+    """The family named ``family``, refused where it has no code for ``arch`` GPUs."""
+    fam = FAMILIES.get(family)
+    if fam is None:
         raise typer.BadParameter(
             f"{family!r} is not a kernel family; use one of {', '.join(FAMILIES)}",
             param_hint="--family",
-        ) from None
-    return fam.space(d, dtype, causal, smem, arch)
+        )
+    if fam.arch_for(compute_capability_of(arch)) is None:
+        raise typer.BadParameter(
+            f"the {family} family does not build for {arch} GPUs (its targets: "
+            f"{', '.join(fam.archs)})",
+            param_hint="--arch",
+        )
+    return fam
+
+
+def _family_space(
+    family: str, d: int, dtype: Dtype, causal: bool, smem: int, arch: str
+) -> list[AnyConfig]:
+    return _family_for(family, arch).space(d, dtype, causal, smem, arch)
 
 
 def space(
@@ -111,13 +120,14 @@ def space(
     dtype: Annotated[str, typer.Option("--dtype", help="fp16 or bf16")] = "fp16",
     causal: Annotated[bool, typer.Option("--causal", help="causal mask")] = False,
     smem_limit: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--smem-limit",
-            help="dynamic shared memory per block in bytes (at most the sm_90 maximum)",
+            help="dynamic shared memory per block in bytes (default and at most: --arch's)",
             min=1,
         ),
-    ] = DEFAULT_SMEM_LIMIT,
+    ] = None,
+    arch: Annotated[str, typer.Option("--arch", help="target architecture")] = "sm_90",
     family: Annotated[
         str,
         typer.Option("--family", help=f"kernel family: one of {_FAMILY_NAMES}"),
@@ -125,9 +135,9 @@ def space(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
 ) -> None:
     """List the valid kernel configs of a family for one head dim, dtype and mask."""
-    configs = _family_space(
-        family, _check_d(d, family), _check_dtype(dtype), causal, smem_limit, "sm_90"
-    )
+    _check_arch(arch)
+    limit = smem_limit if smem_limit is not None else ARCH_SMEM_LIMIT[arch]
+    configs = _family_space(family, _check_d(d, family), _check_dtype(dtype), causal, limit, arch)
     if as_json:
         rows = [
             {
@@ -213,18 +223,7 @@ def _family_defaults(family: str, dtype: Dtype, causal: bool, arch: str) -> list
     """The family's default config of every head dim it has, fitted to the target's shared
     memory: what a GPU of that target runs where nothing is tuned (``fa2tune build --arch X``
     alone)."""
-    fam = FAMILIES.get(family)
-    if fam is None:
-        raise typer.BadParameter(
-            f"{family!r} is not a kernel family; use one of {', '.join(FAMILIES)}",
-            param_hint="--family",
-        )
-    if fam.arch_for(compute_capability_of(arch)) is None:
-        raise typer.BadParameter(
-            f"the {family} family does not build for {arch} GPUs (its targets: "
-            f"{', '.join(fam.archs)})",
-            param_hint="--arch",
-        )
+    fam = _family_for(family, arch)
     # One per tile width first (the multiples of 32: D=40 runs D=64's tile), so that a short
     # --limit still covers every tile the family instantiates.
     dims = sorted(fam.head_dims, key=lambda d: (d % 32 != 0, d))

@@ -68,6 +68,18 @@ def test_space_smem_limit() -> None:
     assert rows and all(r["smem_bytes"] <= 49152 for r in rows)
 
 
+def test_space_of_a_target_keeps_to_its_shared_memory() -> None:
+    """--arch sm_120 (99 KB per block): the sm_90 space less what does not fit there."""
+    result = runner.invoke(app, ["space", "--d", "128", "--arch", "sm_120", "--json"])
+    assert result.exit_code == 0, result.output
+    names = [r["name"] for r in json.loads(result.output)]
+    wide = enumerate_space(128)
+    assert names == [c.name for c in wide if c.smem_bytes <= 99 * 1024]
+    assert 0 < len(names) < len(wide)
+    refused = runner.invoke(app, ["space", "--d", "128", "--family", "fa3", "--arch", "sm_120"])
+    assert refused.exit_code == 2 and "does not build for sm_120" in refused.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
