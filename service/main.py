@@ -32,6 +32,7 @@ from db.store import Store
 from service.admission import SlowGate
 from service.dbfile import DatabaseFile
 from service.deps import SlowEndpoints
+from service.docs_pages import DOCS_PATH, add_docs_pages
 from service.fastpath import BestFastPath
 from service.index import IndexHolder
 from service.params import strict_query
@@ -144,6 +145,9 @@ def create_app(
         # "/v1/results/" is a 404, not a redirect whose Location is built from the client's
         # Host header.
         redirect_slashes=False,
+        # /docs and /redoc with assets the service serves itself (service.docs_pages).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.store = store
     app.state.dbfile = DatabaseFile(store.engine)
@@ -158,9 +162,11 @@ def create_app(
     app.add_exception_handler(SQLAlchemyError, _database_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
 
+    add_docs_pages(app)
+
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
-        return RedirectResponse("/docs")
+        return RedirectResponse(DOCS_PATH)
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
@@ -365,7 +366,35 @@ def test_openapi_documents_every_endpoint(client: TestClient) -> None:
     assert "MeasurementRecord" in spec["components"]["schemas"]
     assert {"401", "403", "422"} <= set(post["responses"])
     assert "404" in spec["paths"]["/v1/best"]["get"]["responses"]
-    assert client.get("/docs").status_code == 200
+    assert not {p for p in spec["paths"] if p.startswith(("/docs", "/redoc"))}
+
+
+@pytest.mark.parametrize(
+    ("page", "assets"),
+    [
+        ("/docs", ("swagger-ui-bundle.js", "swagger-ui.css", "favicon.png")),
+        ("/redoc", ("redoc.standalone.js", "favicon.png")),
+    ],
+)
+def test_docs_pages_load_nothing_from_the_internet(
+    client: TestClient, page: str, assets: tuple[str, ...]
+) -> None:
+    """Every script, stylesheet and icon the pages name is served by the service itself (an
+    offline machine renders them); nothing points at a CDN or a font host."""
+    html = client.get(page)
+    assert html.status_code == 200 and "/openapi.json" in html.text
+    urls = re.findall(r'(?:src|href)\s*=\s*["\']([^"\']+)', html.text)
+    urls += re.findall(r'url:\s*["\']([^"\']+)', html.text)
+    assert not [u for u in urls if "//" in u], urls
+    for name in assets:
+        url = f"/docs-assets/{name}"
+        assert url in html.text, (page, name)
+        got = client.get(url)
+        assert got.status_code == 200 and len(got.content) > 1000, url
+    script = client.get(f"/docs-assets/{assets[0]}")
+    assert "javascript" in script.headers["content-type"]
+    redirect = client.get("/docs/oauth2-redirect")
+    assert redirect.status_code == 200 and "oauth2" in redirect.text.lower()
 
 
 def test_lifespan_loads_shipped_results(
