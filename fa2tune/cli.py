@@ -24,6 +24,7 @@ from codegen import commands as codegen_commands
 from core.settings import Settings, get_settings, override_settings
 from db import commands as db_commands
 from db.session import DatabaseOpenError
+from fa2tune import warmup_cli
 from measure import commands as measure_commands
 from service import commands as service_commands
 from tuner import replay_cli, tune_cli
@@ -236,6 +237,7 @@ app.command("best")(db_commands.best)
 app.command("dump")(db_commands.dump)
 app.command("ingest")(db_commands.ingest)
 app.command("replay-table")(replay_cli.replay_table)
+app.command("warmup")(warmup_cli.warmup)
 app.command("serve")(service_commands.serve)
 app.command("export")(service_commands.export)
 
