@@ -21,6 +21,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 import anyio
 from starlette.responses import JSONResponse
@@ -137,14 +138,35 @@ class Admissions:
         self.results = Admission("result pages", slots, queue, wait_s)
         # One body in memory at a time (a parsed body takes about 7x its size).
         self.ingest = Admission("ingests", 1, queue, wait_s)
+        # The /v1/best questions the in-memory index does not answer (packed batches, attention
+        # variants) read the store in a worker thread, a few ms each: more of them at a time,
+        # but bounded, so varying them cannot take the interpreter from the indexed answers.
+        self.lookups = Admission("store lookups", LOOKUP_SLOTS_PER_SLOT * slots, queue, wait_s)
 
-    def of(self, method: str, path: str) -> Admission | None:
-        """The admission of a request, None for the cheap endpoints."""
+    def of(self, method: str, path: str, query: bytes = b"") -> Admission | None:
+        """The admission of a request, None for the cheap endpoints (``/v1/best`` answered
+        from the index: plain attention, any shape)."""
         if path == "/v1/export/header":
             return self.export
         if path == "/v1/results":
             return self.ingest if method == "POST" else self.results
+        if path == "/v1/best/varlen" or (path == "/v1/best" and _asks_variant(query)):
+            return self.lookups
         return None
+
+
+#: Store lookups admitted at a time per slot of the other groups (``FA2TUNE_SERVICE_THREADS``).
+LOOKUP_SLOTS_PER_SLOT = 4
+_VARIANT_KEYS = frozenset({"window_left", "window_right", "chunk", "softcap", "sinks"})
+
+
+def _asks_variant(query: bytes) -> bool:
+    """Whether a /v1/best query names an attention-variant parameter (the raw query string:
+    the gate runs before parsing; keys are unquoted as the parser will unquote them)."""
+    return any(
+        unquote_plus(part.split(b"=", 1)[0].decode("latin-1")) in _VARIANT_KEYS
+        for part in query.split(b"&")
+    )
 
 
 class SlowGate:
@@ -161,7 +183,9 @@ class SlowGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         admission = (
-            self.admissions.of(scope["method"], scope["path"]) if scope["type"] == "http" else None
+            self.admissions.of(scope["method"], scope["path"], scope.get("query_string", b""))
+            if scope["type"] == "http"
+            else None
         )
         if admission is None:
             await self.app(scope, receive, send)

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from core.settings import Settings
 from db.store import Store
-from service.admission import Admission
+from service.admission import LOOKUP_SLOTS_PER_SLOT, Admission, Admissions
 from service.main import create_app
 from tests.support.blocking import DEADLINE_S, Blocker, wait_until
 
@@ -171,3 +171,60 @@ def test_the_refusals_are_documented(client: TestClient) -> None:
         responses = paths[path][method]["responses"]
         assert {"429", "503"} <= responses.keys(), (path, method)
         assert "application/json" in responses["429"]["content"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "query", "group"),
+    [
+        ("GET", "/v1/best", b"gpu=H200&d=128&n=4096", None),  # the index answers: no gate
+        ("GET", "/v1/best", b"gpu=H200&d=128&nq=1&nk=8192&batch=8", None),
+        ("GET", "/v1/best", b"gpu=H200&d=128&n=4096&window_left=128", "lookups"),
+        ("GET", "/v1/best", b"gpu=H200&d=128&n=4096&window%5Fright=0", "lookups"),  # unquoted
+        ("GET", "/v1/best", b"sinks&gpu=H200", "lookups"),
+        ("GET", "/v1/best/varlen", b"gpu=H200&d=128&seqlens=100,200", "lookups"),
+        ("GET", "/v1/results", b"", "results"),
+        ("POST", "/v1/results", b"", "ingest"),
+        ("GET", "/v1/export/header", b"gpu=H200", "export"),
+        ("GET", "/v1/gpus", b"", None),
+    ],
+)
+def test_which_requests_are_admitted_by_a_group(
+    method: str, path: str, query: bytes, group: str | None
+) -> None:
+    admissions = Admissions(slots=1, queue=2, wait_s=1.0)
+    found = admissions.of(method, path, query)
+    assert found is (getattr(admissions, group) if group is not None else None)
+    assert admissions.lookups.slots == LOOKUP_SLOTS_PER_SLOT
+
+
+def test_store_lookups_are_bounded_and_leave_indexed_answers_alone(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packed-batch questions read the store; with every lookup slot taken and no queue, one
+    more is refused at once, while /v1/best of plain attention (the index) still answers."""
+    app = _app(store, settings, service_threads=1, service_queue=0)
+    with TestClient(app) as client:
+        slow = Blocker(store.best_varlen)
+        monkeypatch.setattr(store, "best_varlen", slow)
+        ask = {"gpu": "H200", "d": 128, "seqlens": "100,2000"}
+        answers: list[int] = []
+
+        def varlen() -> None:
+            answers.append(client.get("/v1/best/varlen", params=ask).status_code)
+
+        threads = [threading.Thread(target=varlen) for _ in range(LOOKUP_SLOTS_PER_SLOT)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: slow.active == LOOKUP_SLOTS_PER_SLOT)
+        refused = client.get("/v1/best/varlen", params=ask)
+        assert refused.status_code == 429 and "store lookups" in refused.json()["detail"]
+        windowed = client.get("/v1/best", params={"gpu": "H200", "d": 128, "n": 4096,
+                                                  "window_left": 64})  # fmt: skip
+        assert windowed.status_code == 429
+        assert client.get("/v1/best", params={"gpu": "H200", "d": 128, "n": 4096}).status_code in (
+            200, 404)  # fmt: skip
+        slow.release.set()
+        for t in threads:
+            t.join(timeout=DEADLINE_S)
+    assert len(answers) == LOOKUP_SLOTS_PER_SLOT and 429 not in answers
+    assert slow.peak == LOOKUP_SLOTS_PER_SLOT
