@@ -12,7 +12,7 @@ hide=(env FA2TUNE_NVCC=/nonexistent/nvcc FA2TUNE_COMPILER=auto FA2TUNE_CACHE_DIR
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } \
   > "$OUT/transformers_env.log" 2>&1
-"${hide[@]}" timeout "${GPU_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu -rfEs \
+"${hide[@]}" timeout "${GPU_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu -rfEs -s \
   tests/fa2tune/test_gpu_transformers.py > "$OUT/transformers_gpu_test.log" 2>&1
 "${hide[@]}" timeout "${EXAMPLE_TIMEOUT:-240}" python3 examples/transformers_generate.py \
   > "$OUT/transformers_generate.log" 2>&1

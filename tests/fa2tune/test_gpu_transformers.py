@@ -81,7 +81,23 @@ def test_greedy_generation_gives_sdpas_tokens(cache: str) -> None:
         with torch.no_grad():
             a = ours.generate(ids, attention_mask=mask, **kw)
     with torch.no_grad():
-        b = sdpa.generate(ids, attention_mask=mask, **kw)
-    same = (a == b).float().mean().item()
-    assert torch.equal(a, b), f"{same:.3f} of the tokens agree"
+        out = sdpa.generate(ids, attention_mask=mask, output_scores=True,
+                            return_dict_in_generate=True, **kw)  # fmt: skip
+    b, scores = out.sequences, out.scores
+    # The same tokens, except where the two kernels' roundings meet a near tie: at the first
+    # step where a row differs, SDPA's own logits at that step (its scores, the history
+    # being the same up to there) must hold the two candidates within a rounding of each
+    # other; a row that never differs is equal throughout.
+    prompt = ids.shape[1]
+    ties = []
+    for row in range(a.shape[0]):
+        differ = (a[row, prompt:] != b[row, prompt:]).nonzero()
+        if differ.numel() == 0:
+            continue
+        step = int(differ[0])
+        logits = scores[step][row].float()
+        gap = (logits[b[row, prompt + step]] - logits[a[row, prompt + step]]).abs().item()
+        ties.append((row, step, gap))
+        assert gap <= 2e-3 * logits.abs().max().item(), (row, step, gap)
+    print(f"{cache}: rows that part at a near tie (row, step, logit gap): {ties}")
     assert not fa2tune_hf.FALLBACKS
