@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--family", action="append", default=[], help="only this family's configs (repeatable)"
     )
-    parser.add_argument("--arch", help="target for --config (default the family's newest)")
+    parser.add_argument(
+        "--arch", help="target for --config (default: the family's target on an sm_90 GPU)"
+    )
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--nvcc", default=os.environ.get("FA2TUNE_NVCC", "nvcc"))
     parser.add_argument("--keep", type=Path, help="write the stripped PTX here")

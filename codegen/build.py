@@ -31,7 +31,7 @@ from codegen.ninja import DEFAULT_TIMEOUT_S, NinjaEntry, compile_entries
 from codegen.ptxas import classify_errors, error_excerpt, parse_ptxas
 from codegen.render import template_dir as default_template_dir
 from codegen.render import template_hash, write_if_changed
-from codegen.targets import ARCH_SMEM_LIMIT
+from codegen.targets import ARCH_SMEM_LIMIT, compute_capability_of
 from core.build_report import BuildReport, BuildStatus
 from core.family import AnyConfig
 from core.settings import get_settings
@@ -350,7 +350,7 @@ def build_batch(
     except CompilerNotFoundError as exc:  # the NVRTC setting: reported like a missing nvcc
         raise NvccNotFoundError(str(exc)) from exc
     release = compiler.release
-    cc = _compute_capability(arch)
+    cc = compute_capability_of(arch)
 
     unique = list(dict.fromkeys(configs))
     plans: dict[AnyConfig, _Plan] = {}
@@ -436,12 +436,6 @@ class _Plan:
     flags: tuple[str, ...]
     digest: str
     entry: NinjaEntry
-
-
-def _compute_capability(arch: str) -> str:
-    """``"sm_90"`` -> ``"9.0"``, ``"sm_86"`` -> ``"8.6"``."""
-    digits = arch.removeprefix("sm_").rstrip("a")
-    return f"{digits[:-1]}.{digits[-1]}"
 
 
 def _no_target(config: AnyConfig, arch: str, family: str, release: str) -> BuildReport:

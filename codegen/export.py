@@ -82,6 +82,7 @@ from codegen.dispatch_variants import (
 from codegen.families import FAMILIES, Family
 from codegen.families.fa2.space import fa2_default_config
 from codegen.render import template_hash
+from codegen.targets import compute_capability_of
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
@@ -350,7 +351,7 @@ def _nvcc_note(f: Family) -> str | None:
         return None
     arch = specific[0]
     digits = arch.removeprefix("sm_").rstrip("a")
-    plain, cc = arch.rstrip("a"), f"{digits[:-1]}.{digits[-1]}"
+    plain, cc = arch.rstrip("a"), compute_capability_of(arch)
     gencode = f"-gencode=arch=compute_{digits}a,code={arch}"
     return "\n".join(
         [

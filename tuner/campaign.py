@@ -377,13 +377,12 @@ def _defaults(
     needs (:func:`variant_switches_of`) is skipped for it, with one log line per family and
     set of switches.
     """
-    from codegen.targets import ARCH_SMEM_LIMIT
+    from codegen.targets import ARCH_SMEM_LIMIT, compute_capability_of
 
     limit = ARCH_SMEM_LIMIT.get(arch, 0)
     smem = min(gpu.smem_optin_bytes or limit, limit) if limit else gpu.smem_optin_bytes
-    digits = arch.removeprefix("sm_").rstrip("a")
     families = [
-        f for f in families_for(f"{digits[:-1]}.{digits[-1]}") if only is None or f.name in only
+        f for f in families_for(compute_capability_of(arch)) if only is None or f.name in only
     ]
     if not families:
         raise ValueError(f"none of the families {', '.join(only or ())} runs on {arch}")

@@ -5,7 +5,6 @@ attention call runs fa2tune's kernels (no fallback of either layer is counted or
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import pytest
@@ -21,6 +20,7 @@ if _REASON is None:
     transformers = pytest.importorskip("transformers")
     from fa2tune.integrations import transformers as fa2tune_hf
     from fa2tune.ops.choice import FallbackWarning
+    from tests.support.hf_models import paired_llamas
 
 
 def _models(dtype: object) -> tuple[object, object]:
@@ -30,14 +30,7 @@ def _models(dtype: object) -> tuple[object, object]:
         initializer_range=0.1,  # peaked logits: greedy choices far from ties
     )  # fmt: skip
     torch.manual_seed(0)
-    name = fa2tune_hf.register()
-    ours = transformers.LlamaForCausalLM._from_config(
-        copy.deepcopy(config), attn_implementation=name
-    )
-    sdpa = transformers.LlamaForCausalLM._from_config(
-        copy.deepcopy(config), attn_implementation="sdpa"
-    )
-    sdpa.load_state_dict(ours.state_dict())
+    ours, sdpa = paired_llamas(config)
     return ours.to("cuda", dtype).eval(), sdpa.to("cuda", dtype).eval()
 
 

@@ -5,14 +5,13 @@ pass), and the SDPA fallback with its count. On CPU fa2tune's own calls run torc
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from fa2tune.integrations import transformers as fa2tune_hf  # noqa: E402
+from tests.support.hf_models import paired_llamas  # noqa: E402
 
 
 def _models(**extra: object) -> tuple[object, object]:
@@ -21,16 +20,8 @@ def _models(**extra: object) -> tuple[object, object]:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **extra,
     )  # fmt: skip
     torch.manual_seed(0)
-    # Each model its own config: the implementation is set on the config object.
-    name = fa2tune_hf.register()
-    ours = transformers.LlamaForCausalLM._from_config(
-        copy.deepcopy(config), attn_implementation=name
-    )
-    sdpa = transformers.LlamaForCausalLM._from_config(
-        copy.deepcopy(config), attn_implementation="sdpa"
-    )
-    assert ours.config._attn_implementation == name != sdpa.config._attn_implementation
-    sdpa.load_state_dict(ours.state_dict())
+    ours, sdpa = paired_llamas(config)
+    assert ours.config._attn_implementation == fa2tune_hf.NAME != sdpa.config._attn_implementation
     return ours.eval(), sdpa.eval()
 
 

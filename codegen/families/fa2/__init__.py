@@ -52,7 +52,7 @@ FA2 = Family(
     name="fa2",
     summary="portable FlashAttention-2 forward: mma.sync m16n8k16, ldmatrix, cp.async (sm_80+)",
     templates=(TEMPLATE,),
-    archs=tuple(sorted(space.SUPPORTED_ARCHS, key=lambda a: int(a[3:].rstrip("a")))[::-1]),
+    archs=tuple(reversed(space.SUPPORTED_ARCHS)),  # newest first (the table is oldest first)
     space=_space,
     check=lambda config, smem_limit: space.is_valid(_fa2(config), smem_limit),
     seeds=_seeds,

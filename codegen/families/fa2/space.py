@@ -21,6 +21,7 @@ from codegen.families.declared import variant_reasons
 from codegen.targets import ARCH_SMEM_LIMIT as ARCH_SMEM_LIMIT
 from codegen.targets import DEFAULT_SMEM_LIMIT as DEFAULT_SMEM_LIMIT
 from codegen.targets import SUPPORTED_ARCHS as SUPPORTED_ARCHS
+from codegen.targets import check_arch
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype, tile_head_dim
 from core.fa2_config import Fa2Config
 
@@ -134,13 +135,6 @@ def fa2_default_config(d: int, dtype: Dtype, causal: bool) -> Fa2Config:
     )  # fmt: skip
 
 
-def _check_arch(arch: str) -> None:
-    if arch not in ARCH_SMEM_LIMIT:
-        raise ValueError(
-            f"unsupported architecture {arch!r}; expected one of {', '.join(SUPPORTED_ARCHS)}"
-        )
-
-
 def is_valid(config: Fa2Config, smem_limit: int = DEFAULT_SMEM_LIMIT) -> tuple[bool, str]:
     """Check one config against the space's rules.
 
@@ -226,7 +220,7 @@ def enumerate_space(
     Raises:
         ValueError: for an unknown head dim, dtype or architecture.
     """
-    _check_arch(arch)
+    check_arch(arch)
     if d not in VALID_HEAD_DIMS:
         raise ValueError(f"head dim {d} is not {HEAD_DIMS_RULE}")
     if dtype not in VALID_DTYPES:
