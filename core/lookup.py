@@ -28,6 +28,7 @@ from core.shape import (
     ShapeError,
     effective_causal,
     nearest_key,
+    same_phase,
     shape_distance,
     varlen_shape,
 )
@@ -154,10 +155,11 @@ def pick(
     """The rule of the store's one lookup, for a dense shape or a packed batch.
 
     Among the candidates of this GPU (by name key), the mask (a dense call's effective one,
-    :func:`core.shape.effective_causal`; a packed batch's as given), the mode and the
-    variant's switches (a plain ask sees only plain problems, a windowed one only problems
-    tuned with a window, ...): those whose window and chunk are the asked ones, else those
-    nearest to them under :func:`variant_distance` (not exact then, and refused when
+    :func:`core.shape.effective_causal`; a packed batch's as given), the mode, the phase
+    of a dense call (:func:`core.shape.same_phase`: decode steps and prefill never answer
+    each other) and the variant's switches (a plain ask sees only plain problems, a
+    windowed one only problems tuned with a window, ...): those whose window and chunk are
+    the asked ones, else those nearest to them under :func:`variant_distance` (not exact then, and refused when
     ``exact``). The variant comes before the shape: a window tuned at another shape beats
     another window at this shape. Among them a problem measured at the asked shape (a packed
     batch: on its very lengths and heads) wins, else, unless ``exact``, the nearest under
@@ -184,6 +186,8 @@ def pick(
                   else varlen_shape(measured, c.heads, c.kv_heads))  # fmt: skip
         except ShapeError as exc:  # a store is not trusted to hold only runnable problems
             log.warning("problem %d skipped for shape lookups: %s", c.problem_id, exc)
+            continue
+        if packed is None and not same_phase(shape, sh):  # prefill never answers decode
             continue
         compared.append((i, sh, measured))
     if not compared:

@@ -17,6 +17,14 @@ equal and the fill term grows with N, so the nearest shape is the nearest N on a
 as it was before shapes were keys, up to the fill term's block rounding and clamp, which can
 move the boundary a little off the geometric midpoint of two tuned Ns (``/v1/best?n=`` alone
 keeps the exact per-N rule).
+
+The nearest shape of a dense call is sought within its phase only (:func:`same_phase`): a decode
+step (at most :data:`DECODE_MAX_NQ` query rows) is never answered by a prefill shape's
+config, nor the reverse. Their best kernels differ in kind, not in degree (a prefill tile
+spends a 128-row block per query head on one row; a decode kernel packs the GQA group and
+splits the keys, and serves only a few rows), so with nothing tuned in the call's phase the
+lookup finds nothing and the family default for the call serves: on the H200, a D=64
+decode call answered by the nearest prefill tile ran at 7x the split-KV default's time.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ NOMINAL_BLOCK_ROWS = 128
 
 #: Grid fills at or above this many waves count as equal.
 MAX_WAVES = 8.0
+
+#: Query rows per sequence up to which a call is a decode step: one new token, or the few of
+#: speculative decoding. Tuned shapes answer only calls of their own phase (:func:`same_phase`).
+DECODE_MAX_NQ = 16
 
 #: The kernels' int32 limit on lengths, batch and heads.
 MAX_DIM = 2**31 - 1
@@ -113,11 +125,30 @@ def nearest_key(asked: Shape, tuned: Shape, sm_count: int) -> tuple[float, int, 
     )
 
 
-def nearest_shape(asked: Shape, tuned: list[Shape], sm_count: int) -> Shape | None:
-    """The tuned shape nearest to ``asked`` (``asked`` itself when tuned); None when none."""
-    if not tuned:
+def is_decode(shape: Shape) -> bool:
+    """Whether a call of this shape is a decode step (at most :data:`DECODE_MAX_NQ` query
+    rows per sequence)."""
+    return shape.nq <= DECODE_MAX_NQ
+
+
+def same_phase(asked: Shape, tuned: Shape) -> bool:
+    """Whether a tuned shape may answer ``asked``: both decode steps or both prefill
+    (:func:`is_decode`). The store's lookup, the service's index and the exported header
+    (``fa_shape.cuh``'s twin) leave out every tuned shape of the other phase."""
+    return is_decode(asked) == is_decode(tuned)
+
+
+def nearest_shape(
+    asked: Shape, tuned: list[Shape], sm_count: int, *, phased: bool = True
+) -> Shape | None:
+    """The tuned shape nearest to ``asked`` (``asked`` itself when tuned) among those of its
+    phase (:func:`same_phase`; all of them with ``phased`` false: a packed batch's mean
+    length counts queries and keys alike, so a batch of short sequences is a short prefill,
+    not a decode step); None when there is none."""
+    alike = [t for t in tuned if not phased or same_phase(asked, t)]
+    if not alike:
         return None
-    return min(tuned, key=lambda t: nearest_key(asked, t, sm_count))
+    return min(alike, key=lambda t: nearest_key(asked, t, sm_count))
 
 
 def effective_causal(causal: bool, nq: int) -> bool:

@@ -22,7 +22,14 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from core.gpu_name import normalize_gpu_name
-from core.shape import Shape, effective_causal, nearest_shape, shape_distance
+from core.shape import (
+    DECODE_MAX_NQ,
+    Shape,
+    effective_causal,
+    is_decode,
+    nearest_shape,
+    shape_distance,
+)
 from db.results import BestResult
 from db.store import Store
 from service.header import tuned_results
@@ -136,13 +143,15 @@ class ShapeTable:
     def of(cls, sm_count: int, entries: dict[Shape, ShapeEntry]) -> ShapeTable:
         return cls(sm_count=sm_count, entries=entries, shapes=sorted(entries))
 
-    def nearest(self, asked: Shape) -> ShapeAnswer:
-        """The entry at ``asked``, else at the nearest tuned shape (:func:`nearest_shape`)."""
+    def nearest(self, asked: Shape) -> ShapeAnswer | None:
+        """The entry at ``asked``, else at the nearest tuned shape of its phase
+        (:func:`nearest_shape`); None when the key holds no shape of that phase."""
         hit = self.entries.get(asked)
         if hit is not None:
             return ShapeAnswer(asked=asked, entry=hit, distance=0.0)
         shape = nearest_shape(asked, self.shapes, self.sm_count)
-        assert shape is not None  # a table is built only for keys with shapes
+        if shape is None:
+            return None
         entry = self.entries[shape]
         return ShapeAnswer(asked, entry, shape_distance(asked, shape, self.sm_count))
 
@@ -237,6 +246,14 @@ class BestIndex:
         if table is None:
             raise self._not_tuned(key, gpu, d, dtype, causal)
         answer = table.nearest(shape)
+        if answer is None:
+            mask = "causal" if causal else "full"
+            phase, other = ("decode", "prefill") if is_decode(shape) else ("prefill", "decode")
+            raise NotTunedError(
+                f"shape {shape.describe()}: no {phase} shape (Nq <= {DECODE_MAX_NQ} is decode) "
+                f"tuned for D={d} {dtype} {mask} on {gpu}, only {other} shapes, which do not "
+                f"answer {phase} calls"
+            )
         if exact and not answer.exact:
             mask = "causal" if causal else "full"
             near = answer.entry.shape

@@ -50,7 +50,9 @@
 //     sm_count SMs, without launching or touching a device (so without the family guards
 //     below, which need both): its index among the (D, dtype, causal)'s tuned entries (in
 //     the order the comment above lists them), config name, distance and tuned shape. False
-//     when the header has no tuned entry for (D, dtype, causal) or the shape is invalid.
+//     when the header has no tuned entry for (D, dtype, causal) of the call's phase (a
+//     decode step, nq <= 16, is answered by tuned decode shapes only, a longer call by
+//     prefill shapes only; the default runs otherwise) or the shape is invalid.
 //
 //   cudaError_t fa2tune_forward_varlen(const FaParams& p, const FaVarlen& v, int num_seqs,
 //                                      int max_seqlen_q, int max_seqlen_k, int head_dim,
@@ -634,8 +636,9 @@ inline bool accepts_varlen(const VarlenChoice& c, const FaParams& p, const FaVar
   return c.accepts == nullptr || c.accepts(p, v);
 }
 
-// The index of t's entry nearest to `asked` (the dense rule), among those that can run the
-// call when p and v are given (as nearest); -1 when none can.
+// The index of t's entry nearest to `asked` (the dense rule, without its phases: a packed
+// batch of short sequences is a short prefill), among those that can run the call when p and
+// v are given (as nearest); -1 when none can.
 inline int nearest_varlen(const VarlenTable& t, const fa2tune_shape::Shape& asked, int sms,
                           const FaParams* p, const FaVarlen* v, double* distance = nullptr) {
   return fa2tune_shape::nearest(
@@ -644,7 +647,7 @@ inline int nearest_varlen(const VarlenTable& t, const fa2tune_shape::Shape& aske
         const VarlenChoice& c = t.choices[i];
         return p == nullptr || v == nullptr || accepts_varlen(c, *p, *v) ? &c.shape : nullptr;
       },
-      distance);
+      distance, /*phased=*/false);
 }
 
 // The tuned varlen table's nearest entry that can run the call (on the tuned GPU only), else

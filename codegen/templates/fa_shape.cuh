@@ -19,6 +19,8 @@ namespace fa2tune_shape {
 inline constexpr long long kNominalBlockRows = 128;
 // Grid fills at or above this many waves count as equal (core.shape.MAX_WAVES).
 inline constexpr long long kMaxWaves = 8;
+// Query rows up to which a call is a decode step (core.shape.DECODE_MAX_NQ).
+inline constexpr long long kDecodeMaxNq = 16;
 
 // One call's shape; every field >= 1 and heads a multiple of kv_heads (as core.shape.Shape).
 struct Shape {
@@ -47,6 +49,12 @@ inline double grid_fill(const Shape& s, int sm_count) {
   return fill > least ? fill : least;  // blocks >= 1, so never below: kept for the twin
 }
 
+// core.shape.same_phase: a tuned shape answers only calls of its own phase, decode steps
+// (nq <= kDecodeMaxNq) or prefill; nearest() and fa_variant.cuh's pick leave out the rest.
+inline bool same_phase(const Shape& asked, const Shape& tuned) {
+  return (asked.nq <= kDecodeMaxNq) == (tuned.nq <= kDecodeMaxNq);
+}
+
 // core.shape.shape_distance: |ln| of the Nq, Nk, grid-fill and GQA-group ratios, summed in
 // that order (0 for the same shape).
 inline double distance(const Shape& asked, const Shape& tuned, int sm_count) {
@@ -69,19 +77,20 @@ inline bool nearer(const Shape& a, double da, const Shape& b, double db) {
   return a.kv_heads < b.kv_heads;
 }
 
-// core.shape.nearest_shape over entries 0..count-1: the index of the nearest, -1 when none.
+// core.shape.nearest_shape over entries 0..count-1: the index of the nearest of the asked
+// call's phase (of any phase when phased is false: packed batches), -1 when none.
 // shape_at(i) returns entry i's tuned shape, or nullptr to leave the entry out (the dispatch
 // leaves out configs that cannot run here). Entries tied on the whole key go to the earlier
 // one, as Python's min() does over the same list. *distance_out gets the winner's distance.
 template <class ShapeAt>
 inline int nearest(const Shape& asked, int count, int sm_count, ShapeAt&& shape_at,
-                   double* distance_out = nullptr) {
+                   double* distance_out = nullptr, bool phased = true) {
   int best = -1;
   Shape best_shape{};
   double best_distance = 0.0;
   for (int i = 0; i < count; ++i) {
     const Shape* s = shape_at(i);
-    if (s == nullptr) continue;
+    if (s == nullptr || (phased && !same_phase(asked, *s))) continue;
     const double d = distance(asked, *s, sm_count);
     if (best < 0 || nearer(*s, d, best_shape, best_distance)) {
       best = i;
@@ -108,10 +117,10 @@ inline Shape varlen_shape(long long total, long long count, long long heads,
 
 // The same over a plain array of shapes.
 inline int nearest(const Shape& asked, const Shape* tuned, int count, int sm_count,
-                   double* distance_out = nullptr) {
+                   double* distance_out = nullptr, bool phased = true) {
   return nearest(
       asked, count, sm_count, [tuned](int i) -> const Shape* { return &tuned[i]; },
-      distance_out);
+      distance_out, phased);
 }
 
 }  // namespace fa2tune_shape

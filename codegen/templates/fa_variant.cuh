@@ -131,13 +131,18 @@ struct Found {
 // out (the dispatch passes over configs that cannot run here; the device-free lookups keep
 // every one).
 //
-// The rule: the entries whose window and chunk are nearest to the asked ones (the same when
-// tuned), then a dense entry at the asked shape (the best rank among them), else the entry
+// The rule: among the entries of a dense call's phase (fa2tune_shape::same_phase), those
+// whose window and chunk are nearest to the asked ones (the same when tuned), then a dense entry at the asked shape (the best rank among them), else the entry
 // nearest to the asked shape by fa2tune_shape::nearer, ties to the lower shape (dense) or
 // the better rank (packed); among the dense entries of that shape, the best rank.
 template <class Entry, class Accepts>
 inline Found pick(const Entry* entries, int count, const fa2tune_shape::Shape& asked,
-                  const Normal& v, int sm_count, bool packed, Accepts&& accepts) {
+                  const Normal& v, int sm_count, bool packed, Accepts&& accepts_here) {
+  // A dense call's entries of the other phase (decode / prefill) never answer, as in
+  // core.lookup.pick; a packed batch's are all compared.
+  auto accepts = [&](int i) {
+    return accepts_here(i) && (packed || fa2tune_shape::same_phase(asked, entries[i].shape));
+  };
   int any = -1;
   Distance closest{0, 0.0};
   for (int i = 0; i < count; ++i) {

@@ -6,12 +6,14 @@ shipped with the package plus the local database (``FA2TUNE_DB_URL``), asked thr
 store's one lookup rule (:func:`core.lookup.pick`, as :meth:`db.store.Store.best_match`
 applies it) for this GPU's name, head dim, dtype, mask and the call's shape: the config
 measured at exactly this shape (source ``exact``), else the one measured at the nearest
-tuned shape of the same mode (``nearest``; a packed batch is known here only as its count of
+tuned shape of the same mode and phase (``nearest``; decode steps and prefill never answer
+each other: :func:`core.shape.same_phase`; a packed batch is known here only as its count of
 sequences at a mean length, so it is never exact).
 With nothing tuned (or a tuned config whose family does not build for this GPU) a default
-serves (``default``): for a dense call the split-KV family's for decode-like calls (few packed
-query rows that would leave most SMs idle with one block per 128 query rows),
-FlashAttention-2's otherwise; for a packed batch FlashAttention-2's default's varlen twin.
+serves (``default``): for a dense call the split-KV family's for decode-like calls (a decode
+step, :func:`core.shape.is_decode`, or few packed query rows that would leave most SMs idle
+with one block per 128 query rows), FlashAttention-2's otherwise; for a packed batch
+FlashAttention-2's default's varlen twin.
 
 A packed call is known by what its tensors' shapes and the caller's ints say, never by its
 offsets (reading them would wait for the GPU): the number of sequences and the mean query
@@ -54,7 +56,7 @@ from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
 from core.lookup import Packed, served_mask
 from core.problem import Problem
-from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal
+from core.shape import NOMINAL_BLOCK_ROWS, Shape, effective_causal, is_decode
 from core.variant import PLAIN, Variant, normalize
 from db.queries import CandidateSet
 from db.store import Store
@@ -231,8 +233,13 @@ def _default_candidates(
         gpu="", d=d, n=shape.nq, nk=shape.nk, batch=shape.batch, heads=shape.heads,
         kv_heads=shape.kv_heads, dtype=dtype, causal=causal,
     )  # fmt: skip
+    # A decode step goes to split-KV whatever its grid: it reads each K/V head once for its
+    # whole packed GQA group, where FlashAttention-2's tile reads it once per query head and
+    # spends a 128-row block on one row. A few more rows go to it while one block per 128
+    # query rows would leave SMs idle.
     blocks = -(-shape.nq // NOMINAL_BLOCK_ROWS) * shape.heads * shape.batch
-    decode = in_splitkv and splitkv.serves(problem) and blocks < max(sm_count, 1)
+    few_blocks = is_decode(shape) or blocks < max(sm_count, 1)
+    decode = in_splitkv and splitkv.serves(problem) and few_blocks
     out: list[AnyConfig | None] = []
     if decode:
         out.append(splitkv.default_within(d, dtype, causal, smem_limit))
@@ -256,7 +263,8 @@ def default_config(
     (or, for a ``variant``, none whose kernels take its switches).
 
     Split-KV's default for decode-like calls (the split-KV family serves the shape, few packed
-    query rows per KV head, and one block per 128 query rows would not fill the GPU) and for
+    query rows per KV head, and the call is a decode step or one block per 128 query rows
+    would not fill the GPU) and for
     head dims only split-KV has; FlashAttention-2's default otherwise. Both from the family
     registry. With a variant, the first of these whose family builds the variant's switches,
     with them set. With ``smem_limit`` (the GPU's shared memory per block), each is fitted

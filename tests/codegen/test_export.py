@@ -281,8 +281,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const int n = std::atoi(argv[i]);
     fa2tune_tuned_choice c{};
-    if (!fa2tune_nearest_tuned(64, FA2TUNE_FP16, false, n, n, 2, 16, 16, 132, &c)) return 1;
-    std::printf("%d %d %s\n", n, c.nq, c.name);
+    if (fa2tune_nearest_tuned(64, FA2TUNE_FP16, false, n, n, 2, 16, 16, 132, &c))
+      std::printf("%d %d %s\n", n, c.nq, c.name);
+    else
+      std::printf("%d none\n", n);
   }
   FaParams p{};
   std::printf("invalid %d\n", fa2tune_forward(p, 64, FA2TUNE_FP16, false) == cudaErrorInvalidValue);
@@ -322,8 +324,11 @@ def test_header_builds_for_sm80_and_sm90_and_picks_pythons_nearest_shape(
     tuned = tuned_shape_results(store, "H200", ds=[64], dtypes=["fp16"])
     winners = {Shape(b.n, b.nk, b.batch, b.heads, b.kv_heads): b for b in tuned if not b.causal}
     for line in lines[:-1]:
-        n, tuned_n, name = line.split()
+        n, *picked = line.split()
         near = nearest_shape(Shape(int(n), int(n), 2, 16, 16), sorted(winners), 132)
-        assert near is not None
+        if near is None:  # N=1: a decode step, which the tuned prefill shapes do not answer
+            assert picked == ["none"] and int(n) == 1, line
+            continue
+        tuned_n, name = picked
         assert (int(tuned_n), name) == (near.nq, winners[near].config.name), n
     assert len(lines) - 1 == len(ns)

@@ -93,9 +93,16 @@ def test_default_when_nothing_tuned(store: Store) -> None:
 def test_default_for_decode_is_splitkv() -> None:
     decode = Shape(1, 8192, 2, 32, 8)
     assert default_config(128, "fp16", False, decode, SMS) == splitkv_default(128, "fp16", False)
-    # Enough query blocks to fill the GPU: FA2's default even for few packed rows.
-    wide = Shape(1, 8192, 64, 32, 8)
+    # A decode step goes to split-KV however many blocks it launches (it reads each K/V
+    # head once for its whole GQA group; FA2's tile once per query head), MHA too.
+    for wide in (Shape(1, 8192, 64, 32, 8), Shape(1, 8192, 16, 64, 8), Shape(4, 4096, 64, 32, 32)):
+        assert default_config(128, "fp16", False, wide, SMS) == splitkv_default(128, "fp16", False)
+    # More rows than a decode step and enough query blocks to fill the GPU: FA2's default,
+    # even for rows split-KV would pack.
+    wide = Shape(32, 8192, 64, 32, 32)
     assert default_config(128, "fp16", False, wide, SMS) == fa2_default_config(128, "fp16", False)
+    few = Shape(32, 8192, 2, 16, 16)
+    assert default_config(128, "fp16", False, few, SMS) == splitkv_default(128, "fp16", False)
     # A head dim only split-KV has (if any: fa2 may take every multiple of 8) is served by it
     # on any shape.
     from codegen.families.fa2 import space

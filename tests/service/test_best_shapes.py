@@ -374,7 +374,7 @@ def test_old_clients_answered_as_before(shipped_store: Store, fast_path: bool) -
 
 def test_shipped_square_shapes_answer_like_the_store(shipped_store: Store) -> None:
     with TestClient(create_app(shipped_store)) as c:
-        for nq, nk in ((1, 8192), (4096, 4096), (3000, 3000), (100, 65536)):
+        for nq, nk in ((4096, 4096), (3000, 3000), (100, 65536), (17, 8192)):
             body = c.get("/v1/best", params={**BASE, "nq": nq, "nk": nk}).json()
             expected = shipped_store.best_for_shape(
                 "H200", 128, "fp16", False, Shape(nq, nk, 2, 16, 16)
@@ -382,6 +382,15 @@ def test_shipped_square_shapes_answer_like_the_store(shipped_store: Store) -> No
             assert expected is not None
             assert (body["config"]["name"], body["from_n"]) == (expected.config.name, expected.n)
             assert body["distance"] == expected.distance
+        # This store holds prefill shapes only: a decode step (Nq <= 16) is not answered by
+        # them, by the store nor by the service, which says why.
+        for nq in (1, 16):
+            assert shipped_store.best_for_shape(
+                "H200", 128, "fp16", False, Shape(nq, 8192, 2, 16, 16)
+            ) is None  # fmt: skip
+            r = c.get("/v1/best", params={**BASE, "nq": nq, "nk": 8192})
+            assert r.status_code == 404
+            assert "no decode shape" in r.json()["detail"]
 
 
 # -------------------------------------------------------------------------------- CLI
