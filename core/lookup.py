@@ -155,20 +155,19 @@ def pick(
     """The rule of the store's one lookup, for a dense shape or a packed batch.
 
     Among the candidates of this GPU (by name key), the mask (a dense call's effective one,
-    :func:`core.shape.effective_causal`; a packed batch's as given), the mode, the phase
-    of a dense call (:func:`core.shape.same_phase`: decode steps and prefill never answer
-    each other) and the variant's switches (a plain ask sees only plain problems, a
-    windowed one only problems tuned with a window, ...): those whose window and chunk are
-    the asked ones, else those nearest to them under :func:`variant_distance` (not exact then, and refused when
+    :func:`core.shape.effective_causal`; a packed batch's as given), the mode, the phase of a
+    dense call (:func:`core.shape.same_phase`: decode steps and prefill never answer each other)
+    and the variant's switches (a plain ask sees only plain problems, a windowed one only
+    problems tuned with a window, ...): those whose window and chunk are the asked ones, else
+    those nearest to them under :func:`variant_distance` (not exact then, and refused when
     ``exact``). The variant comes before the shape: a window tuned at another shape beats
     another window at this shape. Among them a problem measured at the asked shape (a packed
     batch: on its very lengths and heads) wins, else, unless ``exact``, the nearest under
-    :func:`core.shape.nearest_key` with the GPU's SM count from ``sm_counts`` (ties: the
-    lower shape for dense problems, as the header's sorted tables break them; the first
-    tuned problem for packed ones). Among the dense problems of
-    the chosen shape the best ``rank`` wins. A packed problem is compared as its count of
-    sequences at their mean length (:func:`core.shape.varlen_shape`). None when nothing
-    qualifies.
+    :func:`core.shape.nearest_key` with the GPU's SM count from ``sm_counts`` (ties: the lower
+    shape for dense problems, as the header's sorted tables break them; the first tuned problem
+    for packed ones). Among the dense problems of the chosen shape the best ``rank`` wins. A
+    packed problem is compared as its count of sequences at their mean length
+    (:func:`core.shape.varlen_shape`). None when nothing qualifies.
     """
     key = normalize_gpu_name(gpu)
     mask = served_mask(causal, shape, packed)
