@@ -59,7 +59,7 @@ from fa2tune.ops.kernels import (
     raw_stream,
 )
 from fa2tune.ops.kvcache_fallback import kvcache_fallback, sequence_lengths
-from fa2tune.ops.torch_op import check_sinks, current_device_index, window_pair
+from fa2tune.ops.torch_op import NO_WINDOW, check_sinks, current_device_index, window_pair
 from fa2tune.ops.workspace import SplitKvWorkspace
 from measure.loader import BoundLaunch, CudaError, LoadedKernel, launch_geometry
 from measure.params import (
@@ -466,9 +466,9 @@ def run_with_kvcache(
     sinks: torch.Tensor | None,
     return_lse: bool,
     fallback: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's body: append, then attend (see the module docstring); ``(o, lse)``, ``lse``
-    empty when not asked for.
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The op's body and the eager path: append, then attend (see the module docstring);
+    ``(o, lse)``, ``lse`` None when not asked for (an eager call allocates nothing for it).
 
     The key holds every tensor argument's shape, dtype and device and the scalar arguments,
     so what the checks and the decision found is known for every later call of the key: a
@@ -508,8 +508,10 @@ def run_with_kvcache(
         entry = "gradients are recorded (the kernels are forward-only)"
     if not isinstance(entry, str):
         o = torch.empty_like(q) if q.is_contiguous() else q.new_empty(q.shape)
-        b, nq, hq, _ = q.shape
-        lse = q.new_empty((b, hq, nq), dtype=torch.float32) if return_lse else None
+        lse = None
+        if return_lse:
+            b, nq, hq, _ = q.shape
+            lse = q.new_empty((b, hq, nq), dtype=torch.float32)
         try:
             if q.get_device() == current_device_index():
                 entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
@@ -518,7 +520,7 @@ def run_with_kvcache(
                 with torch.cuda.device(q.device):
                     entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
                           cache_batch_idx, sinks)  # fmt: skip
-            return o, (lse if lse is not None else no_lse(q))
+            return o, lse
         except ValueError as exc:
             entry = f"tensor layout the kernels do not take ({exc})"
     if not fallback:
@@ -530,7 +532,7 @@ def run_with_kvcache(
     o, lse = kvcache_fallback(q, k_cache, v_cache, lengths, page_table=page_table,
                               cache_batch_idx=cache_batch_idx, causal=decision.causal,
                               scale=scale, variant=decision.variant, sinks=sinks)  # fmt: skip
-    return o, (lse if return_lse else no_lse(q))
+    return o, (lse if return_lse else None)
 
 
 @torch.library.custom_op(  # type: ignore[untyped-decorator,unused-ignore]
@@ -556,9 +558,10 @@ def attention_with_kvcache_op(
     fallback: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.fa2tune.attention_with_kvcache``: :func:`run_with_kvcache`."""
-    return run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                            cache_batch_idx, causal, scale, (window_left, window_right), chunk,
-                            softcap, sinks, return_lse, fallback)  # fmt: skip
+    o, lse = run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                              cache_batch_idx, causal, scale, (window_left, window_right), chunk,
+                              softcap, sinks, return_lse, fallback)  # fmt: skip
+    return o, (lse if lse is not None else no_lse(q))  # an op returns a tensor in its place
 
 
 @attention_with_kvcache_op.register_fake  # type: ignore[untyped-decorator,unused-ignore]
@@ -586,7 +589,7 @@ def attention_with_kvcache(
     cache_batch_idx: torch.Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
+    window_size: tuple[int, int] = NO_WINDOW,
     attention_chunk: int = 0,
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
@@ -628,7 +631,7 @@ def attention_with_kvcache(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     cache_seqlens = lengths_tensor(cache_seqlens, q, k_cache, k, page_table)
-    left, right = window_pair(window_size)
+    left, right = NO_WINDOW if window_size is NO_WINDOW else window_pair(window_size)
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
         # Traced (torch.compile) or a tensor subclass (FakeTensor): through the dispatcher.
         o, lse = torch.ops.fa2tune.attention_with_kvcache(
@@ -637,10 +640,13 @@ def attention_with_kvcache(
             fallback,
         )  # fmt: skip
     else:  # eager: the dispatcher's custom-op machinery costs more than the launch
-        o, lse = run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                                  cache_batch_idx, causal, float(scale), (left, right),
-                                  attention_chunk, float(softcap), sinks, return_lse,
-                                  fallback)  # fmt: skip
+        o, lse_or_none = run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens,
+                                          page_table, cache_batch_idx, causal, float(scale),
+                                          (left, right), attention_chunk, float(softcap), sinks,
+                                          return_lse, fallback)  # fmt: skip
+        if not return_lse:
+            return o
+        lse = lse_or_none if lse_or_none is not None else no_lse(q)
     return (o, lse) if return_lse else o
 
 
