@@ -157,7 +157,7 @@ def run_case(
         gpu="bench", d=d, n=max(lens), batch=len(lens), heads=heads,
         kv_heads=kv if kv != heads else None, dtype=dtype, causal=causal,
     )  # fmt: skip
-    pin = make_inputset(padded, "bnhd", max_pairs=2, sdpa_ref=False)
+    pin = make_inputset(padded, "bnhd", min_pairs=2, sdpa_ref=False)
     row["padded"] = {
         name: t.median_ms
         for name, t in sdpa_times(pin, backends=("flash", "cudnn"), timing=TIMING).items()
@@ -171,7 +171,7 @@ def run_case(
         gpu="bench", d=d, n=mean, batch=len(lens), heads=heads,
         kv_heads=kv if kv != heads else None, dtype=dtype, causal=causal,
     )  # fmt: skip
-    din = make_inputset(dense, "bnhd", max_pairs=4, sdpa_ref=True)
+    din = make_inputset(dense, "bnhd", min_pairs=4, sdpa_ref=True)
     for label, dense_cfg in (("dense", replace(cfg, varlen=False)), *(
         [("dense_fa3_default", extra[0])] if extra else []
     )):  # fmt: skip

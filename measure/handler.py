@@ -129,7 +129,7 @@ class GpuJobHandler:
         from measure.reference import make_inputset
 
         spec = {k: v for k, v in problem.to_dict().items() if k != "gpu"}
-        key = (tuple(sorted(spec.items())), opts.layout, opts.seed, opts.max_pairs)
+        key = (tuple(sorted(spec.items())), opts.layout, opts.seed, opts.min_pairs)
         inputs = self._inputs.get(key)
         if inputs is None:
             inputs = make_inputset(
@@ -137,7 +137,7 @@ class GpuJobHandler:
                 opts.layout,
                 device=f"cuda:{self.device}",
                 seed=opts.seed,
-                max_pairs=opts.max_pairs,
+                min_pairs=opts.min_pairs,
             )
             self._inputs.put(key, inputs)
         return inputs

@@ -38,7 +38,8 @@ class MeasureOptions:
         recheck: verify the output again after timing (catches races that show only
             sometimes).
         seed: input seed; a fresh one per input set when ``None``.
-        max_pairs: (batch, head) pairs the reference covers on large problems.
+        min_pairs: (batch, head) pairs the reference covers at least on problems past its
+            budget (:func:`measure.reference.choose_pairs`; every pair below it).
         symbol: kernel symbol to launch instead of ``config.name`` (test kernels).
     """
 
@@ -47,7 +48,7 @@ class MeasureOptions:
     sdpa: bool = False
     recheck: bool = True
     seed: int | None = None
-    max_pairs: int = 3
+    min_pairs: int = 3
     symbol: str | None = None
 
     def __post_init__(self) -> None:
@@ -61,7 +62,7 @@ class MeasureOptions:
             "sdpa": self.sdpa,
             "recheck": self.recheck,
             "seed": self.seed,
-            "max_pairs": self.max_pairs,
+            "min_pairs": self.min_pairs,
             "symbol": self.symbol,
         }
 
@@ -75,7 +76,7 @@ class MeasureOptions:
             sdpa=bool(data.get("sdpa", False)),
             recheck=bool(data.get("recheck", True)),
             seed=None if data.get("seed") is None else int(data["seed"]),
-            max_pairs=int(data.get("max_pairs", 3)),
+            min_pairs=int(data.get("min_pairs", 3)),
             symbol=data.get("symbol"),
         )
 

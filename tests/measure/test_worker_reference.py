@@ -144,7 +144,7 @@ def test_bf16_tolerance_floor() -> None:
 
 def test_large_problem_checks_a_subset_of_pairs() -> None:
     p = Problem(gpu="t", d=32, n=256, batch=2, heads=8)
-    pairs = choose_pairs(p, full_limit=1000, max_pairs=3, seed=1)
+    pairs = choose_pairs(p, full_limit=1000, min_pairs=3, seed=1)
     assert len(pairs) == 3 and (0, 0) in pairs and (1, 7) in pairs
     inputs = make_inputset(p, "bnhd", device=DEVICE, sdpa_ref=False, full_limit=1000)
     assert inputs.ref_o.shape[0] == 3 and len(inputs.pairs) == 3

@@ -197,12 +197,12 @@ def run_configs(
     from measure.launch_args import variant_mismatch
     from measure.loader import LoadedKernel, ensure_context
     from measure.params import Layout
-    from measure.reference import FULL_CHECK_LIMIT, make_inputset
+    from measure.reference import FULL_CHECK_WORK, make_inputset
     from measure.verify import check_output, poison
 
     ensure_context(torch.cuda.current_device())
     reports = build_usable(configs, arch, cache_dir)
-    limit = EVERY_PAIR if every_pair else FULL_CHECK_LIMIT
+    limit = EVERY_PAIR if every_pair else FULL_CHECK_WORK
     inputsets: list[Any] = [
         make_inputset(p, cast(Layout, layout), full_limit=limit)
         for p in problems
