@@ -95,7 +95,8 @@ _DENSE = TableMode(
     "Choice", "Table", "kTuned", "kTuned", "kDefault",
     ("// Tuned configs, one table per (D, dtype, causal): one entry per tuned shape",
      "// {nq, nk, batch, heads, kv_heads}, sorted by shape."),
-    ("// FlashAttention-2 defaults, used for other GPUs and untuned shapes.",),
+    ("// FlashAttention-2 defaults, used for other GPUs and untuned shapes; after each, for head",
+     "// dims split-KV takes, split-KV's default, which decode steps (Nq <= 16) take instead."),
 )  # fmt: skip
 _PACKED = TableMode(
     "VarlenChoice", "VarlenTable", "kVarlen", "kVarlenTuned", "kVarlenDefault",
@@ -136,9 +137,12 @@ def _tables(
     mode: TableMode,
     tables: Mapping[TableKey, Mapping[Shape, AnyConfig]],
     defaults: Sequence[AnyConfig],
+    decode: Mapping[TableKey, AnyConfig] | None = None,
 ) -> list[str]:
     """One mode's tuned tables (sorted by shape, as :func:`core.shape.nearest_shape` must see
-    them for the C++ and Python tie-breaks to agree) and its defaults."""
+    them for the C++ and Python tie-breaks to agree) and its defaults: one choice per key,
+    then the key's ``decode`` default when it has one (``dispatch.cuh``'s ``select`` takes
+    it for decode steps)."""
     packed = mode is _PACKED
     out = list(mode.heading)
     rows: list[str] = []
@@ -152,6 +156,14 @@ def _tables(
         rows.append(_table_row(key, ident, len(by_shape)))
     if not rows:  # C++ has no empty arrays: a sentinel, never read (the count is 0)
         rows.append("    " + braced(0, 0, "false", "nullptr", 0) + ",")
+    # Each key's default, then its decode default if any, one after the other.
+    choices: list[AnyConfig] = []
+    rows_of: list[tuple[TableKey, int, int]] = []
+    for c in defaults:
+        key = (c.d, c.dtype, c.causal)
+        extra = (decode or {}).get(key)
+        rows_of.append((key, len(choices), 1 if extra is None else 2))
+        choices += [c] if extra is None else [c, extra]
     return [
         *out,
         f"{DATA_DECL} int {mode.tuned}Count = {len(tables)};",
@@ -162,13 +174,10 @@ def _tables(
         *mode.defaults_heading,
         f"{DATA_DECL} int {mode.defaults}Count = {len(defaults)};",
         f"{DATA_DECL} {mode.choice} {mode.defaults}Choices[] = {{",
-        ",\n".join(f"    {_choice(None, c, packed)}" for c in defaults),
+        ",\n".join(f"    {_choice(None, c, packed)}" for c in choices),
         "};",
         f"{DATA_DECL} {mode.table} {mode.defaults}s[] = {{",
-        *(
-            _table_row((c.d, c.dtype, c.causal), f"&{mode.defaults}Choices[{i}]", 1)
-            for i, c in enumerate(defaults)
-        ),
+        *(_table_row(key, f"&{mode.defaults}Choices[{at}]", n) for key, at, n in rows_of),
         "};",
     ]
 
@@ -204,6 +213,7 @@ def render_table(
     defaults: Sequence[AnyConfig],
     varlen: Mapping[TableKey, Mapping[Shape, AnyConfig]] | None = None,
     varlen_defaults: Sequence[AnyConfig] = (),
+    decode_defaults: Mapping[TableKey, AnyConfig] | None = None,
 ) -> str:
     """``dispatch_table.inc``: the data dispatch.cuh dispatches on (see its contract).
 
@@ -214,6 +224,9 @@ def render_table(
         varlen: (D, dtype, causal) -> {varlen shape: winning ``_vl`` config}.
         varlen_defaults: one ``_vl`` config per supported (D, dtype, causal)
             (:func:`varlen_twin`).
+        decode_defaults: (D, dtype, causal) -> the config decode steps take where no tuned
+            decode shape answers (split-KV's default): its key's default table gets it as a
+            second choice.
 
     Returns:
         C++ text: config aliases, explicit instantiations, tuned and default tables (dense,
@@ -223,9 +236,11 @@ def render_table(
         ValueError: a packed entry whose family has no varlen launcher in the header.
     """
     varlen = varlen or {}
+    decode = dict(decode_defaults or {})
     out = config_instantiations([
         *(c for k in sorted(tables) for _, c in sorted(tables[k].items())),
         *defaults,
+        *decode.values(),
         *(c for k in sorted(varlen) for _, c in sorted(varlen[k].items())),
         *varlen_defaults,
     ])  # fmt: skip
@@ -236,7 +251,7 @@ def render_table(
         f"{DATA_DECL} char kTunedGpu[] = {c_string(normalize_gpu_name(gpu))};"
         "  // normalised device name",
         "",
-        *_tables(_DENSE, tables, defaults),
+        *_tables(_DENSE, tables, defaults, decode),
         *_tables(_PACKED, varlen, varlen_defaults),
         "",
         "}  // namespace fa2tune_detail",

@@ -82,7 +82,7 @@ from codegen.dispatch_variants import (
 from codegen.families import FAMILIES, Family
 from codegen.families.fa2.space import fa2_default_config
 from codegen.render import template_hash
-from codegen.targets import compute_capability_of
+from codegen.targets import TARGETS, compute_capability_of
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
@@ -370,6 +370,22 @@ def _nvcc_note(f: Family) -> str | None:
     )
 
 
+def decode_defaults_for(defaults: Sequence[AnyConfig]) -> dict[TableKey, AnyConfig]:
+    """The split-KV default each dense default's key gets for decode steps (a call that no
+    tuned decode shape answers takes it, as ``fa2tune.torch``'s choice does), fitted to the
+    smallest shared memory per block of any target, since a header's defaults must run
+    wherever its code does; keys of head dims split-KV does not take get none."""
+    splitkv = FAMILIES["splitkv"]
+    least = min(t.smem_per_block for t in TARGETS.values())
+    out: dict[TableKey, AnyConfig] = {}
+    for c in defaults:
+        if c.d in splitkv.head_dims:
+            fitted = splitkv.default_within(c.d, c.dtype, c.causal, least)
+            if fitted is not None:
+                out[(c.d, c.dtype, c.causal)] = fitted
+    return out
+
+
 def render_header(
     gpu: str,
     points: Iterable[TunedPoint],
@@ -461,12 +477,14 @@ def render_header(
     kept = [tables[k][s] for k in sorted(tables) for s in sorted(tables[k])]
     packed_kept = [packed[k][s] for k in sorted(packed) for s in sorted(packed[k])]
     defaults = [fa2_default_config(d, t, c) for d in ds for t in dtypes for c in (False, True)]
+    decode_defaults = decode_defaults_for(defaults)
     table = render_table(
         gpu,
         {k: {s: p.config for s, p in v.items()} for k, v in tables.items()},
         defaults,
         {k: {s: p.config for s, p in v.items()} for k, v in packed.items()},
         [varlen_twin(c) for c in defaults],
+        decode_defaults=decode_defaults,
     )
     variant_keys = sorted({*variants, *packed_variants})
     variant_defaults = [
@@ -484,9 +502,10 @@ def render_header(
         for _, e in sorted(mode[k].items(), key=lambda item: item[0])
     ]  # fmt: skip
 
-    # The families with a config in the header, in registry order (fa2 always: the defaults);
+    # The families with a config in the header, in registry order (fa2 and split-KV for any
+    # head dim split-KV takes: the defaults);
     # a family with only varlen winners (fa3 _vl) needs its part as much as a dense one.
-    used = {c.family for c in defaults} | {
+    used = {c.family for c in [*defaults, *decode_defaults.values()]} | {
         p.config.family for p in [*kept, *packed_kept, *variant_kept]
     }
     families = [f for f in FAMILIES.values() if f.name in used]

@@ -275,8 +275,10 @@
 //                      workspace);
 //                      kTunedCount may be 0 (one sentinel entry then, never read);
 //       kDefaults      kDefaultCount tables, one per supported (D, dtype, causal), each with
-//                      exactly one choice (shape all 0): FlashAttention-2's default, whose
-//                      `accepts` is nullptr.
+//                      one or two choices (shape all 0): FlashAttention-2's default, whose
+//                      `accepts` is nullptr, then, for head dims split-KV takes, split-KV's
+//                      default fitted to every target's shared memory, which decode steps
+//                      (nq <= fa2tune_shape::kDecodeMaxNq) take.
 //       kVarlenTuned   kVarlenTunedCount tables like kTuned's for packed batches, of
 //                      VarlenChoice: one per tuned varlen problem, its shape the
 //                      varlen_shape of its lengths (every field >= 1), sorted and distinct,
@@ -592,7 +594,8 @@ inline const Table* tuned_table(int head_dim, int dtype, bool causal) {
 // Tuned tables first (on the tuned GPU only), then the defaults; nullptr for a head dim,
 // dtype or mask this header has no config for. Tuned choices that cannot run here (an fa3
 // config on a GPU that is not cc 9.0, or in a program built without sm_90a) are passed over
-// for the nearest that can; when none can, the default runs. p is valid() here.
+// for the nearest that can; when none can, the default runs (split-KV's for a decode step
+// where the key has one). p is valid() here.
 inline const Choice* select(const FaParams& p, int head_dim, int dtype, bool causal) {
   // One causal query row sees every key (bottom-right alignment): served as unmasked, where
   // decode is tuned; fa2tune's store, service and PyTorch op apply the same rule.
@@ -607,8 +610,12 @@ inline const Choice* select(const FaParams& p, int head_dim, int dtype, bool cau
   }
   for (int i = 0; i < kDefaultCount; ++i) {
     const Table& t = kDefaults[i];
-    if (t.d == head_dim && t.dtype == dtype && t.causal == causal)
-      return accepts(t.choices[0], p) ? t.choices : nullptr;
+    if (t.d != head_dim || t.dtype != dtype || t.causal != causal) continue;
+    // A decode step takes the key's split-KV default where it has one (as fa2tune.torch's
+    // choice does): FlashAttention-2's tile would spend a 128-row block on one row.
+    if (t.count > 1 && p.nq <= fa2tune_shape::kDecodeMaxNq && accepts(t.choices[1], p))
+      return &t.choices[1];
+    return accepts(t.choices[0], p) ? t.choices : nullptr;
   }
   return nullptr;
 }

@@ -15,6 +15,7 @@ from codegen.export import (
     TEMPLATE_NAME,
     ExportError,
     TunedPoint,
+    decode_defaults_for,
     inline_template,
     render_header,
 )
@@ -332,3 +333,60 @@ def test_header_builds_for_sm80_and_sm90_and_picks_pythons_nearest_shape(
         tuned_n, name = picked
         assert (int(tuned_n), name) == (near.nq, winners[near].config.name), n
     assert len(lines) - 1 == len(ns)
+
+
+DEFAULTS_PROBE = r"""
+#include "fa2_tuned.cuh"
+#include <cstdint>
+#include <cstdio>
+// Host-only (no GPU here, so every call takes its key's defaults): the config fa2tune_forward
+// would launch for decode steps and a prefill call.
+static FaParams params(int d, int nq, int nk, int b, int h, int kv) {
+  FaParams p{};
+  p.o = reinterpret_cast<void*>(std::uintptr_t{1} << 21);
+  p.q = p.k = p.v = p.o;
+  p.q_row_stride = p.o_row_stride = 1LL * h * d;  // bnhd, contiguous
+  p.k_row_stride = p.v_row_stride = 1LL * kv * d;
+  p.q_head_stride = p.o_head_stride = p.k_head_stride = p.v_head_stride = d;
+  p.q_batch_stride = p.o_batch_stride = 1LL * nq * h * d;
+  p.k_batch_stride = p.v_batch_stride = 1LL * nk * kv * d;
+  p.batch = b; p.q_heads = h; p.kv_heads = kv; p.nq = nq; p.nk = nk;
+  p.softmax_scale = 0.125f;
+  return p;
+}
+int main() {
+  const struct { int nq; bool causal; } calls[] = {{1, true}, {16, true}, {17, true}, {512, false}};
+  for (const auto& c : calls) {
+    const char* name = fa2tune_config_name(params(64, c.nq, 8192, 16, 64, 8), 64, FA2TUNE_FP16,
+                                           c.causal);
+    std::printf("%d %s\n", c.nq, name ? name : "null");
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.compile
+@needs_nvcc
+@needs_template
+def test_untuned_decode_steps_take_the_split_kv_default(
+    seeded_store: tuple[Store, Seeded], tmp_path: Path
+) -> None:
+    """Where no tuned decode shape answers (here: no GPU, so nothing tuned answers at all),
+    decode steps run split-KV's default, fitted to every target, as fa2tune.torch's choice
+    does, and longer calls FlashAttention-2's; one causal row is served unmasked."""
+    store, _ = seeded_store
+    (tmp_path / "fa2_tuned.cuh").write_text(
+        export_header(store, "H200", [64], dtypes=["fp16"], generated_at=WHEN)
+    )
+    (tmp_path / "probe.cu").write_text(DEFAULTS_PROBE)
+    nvcc("-gencode=arch=compute_80,code=sm_80", "probe.cu", "-o", "probe", cwd=tmp_path)
+    out = subprocess.run([str(tmp_path / "probe")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = dict(line.split() for line in out.stdout.splitlines())
+    decode = decode_defaults_for([fa2_default_config(64, "fp16", c) for c in (False, True)])
+    assert got["1"] == decode[(64, "fp16", False)].name  # one causal row: unmasked
+    assert got["16"] == decode[(64, "fp16", True)].name
+    assert got["17"] == fa2_default_config(64, "fp16", True).name
+    assert got["512"] == fa2_default_config(64, "fp16", False).name
+    assert all(name.startswith("splitkv_") for name in (got["1"], got["16"]))

@@ -146,7 +146,8 @@ def variant_defaults(header: str) -> set[str]:
 
 def test_plain_export_is_unchanged(tmp_path: Path) -> None:
     """A header of plain results only: the comment and table text the exporter wrote before
-    variants existed, byte for byte, and empty variant tables."""
+    variants existed, byte for byte (since 2026-12-02 with split-KV's default for decode
+    steps after each FA2 default), and empty variant tables."""
     s = make_store(tmp_path)
     load_shipped_results(s, [DATA / f for f in PLAIN_FILES])
     header = export_header(s, "H200", [128], dtypes=["bf16"], generated_at=WHEN)

@@ -191,7 +191,9 @@ def test_store_without_varlen_results_gets_the_twins(tmp_path: Path) -> None:
     assert "static constexpr int kVarlenTunedCount = 0;" in text
     assert "//   (none: packed batches run the defaults' varlen twins)" in text
     dense = set(re.findall(r'"(\w+)"', text.split("kDefaultChoices[] = {")[1].split("};")[0]))
-    assert len(dense) == 20  # the common head dims (5) x dtypes x masks
+    # The common head dims (5) x dtypes x masks, FA2's default and split-KV's for decode.
+    assert len(dense) == 40
+    assert sum(name.startswith("splitkv_") for name in dense) == 20
     assert varlen_defaults(text) == {n + "_vl" for n in dense}
     assert not re.search(r"kVarlen_d\d+", text)
 
