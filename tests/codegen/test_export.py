@@ -28,6 +28,7 @@ from core.shape import Shape, nearest_shape
 from db.store import Store
 from service.header import UnknownGpuError, export_header, tuned_results, tuned_shape_results
 from tests.support.factories import H200, make_config, make_report, ok_result
+from tests.support.header_probe import PARAMS_CPP
 from tests.support.service_data import A100, H200_NS, Seeded, make_store, seed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -341,19 +342,7 @@ DEFAULTS_PROBE = r"""
 #include <cstdio>
 // Host-only (no GPU here, so every call takes its key's defaults): the config fa2tune_forward
 // would launch for decode steps and a prefill call.
-static FaParams params(int d, int nq, int nk, int b, int h, int kv) {
-  FaParams p{};
-  p.o = reinterpret_cast<void*>(std::uintptr_t{1} << 21);
-  p.q = p.k = p.v = p.o;
-  p.q_row_stride = p.o_row_stride = 1LL * h * d;  // bnhd, contiguous
-  p.k_row_stride = p.v_row_stride = 1LL * kv * d;
-  p.q_head_stride = p.o_head_stride = p.k_head_stride = p.v_head_stride = d;
-  p.q_batch_stride = p.o_batch_stride = 1LL * nq * h * d;
-  p.k_batch_stride = p.v_batch_stride = 1LL * nk * kv * d;
-  p.batch = b; p.q_heads = h; p.kv_heads = kv; p.nq = nq; p.nk = nk;
-  p.softmax_scale = 0.125f;
-  return p;
-}
+""" + PARAMS_CPP + r"""
 int main() {
   const struct { int nq; bool causal; } calls[] = {{1, true}, {16, true}, {17, true}, {512, false}};
   for (const auto& c : calls) {

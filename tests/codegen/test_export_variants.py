@@ -53,6 +53,7 @@ from db.shipped import load_shipped_results
 from db.store import Store
 from service.header import export_header, point_from_best
 from tests.support.factories import make_config
+from tests.support.header_probe import PARAMS_CPP
 from tests.support.service_data import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -342,19 +343,7 @@ PROBE = r"""
 #include <limits>
 // Host-only: nothing here launches a kernel or needs a GPU (the pointers are never read).
 static const float* const kSinks = reinterpret_cast<const float*>(std::uintptr_t{1} << 12);
-static FaParams params(int d, int nq, int nk, int b, int h, int kv) {
-  FaParams p{};
-  p.o = reinterpret_cast<void*>(std::uintptr_t{1} << 21);
-  p.q = p.k = p.v = p.o;
-  p.q_row_stride = p.o_row_stride = 1LL * h * d;  // bnhd, contiguous
-  p.k_row_stride = p.v_row_stride = 1LL * kv * d;
-  p.q_head_stride = p.o_head_stride = p.k_head_stride = p.v_head_stride = d;
-  p.q_batch_stride = p.o_batch_stride = 1LL * nq * h * d;
-  p.k_batch_stride = p.v_batch_stride = 1LL * nk * kv * d;
-  p.batch = b; p.q_heads = h; p.kv_heads = kv; p.nq = nq; p.nk = nk;
-  p.softmax_scale = 0.125f;
-  return p;
-}
+""" + PARAMS_CPP + r"""
 static void print(const fa2tune_tuned_variant_choice& c) {
   std::printf("%d %s %.17g %d %d %d %d %d %d %d %d %d %d\n", c.index, c.name, c.distance, c.nq,
               c.nk, c.batch, c.q_heads, c.kv_heads, c.causal ? 1 : 0, c.window_left,
