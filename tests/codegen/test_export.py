@@ -336,13 +336,16 @@ def test_header_builds_for_sm80_and_sm90_and_picks_pythons_nearest_shape(
     assert len(lines) - 1 == len(ns)
 
 
-DEFAULTS_PROBE = r"""
+DEFAULTS_PROBE = (
+    r"""
 #include "fa2_tuned.cuh"
 #include <cstdint>
 #include <cstdio>
 // Host-only (no GPU here, so every call takes its key's defaults): the config fa2tune_forward
 // would launch for decode steps and a prefill call.
-""" + PARAMS_CPP + r"""
+"""
+    + PARAMS_CPP
+    + r"""
 int main() {
   const struct { int nq; bool causal; } calls[] = {{1, true}, {16, true}, {17, true}, {512, false}};
   for (const auto& c : calls) {
@@ -353,6 +356,7 @@ int main() {
   return 0;
 }
 """
+)
 
 
 @pytest.mark.compile

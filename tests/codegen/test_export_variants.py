@@ -335,7 +335,8 @@ TARGETS = {
     "sm_80": "-gencode=arch=compute_80,code=compute_80",
 }
 
-PROBE = r"""
+PROBE = (
+    r"""
 #include "fa2_tuned.cuh"
 #include <cmath>
 #include <cstdio>
@@ -343,7 +344,9 @@ PROBE = r"""
 #include <limits>
 // Host-only: nothing here launches a kernel or needs a GPU (the pointers are never read).
 static const float* const kSinks = reinterpret_cast<const float*>(std::uintptr_t{1} << 12);
-""" + PARAMS_CPP + r"""
+"""
+    + PARAMS_CPP
+    + r"""
 static void print(const fa2tune_tuned_variant_choice& c) {
   std::printf("%d %s %.17g %d %d %d %d %d %d %d %d %d %d\n", c.index, c.name, c.distance, c.nq,
               c.nk, c.batch, c.q_heads, c.kv_heads, c.causal ? 1 : 0, c.window_left,
@@ -465,6 +468,7 @@ int main() {
   return 0;
 }
 """
+)
 
 
 @pytest.fixture(scope="module")
