@@ -11,11 +11,8 @@ least one file or folder.
 A section is a ``## `` heading with everything up to the next one (its ``### `` subsections
 included), and the text before a file's first ``## `` heading is one more. A timed figure is a
 number followed by µs, ms, TFLOP/s, TB/s, GB/s, tok/s or req/s (``p90 ms`` is not one: the
-number must not be part of a word). A section that quotes one passes when it
-
-* cites a source as above, or
-* says "no raw output kept" (any letter case): the figure was measured but its output is not
-  in the repo, and the doc says so next to it.
+number must not be part of a word). A section that quotes one passes when it cites a source
+as above; a measured figure whose raw output is not in the repo is removed, not annotated.
 
 A figure that is not a measurement of this project (a datasheet rate, a paper's number, an
 arithmetic bound) needs no source when it stands inside a parenthesis opened by
@@ -48,7 +45,6 @@ _FOLDERS = ("docs/measurements", "docs/performance", "bench/hopper/results")
 
 _UNIT_FIGURE = re.compile(r"(?<![\w.])\d[\d.,]*\s*(?:µs|ms|TFLOP/s|TB/s|GB/s|tok/s|req/s)(?![\w/])")
 _SOURCE = re.compile(r"(?:docs/)?(?:measurements|performance)/\S|bench/hopper/results/\S")
-_NO_RAW_OUTPUT = re.compile(r"no raw output kept", re.IGNORECASE)
 # "(not measured here: ...)", with at most one level of parentheses inside
 _NOT_MEASURED = re.compile(r"\(not measured here:[^()]*(?:\([^()]*\)[^()]*)*\)")
 
@@ -154,9 +150,9 @@ def sections(doc: Path) -> list[tuple[str, str]]:
 
 
 def uncited_figures(body: str) -> list[str]:
-    """The timed figures of a section that lack a source: none when the section cites one or
-    says "no raw output kept"; figures inside "(not measured here: ...)" never need one."""
-    if _SOURCE.search(body) or _NO_RAW_OUTPUT.search(body):
+    """The timed figures of a section that lack a source: none when the section cites one;
+    figures inside "(not measured here: ...)" never need one."""
+    if _SOURCE.search(body):
         return []
     return _UNIT_FIGURE.findall(_NOT_MEASURED.sub("", body))
 
@@ -183,7 +179,6 @@ def test_section_check_rules() -> None:
     ]
     assert uncited_figures("## A\n\nmedian/p10/p90 ms, 8 MiB, 30 s, 4.4 TFLOP.") == []
     assert uncited_figures("## A\n\n1.2 ms (raw: measurements/x/run.log).") == []
-    assert uncited_figures("## A\n\n1.2 ms (No raw output kept.)") == []
     vendor = "(not measured here: the H200's datasheet, 4.8 TB/s (HBM3e) and 990 TFLOP/s)"
     assert uncited_figures(f"## A\n\nthe bound {vendor}.") == []
     assert uncited_figures(f"## A\n\n1.1 ms at {vendor}.") == ["1.1 ms"]
@@ -196,6 +191,6 @@ def test_section_cites_source(doc: str, heading: str, body: str) -> None:
     figures = uncited_figures(body)
     assert not figures, (
         f"{doc} section {heading!r} quotes timed figures ({figures[:3]}) but cites no"
-        " docs/measurements/, docs/performance/ or bench/hopper/results/ source, does not say"
-        ' "no raw output kept", and does not mark them "(not measured here: ...)"'
+        " docs/measurements/, docs/performance/ or bench/hopper/results/ source and does not"
+        ' mark them "(not measured here: ...)"'
     )
