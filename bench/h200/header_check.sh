@@ -48,7 +48,7 @@ LOG3=$OUT/header_check_fa3.log
 PYTHONPATH=$PYTHONPATH:$PWD/tests python3 - /tmp/fa2_tuned_fa3.cuh > $LOG3 2>&1 <<'PY' || { echo "fa3 export failed"; status=1; }
 import os, sys, tempfile
 from pathlib import Path
-from factories import H200, make_config, make_report, ok_result
+from tests.support.factories import H200, make_config, make_report, ok_result
 from codegen.fa3_space import default_config
 from core.problem import Problem
 from db.store import Store
@@ -96,7 +96,7 @@ LOGS=$OUT/header_check_splitkv.log
 PYTHONPATH=$PYTHONPATH:$PWD/tests python3 - /tmp/fa2_tuned_splitkv.cuh > $LOGS 2>&1 <<'PY' || { echo "FAIL splitkv export" | tee -a $LOGS; status=1; }
 import os, sys, tempfile
 from pathlib import Path
-from factories import H200, make_config, make_report, ok_result
+from tests.support.factories import H200, make_config, make_report, ok_result
 from core.problem import Problem
 from core.splitkv_config import SplitKvConfig
 from db.store import Store

@@ -184,10 +184,10 @@ void check(const Tensors& t, const char* variant, int call, cudaError_t launched
 }
 
 // A batch past grid z's 65,535 through a split-Q (fa2) entry: the dispatch launches it in
-// batch slices. Checked against a float32 reference on sequences at both ends and around the
+// batch slices. N = 24: more rows than a decode step (Nq <= 16), which split-KV would take. Checked against a float32 reference on sequences at both ends and around the
 // slice boundary (every sequence is written; a slice that was skipped keeps its NaN poison).
 bool big_batch_case(cudaStream_t stream) {
-  const int B = 70000, H = 1, N = 16;
+  const int B = 70000, H = 1, N = 24;
   const size_t n = size_t(B) * N * H * kD;
   std::vector<__half> q(n), k(n), v(n);
   uint32_t state = 12345u;
@@ -228,7 +228,7 @@ bool big_batch_case(cudaStream_t stream) {
     if (err != cudaSuccess) break;
     for (int i = 0; i < N; ++i) {
       const size_t row = (size_t(b) * N + i) * kD;
-      float s[16], mx = -INFINITY, sum = 0.f;
+      float s[N], mx = -INFINITY, sum = 0.f;
       for (int j = 0; j < N; ++j) {
         float acc = 0.f;
         for (int d = 0; d < kD; ++d)
