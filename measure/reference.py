@@ -55,10 +55,11 @@ _SDPA_ENUM = {
     "math": "MATH",
 }
 #: The reference covers every (batch, head) pair while its work, B*Hq*Nq*Nk*D multiply-adds
-#: in each of its two products, stays at or under this: 2^45, some 3 s of IEEE float32 matmuls
-#: on an H200 at ~50 TFLOP/s, once per problem and shared by all its configs. Every problem
-#: the shipped H200 results hold fits (the largest, Mistral-7B's B=4 Hq=32 N=32k D=128, is
-#: 2^44).
+#: in each of its two products, stays at or under this: 2^45, once per problem and shared by
+#: all its configs. Every problem the shipped H200 results hold fits; the largest, Mistral-7B's
+#: B=4 Hq=32 N=32k D=128 with its window (2^44), took 13.6 s on an H200 with its emulated
+#: yardstick, B=16 Hq=32 N=8k 1.8 s (bench/reference_cost.py,
+#: docs/measurements/2026-12-02-reference-cost/).
 #: Above it, as many pairs as the budget covers (at least :data:`MIN_PAIRS`).
 FULL_CHECK_WORK = 2**45
 #: The reference's output (pairs x Nq x D float32) stays under this many bytes.
