@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from codegen.export import decode_defaults_for
 from codegen.families import FA3, SPLITKV
+from codegen.families.fa2.space import fa2_default_config
 from codegen.render import template_hash
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig
@@ -95,12 +97,15 @@ def test_provenance_and_targets(header: str) -> None:
     assert "fa2tune_forward_with_workspace" in header and "CUDA graph" in header
 
 
-def test_header_without_splitkv_leaves_it_out(store: Store) -> None:
+def test_header_without_splitkv_winners_carries_its_decode_defaults(store: Store) -> None:
+    """No split-KV winner: the family's part is still in (its default serves decode steps),
+    with exactly the two defaults of (D=128, bf16) as its configs; fa3's is left out."""
     text = export_header(store, "H200", [128], dtypes=["bf16"], generated_at=WHEN)
-    assert "(splitkv: no config of this family in the header)" in text
     assert "(fa3: no config of this family in the header)" in text
-    assert "namespace splitkv {" not in text and "SPLITKV_DEFINE_KERNEL" not in text
-    assert "splitkv::Traits<" not in text and "splitkv::launch<" not in text
+    assert "(splitkv: no config of this family in the header)" not in text
+    defaults = decode_defaults_for([fa2_default_config(128, "bf16", c) for c in (False, True)])
+    launched = set(re.findall(r"splitkv::launch<fa2tune_configs::(\w+)>", text))
+    assert launched == {c.name for c in defaults.values()}
 
 
 def test_splitkv_only_header_has_no_sm90a_note(store: Store, tmp_path: Path) -> None:
@@ -160,8 +165,8 @@ int main(int argc, char** argv) {
   using Split = fa2tune_configs::SPLIT_NAME;
   std::printf("bytes %zu %zu\n", splitkv::workspace_size<Split>(p),
               splitkv::workspace_size<Split>(params(1, 32, 8, 32, 8)));
-  // Off the tuned GPU (no device here) the default fa2 config runs: no workspace; and
-  // invalid parameters are refused before anything is launched.
+  // Off the tuned GPU (no device here) a decode step runs the split-KV decode default, with
+  // its workspace; invalid parameters are refused before anything is launched.
   std::printf("public %zu %d\n", fa2tune_workspace_size(p, 128, FA2TUNE_FP16, false),
               fa2tune_forward_with_workspace(FaParams{}, 128, FA2TUNE_FP16, false, nullptr, 0) ==
                   cudaErrorInvalidValue);
@@ -225,7 +230,10 @@ def run_probe(header: str, tmp_path: Path, targets: tuple[str, ...], units: list
     expected = (workspace_bytes(SPLIT, DECODE), workspace_bytes(SPLIT, small))
     assert expected[1] == 0 and expected[0] > 0
     assert f"bytes {expected[0]} {expected[1]}" in lines
-    assert "public 0 1" in lines
+    decode_default = decode_defaults_for([fa2_default_config(128, "fp16", False)])
+    (default,) = decode_default.values()
+    assert isinstance(default, SplitKvConfig)
+    assert f"public {workspace_bytes(default, DECODE)} 1" in lines
 
 
 def _shape(problem: Problem) -> Shape:
