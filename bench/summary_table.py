@@ -374,6 +374,15 @@ def _draw(ax: Any, cells: Sequence[Cell]) -> None:
     ax.grid(alpha=0.3)
 
 
+def _finish(plt: Any, fig: Any, axes: Any, summary: Summary, what: str, path: Path) -> None:
+    """The legend in the first panel, the run's GPU and date over the figure, saved, closed."""
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{summary.env.get('gpu', '')} {summary.env.get('date', '')}: {what}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_prefill(summary: Summary, path: Path) -> bool:
     """Prefill TFLOP/s against N: one panel per (mask, D)."""
     plt = _pyplot()
@@ -389,12 +398,7 @@ def plot_prefill(summary: Summary, path: Path) -> bool:
             ax.set_title(f"D={d} {'causal' if causal else 'non-causal'}")
             ax.set_xlabel("N")
             ax.set_ylabel("TFLOP/s")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{summary.env.get('gpu', '')} {summary.env.get('date', '')}: prefill, "
-                 f"{describe(cells)}")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, axes, summary, f"prefill, {describe(cells)}", path)
     return True
 
 
@@ -413,12 +417,7 @@ def plot_decode(summary: Summary, path: Path) -> bool:
         ax.set_title(f"B={batch}")
         ax.set_xlabel("Nk (keys in the cache)")
         ax.set_ylabel("K/V TB/s")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{summary.env.get('gpu', '')} {summary.env.get('date', '')}: decode, "
-                 f"{describe(cells, 'Nk')}")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, axes, summary, f"decode, {describe(cells, 'Nk')}", path)
     return True
 
 
