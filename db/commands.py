@@ -18,7 +18,7 @@ from rich.table import Table
 from codegen.families import FAMILIES
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
 from core.settings import get_settings
-from core.shape import Shape
+from core.shape import Shape, is_decode
 from core.shape_request import (
     DEFAULT_BATCH,
     DEFAULT_HEADS,
@@ -376,9 +376,11 @@ def best(
         if shape is None:
             what, fallback = f"N={n}", " at any N"
         else:
-            what, fallback = shape.describe(), " at any shape"
+            # Lookups stay within the call's phase (core.shape.same_phase): say which.
+            phase = "decode" if is_decode(shape) else "prefill"
+            what, fallback = shape.describe(), f" at any {phase} shape (Nq <= 16 is decode)"
         if not variant.plain:
-            fallback = "" if exact else " at any shape or window"
+            fallback = "" if exact else " at any shape or window of its phase"
             what = f"{what} with {variant.describe()}"
         typer.echo(
             f"no successful measurement for {gpu} D={d} {what} {dtype} {mask}"

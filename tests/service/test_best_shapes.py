@@ -4,6 +4,7 @@ answered exactly as before, checked against the shipped results."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -431,6 +432,20 @@ def test_cli_shape_nearest(cli_db: str) -> None:
     assert data["shape"] == {"nq": 1, "nk": 8192, "batch": 8, "heads": 32, "kv_heads": 8}
     exact = _best(cli_db, *args, "--exact")
     assert exact.exit_code == 1 and "B=8 H=32/8kv Nq=1 Nk=8192" in exact.stderr
+
+
+def test_cli_decode_is_not_answered_by_prefill_shapes(cli_db: str) -> None:
+    # D=128 bf16 holds one prefill shape (N=4096): it answers a prefill ask from afar, but a
+    # decode step is not answered, and the message says it looked at decode shapes only.
+    problem = dataclasses.replace(_problem(square(4096)), dtype="bf16")
+    with Store.from_url(cli_db) as s:
+        seed_measurement(s, gpu=H200, problem=problem, config=make_config(128, "bf16", False),
+                         result=ok_result(1.0, problem))  # fmt: skip
+    prefill = _best(cli_db, "--nq", "2000", "--nk", "8192", "--dtype", "bf16")
+    assert prefill.exit_code == 0, prefill.output
+    result = _best(cli_db, "--nq", "1", "--nk", "8192", "--dtype", "bf16")
+    assert result.exit_code == 1
+    assert "at any decode shape (Nq <= 16 is decode)" in result.stderr
 
 
 def test_cli_shape_exact(cli_db: str) -> None:
