@@ -15,7 +15,7 @@
 #   decode   the shipped split-KV pick of each decode shape (Nq=1 32:8 D=128, Nk 1k/8k/32k/128k
 #            x B 1/8/64, DECODE_DTYPE bf16) vs SDPA with decode_bench.py's timing: 12 cells,
 #            ~50 s. decode_bench.py itself re-searches a grid (~50 configs a shape, minutes)
-#            that holds few of the shipped picks, hence the driver below.
+#            that holds few of the shipped picks, hence bench/summary_decode.py.
 #   varlen   bench/varlen_bench.py's default 16 sequences (the shipped batch), VARLEN_DTYPE
 #            bf16, causal and not, with the shipped pick added to its candidates: ~30 s
 # plus ~25 s of set-up (wheels, database, environment) and ~10 s for the table: ~6 min in all.
@@ -123,160 +123,12 @@ if has gqa; then
 fi
 
 if has decode; then
-  # A file, not python3's stdin: the worker's child is spawned, and re-imports the main module
-  # from its path (hence also the main guard).
-  cat > "$WORK/decode_shipped.py" <<'PY'
-"""The shipped split-KV pick of each decode shape beside SDPA's backends, timed as
-bench/decode_bench.py times (its TIMING; the worker times SDPA on the same inputs), written in
-decode_bench's JSON format, each row also naming its pick (``shipped``)."""
-
-import datetime as dt
-import json
-import logging
-import sys
-from pathlib import Path
-from typing import Any
-
-sys.path.insert(0, str(Path.cwd() / "bench"))  # run from the repository root
-import decode_bench as bench
-from codegen.build import build_configs
-from core.build_report import BuildReport
-from core.problem import Problem
-from core.records import MeasureResult, MeasureStatus
-from db.results import BestResult
-from db.store import Store
-from measure.jobs import BenchJob, MeasureOptions
-from measure.worker import BenchWorker
-
-log = logging.getLogger("decode_shipped")
-
-
-def timed(worker: BenchWorker, p: Problem, built: BuildReport, row: dict[str, Any]) -> MeasureResult:
-    """The pick with SDPA on the same inputs; alone if that fails: SDPA's flash and efficient
-    backends get K/V expanded to every query head (4x), at B=64 Nk=128k more than the GPU
-    holds (2026-11-30 decode bench)."""
-    assert built.cubin is not None
-    res = worker.measure(BenchJob.make(built.config, built.cubin, p,
-                                       MeasureOptions(sdpa=True, timing=bench.TIMING)))
-    if res.status == MeasureStatus.OK:
-        return res
-    row["failures"].append(f"{built.config.name} with SDPA: {res.status} {res.error}")
-    return worker.measure(BenchJob.make(built.config, built.cubin, p,
-                                        MeasureOptions(timing=bench.TIMING)))
-
-
-def measure_row(worker: BenchWorker, p: Problem, pick: BestResult | None,
-                builds: dict[Any, BuildReport]) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "dtype": p.dtype, "nq": p.n, "nk": p.nk, "batch": p.batch, "heads": p.heads,
-        "kv_heads": p.kv_heads, "d": p.d, "failures": [], "flush_by": bench.TIMING.flush_by,
-    }
-    if pick is None:
-        row["failures"].append("no shipped result for this shape")
-        return row
-    cfg, built = pick.config, builds[pick.config]
-    row.update(shipped=cfg.name, shipped_ms=pick.median_ms)
-    if not built.usable or built.cubin is None:
-        row["failures"].append(f"{cfg.name}: {built.status}")
-        return row
-    res = timed(worker, p, built, row)
-    if res.status != MeasureStatus.OK or not res.median_ms:
-        row["failures"].append(f"{cfg.name}: {res.status} {res.error}")
-        return row
-    ms = res.median_ms
-    gbps = bench.kv_bytes(p) / (ms * 1e-3) / 1e9
-    row.update(best=cfg.name, ms=ms, top=[(cfg.name, ms)], gbps=gbps,
-               hbm_fraction=gbps * 1e9 / bench.H200_PEAK_BYTES_PER_S)
-    row[f"{cfg.family}_ms"] = ms
-    sdpa = res.extra.get("sdpa")
-    for name in bench.BACKENDS:
-        t = sdpa.get(name) if isinstance(sdpa, dict) else None
-        if isinstance(t, dict) and t.get("median_ms"):
-            row[f"{name}_ms"] = t["median_ms"]
-            row[f"vs_{name}"] = t["median_ms"] / ms
-    return row
-
-
-def main() -> None:
-    db, out, dtypes, nks, batches = sys.argv[1:]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    store = Store.from_url(db)
-    rows: list[dict[str, Any]] = []
-    with BenchWorker(device=0, job_timeout_s=120.0) as worker:
-        assert worker.gpu_info is not None, "the worker reported no GPU"
-        gpu = worker.gpu_info.name
-        shapes = [
-            Problem(gpu=gpu, d=128, n=1, nk=int(nk), batch=int(b), heads=32, kv_heads=8,
-                    dtype=t)  # type: ignore[arg-type]
-            for t in dtypes.split(",") for nk in nks.split(",") for b in batches.split(",")
-        ]
-        picks = {p: store.best(gpu, p.d, p.n, p.dtype, False, nk=p.nk, batch=p.batch,
-                               heads=p.heads, kv_heads=p.kv_heads) for p in shapes}
-        wanted = dict.fromkeys(pick.config for pick in picks.values() if pick is not None)
-        builds = {r.config: r for r in build_configs(list(wanted), "sm_90")}
-        for p, pick in picks.items():
-            rows.append(measure_row(worker, p, pick, builds))
-            log.info("%s", rows[-1])
-    stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    Path(out).write_text(json.dumps({"measured_at": stamp, "rows": rows}, indent=1))
-    log.info("decode, the shipped picks:\n%s", bench.table(rows))
-
-
-if __name__ == "__main__":
-    main()
-PY
-  part decode 150 python3 "$WORK/decode_shipped.py" "$DB" "$OUT/decode.json" "$DECODE_DTYPE" \
+  part decode 150 python3 bench/summary_decode.py "$DB" "$OUT/decode.json" "$DECODE_DTYPE" \
     1024,8192,32768,131072 1,8,64
 fi
 
 if has varlen; then
-  cat > "$WORK/varlen_shipped.py" <<'PY'
-"""bench/varlen_bench.py with each case's shipped pick among its candidates, so that its time
-is in the row (``configs``) and the row names it (``shipped``): the bench's own tiles and
-seeds miss some shipped picks (the causal bf16 one at its default lengths)."""
-
-import sys
-from pathlib import Path
-from typing import Any
-
-sys.path.insert(0, str(Path.cwd() / "bench"))  # run from the repository root
-import varlen_bench as bench
-from db.store import Store
-
-own_candidates, own_case = bench.candidates, bench.run_case
-
-
-def with_shipped(store: Store) -> Any:
-    """varlen_bench.run_case, the case's shipped pick added to its candidates."""
-
-    def run_case(lens: list[int], heads: int, kv: int, d: int, dtype: Any, causal: bool,
-                 fa3: bool) -> dict[str, Any]:
-        import torch
-
-        gpu = torch.cuda.get_device_name()
-        found = store.best_varlen(gpu, d, dtype, causal, lens, heads, kv)
-        pick = found[0].config if found else None
-
-        def candidates(*args: Any) -> list[Any]:
-            configs = own_candidates(*args)
-            return configs if pick is None or pick in configs else [*configs, pick]
-
-        bench.candidates = candidates  # type: ignore[assignment]  # run_case looks it up
-        row: dict[str, Any] = own_case(lens, heads, kv, d, dtype, causal, fa3)
-        if found is not None:  # none shipped: the table counts the bench's fastest, and says so
-            row.update(shipped=found[0].config.name, shipped_lengths=list(found[1]))
-        return row
-
-    return run_case
-
-
-if __name__ == "__main__":
-    db, out, dtypes = sys.argv[1:]
-    bench.run_case = with_shipped(Store.from_url(db))  # main looks it up when called
-    sys.argv = ["varlen_bench.py", "--out", out, "--dtype", dtypes]
-    bench.main()
-PY
-  part varlen 120 python3 "$WORK/varlen_shipped.py" "$DB" "$WORK/varlen" "$VARLEN_DTYPE"
+  part varlen 120 python3 bench/summary_varlen.py "$DB" "$WORK/varlen" "$VARLEN_DTYPE"
   [ -f $WORK/varlen/varlen_bench.json ] && cp $WORK/varlen/varlen_bench.json "$OUT/varlen.json"
 fi
 
