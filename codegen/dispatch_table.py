@@ -159,9 +159,10 @@ def _tables(
     # Each key's default, then its decode default if any, one after the other.
     choices: list[AnyConfig] = []
     rows_of: list[tuple[TableKey, int, int]] = []
+    decode = decode or {}
     for c in defaults:
         key = (c.d, c.dtype, c.causal)
-        extra = (decode or {}).get(key)
+        extra = decode.get(key)
         rows_of.append((key, len(choices), 1 if extra is None else 2))
         choices += [c] if extra is None else [c, extra]
     return [

@@ -131,6 +131,15 @@ def is_decode(shape: Shape) -> bool:
     return shape.nq <= DECODE_MAX_NQ
 
 
+def phase_of(shape: Shape) -> str:
+    """``"decode"`` or ``"prefill"`` (:func:`is_decode`), as messages name a call's phase."""
+    return "decode" if is_decode(shape) else "prefill"
+
+
+#: How messages say where the phases part.
+PHASE_RULE = f"Nq <= {DECODE_MAX_NQ} is decode"
+
+
 def same_phase(asked: Shape, tuned: Shape) -> bool:
     """Whether a tuned shape may answer ``asked``: both decode steps or both prefill
     (:func:`is_decode`). The store's lookup, the service's index and the exported header

@@ -18,7 +18,7 @@ from rich.table import Table
 from codegen.families import FAMILIES
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
 from core.settings import get_settings
-from core.shape import Shape, is_decode
+from core.shape import PHASE_RULE, Shape, phase_of
 from core.shape_request import (
     DEFAULT_BATCH,
     DEFAULT_HEADS,
@@ -377,8 +377,7 @@ def best(
             what, fallback = f"N={n}", " at any N"
         else:
             # Lookups stay within the call's phase (core.shape.same_phase): say which.
-            phase = "decode" if is_decode(shape) else "prefill"
-            what, fallback = shape.describe(), f" at any {phase} shape (Nq <= 16 is decode)"
+            what, fallback = shape.describe(), f" at any {phase_of(shape)} shape ({PHASE_RULE})"
         if not variant.plain:
             fallback = "" if exact else " at any shape or window of its phase"
             what = f"{what} with {variant.describe()}"

@@ -23,11 +23,11 @@ from functools import lru_cache
 
 from core.gpu_name import normalize_gpu_name
 from core.shape import (
-    DECODE_MAX_NQ,
+    PHASE_RULE,
     Shape,
     effective_causal,
-    is_decode,
     nearest_shape,
+    phase_of,
     shape_distance,
 )
 from db.results import BestResult
@@ -248,9 +248,10 @@ class BestIndex:
         answer = table.nearest(shape)
         if answer is None:
             mask = "causal" if causal else "full"
-            phase, other = ("decode", "prefill") if is_decode(shape) else ("prefill", "decode")
+            phase = phase_of(shape)
+            other = "prefill" if phase == "decode" else "decode"
             raise NotTunedError(
-                f"shape {shape.describe()}: no {phase} shape (Nq <= {DECODE_MAX_NQ} is decode) "
+                f"shape {shape.describe()}: no {phase} shape ({PHASE_RULE}) "
                 f"tuned for D={d} {dtype} {mask} on {gpu}, only {other} shapes, which do not "
                 f"answer {phase} calls"
             )
