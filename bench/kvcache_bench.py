@@ -16,7 +16,8 @@ of ``--reps``; outputs checked against SDPA's before any time counts (fresh rand
 outputs poisoned with NaN first). Bandwidth is K and V bytes over time. Then the host side:
 eager ``attention_with_kvcache`` calls over growing lengths (one appended key per call, the
 lengths never read on the host), host time per call (median of loops of ``--calls`` calls,
-not synchronised) next to a bare ``cuLaunchKernel`` of the same kernel.
+not synchronised) next to a bare ``cuLaunchKernel`` of the same kernel, and the
+``lens.add_(1)`` each appending step of the loop also makes (a torch op, timed alone).
 
 Writes ``kvcache_bench.json`` and prints a table::
 
@@ -171,10 +172,15 @@ def host_times(torch: Any, calls: int, loops: int) -> dict[str, float]:
     out = torch.empty_like(q)  # the bare loop's output: alive for the whole loop
     pattern.params.o, pattern.params.lse = out.data_ptr(), None
     bare_us = per_call(bound)
+    attend_us = per_call(lambda: step(False))
+    lens_add_us = per_call(lambda: lens.add_(1))
     return {
         "bare_launch_us": round(bare_us, 2),
-        "attend_us": round(per_call(lambda: step(False)), 2),
+        "attend_us": round(attend_us, 2),
+        "attend_over_bare_us": round(attend_us - bare_us, 2),
+        # each step also bumps the lengths (a torch op), timed alone beside it
         "append_and_attend_us": round(per_call(lambda: (step(True), lens.add_(1))), 2),
+        "lens_add_us": round(lens_add_us, 2),
     }
 
 
@@ -184,6 +190,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--loops", type=int, default=20)
+    parser.add_argument("--host-only", action="store_true",
+                        help="time the host side only (no decode shapes)")  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     import torch
@@ -195,7 +203,7 @@ def main() -> None:
     flush = torch.empty(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for shape in SHAPES:
+    for shape in () if args.host_only else SHAPES:
         rows.append(bench_shape(torch, shape, args.reps, flush))
         (args.out / "kvcache_bench.json").write_text(json.dumps({"rows": rows}, indent=1))
     host = host_times(torch, args.calls, args.loops)

@@ -7,8 +7,8 @@
 #   bash bench/h200/kvcache_check.sh
 #
 # TIERS: the GPU test files (default: the three above; "none" for none). BENCH=0 skips the
-# bench. PEER: a copy of ../shared/peer/flash-attention inside the checkout: also runs its
-# test_flash_attn_kvcache through fa2tune.flash_attn (PEER_ARGS narrows it, e.g. a -k filter).
+# bench; BENCH_ARGS are its extra arguments (--host-only: the host side alone). PEER: a copy
+# of ../shared/peer/flash-attention inside the checkout: also runs its test_flash_attn_kvcache through fa2tune.flash_attn (PEER_ARGS narrows it, e.g. a -k filter).
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; fi
@@ -35,7 +35,8 @@ for t in $tiers; do
 done
 [ -f "$OUT/peer/summary.txt" ] && tee -a "$OUT/kvcache.log" < "$OUT/peer/summary.txt"
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout "${BENCH_TIMEOUT:-240}" python3 bench/kvcache_bench.py --out "$OUT" \
+  # shellcheck disable=SC2086  # BENCH_ARGS is a word list on purpose (e.g. --host-only)
+  timeout "${BENCH_TIMEOUT:-240}" python3 bench/kvcache_bench.py --out "$OUT" ${BENCH_ARGS:-} \
     > "$OUT/kvcache_bench.log" 2>&1
   tail -12 "$OUT/kvcache_bench.log"
 fi

@@ -302,7 +302,8 @@ class Launcher:
                 back or re-raises.
             CudaError: the driver refused the launch.
         """
-        stream = current_stream(q.device)
+        index = q.get_device()  # an int: cheaper than q.device on the per-call path
+        stream = raw_stream(index) if raw_stream is not None else current_stream(q.device)
         fv = self._fv
         if self._sliced:
             with self._lock:
@@ -323,7 +324,7 @@ class Launcher:
             else:
                 # The stream's own buffers: stable between calls, so a bound launch per
                 # (stream, buffers) carries them and a call patches nothing for them.
-                count_ptr, base = ws.stream_args(q.device.index or 0, stream)
+                count_ptr, base = ws.stream_args(index, stream)
                 ws_key = (stream, count_ptr, base)
         with self._lock:
             p = variant.params

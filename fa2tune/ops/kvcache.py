@@ -82,6 +82,7 @@ _decisions: dict[tuple[object, ...], _Decision] = {}
 _lock = threading.Lock()
 _warned: set[str] = set()
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_INT32 = torch.int32
 #: Threads per block of the append kernel (kv_append.cuh's launch bounds).
 _APPEND_THREADS = 256
 
@@ -241,12 +242,16 @@ class CacheLauncher:
     """
 
     __slots__ = ("_append_grid", "_append_kernel", "_block", "_capacity", "_fv", "_grid",
-                 "_kc", "_lock", "_page", "_patterns", "_smem", "_ws", "config", "kernel",
-                 "source")  # fmt: skip
+                 "_kc", "_lock", "_page", "_patterns", "_smem", "_table_gaps", "_ws",
+                 "_ws_needed", "config", "kernel", "source")  # fmt: skip
 
     def __init__(self, kernel: LoadedKernel, config: Any, source: str, shape: Shape,
-                 variant: Variant, table_stride: int, added: int, page: int) -> None:  # fmt: skip
+                 variant: Variant, table_stride: int, added: int, page: int,
+                 table_gaps: bool = False) -> None:  # fmt: skip
         self.kernel = kernel
+        # The block table's strides are part of the decision's key: whether its rows need a
+        # contiguous copy is known here, once.
+        self._table_gaps = table_gaps
         self.config = config
         self.source = source
         grid, block = launch_geometry(config, shape.nq, shape.heads, shape.batch, nk=shape.nk,
@@ -257,6 +262,7 @@ class CacheLauncher:
         self._fv = FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), None)
         self._kc = FaKvCache(None, None, None, table_stride, added)
         self._ws = SplitKvWorkspace(config, shape)
+        self._ws_needed = self._ws.needed
         self._lock = threading.Lock()
         self._patterns: dict[tuple[object, ...], _Pattern] = {}
         self._append_kernel: LoadedKernel | None = None
@@ -276,6 +282,19 @@ class CacheLauncher:
             self._patterns[key] = pattern
         return pattern
 
+    def _bind(self, pattern: _Pattern, stream: int,
+              ws_ptrs: tuple[int, int]) -> tuple[BoundLaunch, BoundLaunch | None]:  # fmt: skip
+        """The attention's and the append's bound launches on ``stream`` with that
+        workspace (the append's None when the call appends nothing)."""
+        p = pattern.params
+        attend = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
+                                  (*self._ws.args(*ws_ptrs), self._fv, self._kc))  # fmt: skip
+        if pattern.append is None or self._append_kernel is None:
+            return attend, None
+        add = self._append_kernel.bind(p, self._append_grid, (_APPEND_THREADS, 1, 1), 0, stream,
+                                       (pattern.append, self._kc))  # fmt: skip
+        return attend, add
+
     def __call__(
         self,
         q: torch.Tensor,
@@ -290,43 +309,42 @@ class CacheLauncher:
         page_table: torch.Tensor | None,
         cache_batch_idx: torch.Tensor | None,
         sinks: torch.Tensor | None,
+        index: int,
     ) -> None:
-        """Append ``k``/``v`` (when given) and attend: one launch each, on q's device's
-        current stream.
+        """Append ``k``/``v`` (when given) and attend: one launch each, on the current stream
+        of device ``index`` (q's, current).
 
         Raises:
             ValueError: strides or alignment the kernels do not take (the caller falls back).
             measure.loader.CudaError: the driver refused a launch.
         """
-        if cache_seqlens.dtype != torch.int32 or not cache_seqlens.is_contiguous():
-            cache_seqlens = cache_seqlens.to(torch.int32).contiguous()  # a device-side cast
-        if cache_batch_idx is not None and (cache_batch_idx.dtype != torch.int32
+        if not cache_seqlens.is_contiguous() or cache_seqlens.dtype is not _INT32:
+            cache_seqlens = cache_seqlens.to(_INT32).contiguous()  # a device-side cast
+        if cache_batch_idx is not None and (cache_batch_idx.dtype is not _INT32
                                             or not cache_batch_idx.is_contiguous()):  # fmt: skip
-            cache_batch_idx = cache_batch_idx.to(torch.int32).contiguous()
-        if page_table is not None and page_table.stride(1) != 1:
+            cache_batch_idx = cache_batch_idx.to(_INT32).contiguous()
+        if page_table is not None and self._table_gaps:
             page_table = page_table.contiguous()
         qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
-        new_strides = (k.stride(), v.stride()) if k is not None and v is not None else None
-        key = (q.stride(), k_cache.stride(), v_cache.stride(), new_strides)
+        if k is None or v is None:
+            key: tuple[object, ...] = (q.stride(), k_cache.stride(), v_cache.stride())
+            misaligned = (qp | kp | vp) % ALIGN_BYTES
+        else:
+            key = (q.stride(), k_cache.stride(), v_cache.stride(), k.stride(), v.stride())
+            misaligned = (qp | kp | vp | k.data_ptr() | v.data_ptr()) % ALIGN_BYTES
         pattern = self._patterns.get(key)
-        if (
-            pattern is None
-            or (qp | kp | vp) % ALIGN_BYTES
-            or (k is not None and v is not None and (k.data_ptr() | v.data_ptr()) % ALIGN_BYTES)
-        ):
+        if pattern is None or misaligned:
             pattern = self._pattern(q, k_cache, v_cache, o, k, v, key)  # raises ValueError
-        index = q.get_device()  # an int: cheaper than q.device on the per-call path
         stream = raw_stream(index) if raw_stream is not None else current_stream(q.device)
-        ws = self._ws
         keep: object = None
         captured = capturing()
-        if not ws.needed:
-            ws_ptrs = (0, 0)
+        if not self._ws_needed:
+            ws_ptrs: tuple[int, int] = (0, 0)
         elif captured:
-            count_ptr, partials_ptr, keep = ws.captured(q.device)
+            count_ptr, partials_ptr, keep = self._ws.captured(q.device)
             ws_ptrs = (count_ptr, partials_ptr)
         else:
-            ws_ptrs = ws.stream_args(index, stream)
+            ws_ptrs = self._ws.stream_args(index, stream)
         with self._lock:
             p = pattern.params
             p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
@@ -343,13 +361,7 @@ class CacheLauncher:
             bound_key = (stream, *ws_ptrs)
             launches = None if captured else pattern.bound.get(bound_key)
             if launches is None:
-                attend = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
-                                          (*ws.args(*ws_ptrs), fv, kc))  # fmt: skip
-                add = None
-                if append is not None and self._append_kernel is not None:
-                    add = self._append_kernel.bind(p, self._append_grid, (_APPEND_THREADS, 1, 1),
-                                                   0, stream, (append, kc))  # fmt: skip
-                launches = (attend, add)
+                launches = self._bind(pattern, stream, ws_ptrs)
                 if not captured:  # a captured launch's workspace belongs to that graph
                     pattern.bound[bound_key] = launches
             if launches[1] is not None:
@@ -360,7 +372,7 @@ class CacheLauncher:
 
 def _decide(
     q: torch.Tensor, capacity: int, page: int, causal: bool, variant: Variant,
-    table_stride: int, added: int, kv_heads: int,
+    table_stride: int, added: int, kv_heads: int, table_gaps: bool,
 ) -> CacheLauncher | str:  # fmt: skip
     """The launcher of a cache decision, or why it falls back (its key's first call)."""
     if q.device.type != "cuda":
@@ -379,7 +391,7 @@ def _decide(
         kernel = load_kernel(choice.config, device)
         with torch.cuda.device(device.index):
             launcher = CacheLauncher(kernel, choice.config, choice.source, shape, variant,
-                                     table_stride, added, page)  # fmt: skip
+                                     table_stride, added, page, table_gaps)  # fmt: skip
     except Unsupported as exc:
         return exc.reason
     except CudaError as exc:  # the append kernel did not load
@@ -443,9 +455,14 @@ def _make_decision(
     if variant.plain:
         causal = effective_causal(causal, nq)  # one query row sees every key either way
     added = int(k.shape[1]) if k is not None else 0
-    table_stride = int(page_table.stride(0)) if page_table is not None else 0
+    # A block table whose rows have gaps is copied contiguous per call: its rows are then
+    # max_pages entries apart, whatever the given table's row stride.
+    table_gaps = page_table is not None and int(page_table.stride(1)) != 1
+    table_stride = 0
+    if page_table is not None:
+        table_stride = int(page_table.shape[1] if table_gaps else page_table.stride(0))
     entry = _decide(q, capacity, page, causal, variant, table_stride, added,
-                    int(k_cache.shape[2]))  # fmt: skip
+                    int(k_cache.shape[2]), table_gaps)  # fmt: skip
     return _Decision(entry, capacity, page, causal, variant, added)
 
 
@@ -479,15 +496,17 @@ def run_with_kvcache(
         Unsupported: the kernels cannot serve the call and ``fallback`` is False.
     """
     # Flat, and the devices as indices: this is most of a steady call's host work.
+    index = q.get_device()
     key: tuple[object, ...] = (
-        q.shape, q.dtype, q.get_device(), k_cache.shape, k_cache.dtype, k_cache.get_device(),
+        q.shape, q.dtype, index, k_cache.shape, k_cache.dtype, k_cache.get_device(),
         v_cache.shape, v_cache.dtype, v_cache.get_device(), cache_seqlens.shape,
         cache_seqlens.dtype, cache_seqlens.get_device(), causal, window, chunk, softcap,
     )  # fmt: skip
     if k is not None or v is not None:
         key += ("new", _spec(k), _spec(v))
-    if page_table is not None:
-        key += ("paged", _spec(page_table), page_table.stride())
+    if page_table is not None:  # _spec inline: a paged decode step passes one every call
+        key += ("paged", page_table.shape, page_table.dtype, page_table.get_device(),
+                page_table.stride())  # fmt: skip
     if cache_batch_idx is not None or sinks is not None:
         key += ("mapped", _spec(cache_batch_idx), _spec(sinks))
     decision = _decisions.get(key)
@@ -513,13 +532,13 @@ def run_with_kvcache(
             b, nq, hq, _ = q.shape
             lse = q.new_empty((b, hq, nq), dtype=torch.float32)
         try:
-            if q.get_device() == current_device_index():
+            if index == current_device_index():
                 entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
-                      cache_batch_idx, sinks)  # fmt: skip
+                      cache_batch_idx, sinks, index)  # fmt: skip
             else:  # the kernels live in that device's context
-                with torch.cuda.device(q.device):
+                with torch.cuda.device(index):
                     entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
-                          cache_batch_idx, sinks)  # fmt: skip
+                          cache_batch_idx, sinks, index)  # fmt: skip
             return o, lse
         except ValueError as exc:
             entry = f"tensor layout the kernels do not take ({exc})"
@@ -630,7 +649,8 @@ def attention_with_kvcache(
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    cache_seqlens = lengths_tensor(cache_seqlens, q, k_cache, k, page_table)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = lengths_tensor(cache_seqlens, q, k_cache, k, page_table)
     left, right = NO_WINDOW if window_size is NO_WINDOW else window_pair(window_size)
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
         # Traced (torch.compile) or a tensor subclass (FakeTensor): through the dispatcher.

@@ -415,7 +415,7 @@ def run(
     lse = (q.new_empty(lse_shape(q, lay, seqs is not None), dtype=torch.float32)
            if return_lse else None)  # fmt: skip
     try:
-        if q.device.index == current_device_index():
+        if q.get_device() == current_device_index():
             if sinks is None:
                 entry(q, k, v, o, lse, scale, lay, seqs)
             else:

@@ -32,7 +32,7 @@ class SplitKvWorkspace:
     """A split workspace for one call shape (sizes: the config's family's
     ``workspace_sizes``, :class:`codegen.families.Family`) and the buffers a call uses."""
 
-    __slots__ = ("counters", "d", "partial_rows")
+    __slots__ = ("counters", "d", "floats", "partial_rows")
 
     def __init__(self, config: AnyConfig, shape: Shape) -> None:
         sizes = family_of(config).workspace_sizes
@@ -42,6 +42,8 @@ class SplitKvWorkspace:
         #: int32 counters, one per row tile (0: one split, no workspace at all); float32
         #: rows of partial O (d each) and LSE (1 each).
         self.counters, self.partial_rows = sizes(config, shape)
+        #: float32s of scratch: the partial O rows and their LSEs.
+        self.floats = self.partial_rows * (self.d + 1)
 
     @property
     def needed(self) -> bool:
@@ -65,7 +67,10 @@ class SplitKvWorkspace:
     def stream_args(self, device: int, stream: int) -> tuple[int, int]:
         """``(counters pointer, partials pointer)`` of ``stream``'s buffers, big enough for
         this shape (:func:`_stream_workspace`)."""
-        return _stream_workspace(device, stream, self.counters, self.partial_rows * (self.d + 1))
+        entry = _workspaces.get((device, stream))  # the per-call case, without a call more
+        if entry is not None and entry[1] >= self.counters and entry[3] >= self.floats:
+            return entry[0], entry[2]
+        return _stream_workspace(device, stream, self.counters, self.floats)
 
     def args(self, counters_ptr: int, partials_ptr: int) -> tuple[ctypes.c_void_p, ...]:
         """The kernel's three workspace arguments (partial O, partial LSE, counters)."""

@@ -62,6 +62,9 @@ class Case:
     softcap: float = 0.0
     sinks: bool = False
     dtype: str = "bfloat16"
+    #: How the block table lies in memory: "rows" (contiguous), "wide" (rows of a wider
+    #: table: row stride past max_pages), "gaps" (every other column: copied per call).
+    table: str = "rows"
 
     def id(self) -> str:
         parts = [f"b{self.batch}q{self.nq}h{self.heads}:{self.kv_heads}d{self.d}c{self.capacity}",
@@ -79,6 +82,8 @@ class Case:
             parts.append("snk")
         if self.dtype != "bfloat16":
             parts.append(self.dtype)
+        if self.table != "rows":
+            parts.append(f"table-{self.table}")
         return "-".join(parts)
 
 
@@ -103,6 +108,8 @@ CASES = [
     Case(page=16, new=1, softcap=30.0),
     Case(d=64, heads=64, kv_heads=8, page=16, new=1, sinks=True, window=(128, 0), batch=2),
     Case(page=4, nq=2, new=2, causal=False, sinks=True, softcap=20.0),
+    Case(page=16, new=1, table="wide"),
+    Case(page=16, new=1, table="gaps", batch_idx=True),
 ]
 
 
@@ -128,8 +135,15 @@ def _inputs(case: Case) -> dict[str, Any]:
         pages = b * per_seq + 3  # spare pages: a table need not use them all
         out["k_cache"] = torch.randn(pages, case.page, hkv, d, device=dev, dtype=dt)
         out["v_cache"] = torch.randn(pages, case.page, hkv, d, device=dev, dtype=dt)
-        order = torch.randperm(pages, device=dev)[: b * per_seq]  # pages in any order
-        out["page_table"] = order.view(b, per_seq).to(torch.int32)
+        shuffled = torch.randperm(pages, device=dev)  # pages in any order
+        table = shuffled[: b * per_seq].view(b, per_seq).to(torch.int32)
+        if case.table != "rows":  # the same entries inside a wider tensor of a spare page
+            spare = int(shuffled[-1])  # in no sequence: reading it is a wrong, finite result
+            wide = torch.full((b, 2 * per_seq + 3), spare, dtype=torch.int32, device=dev)
+            columns = slice(0, 2 * per_seq, 2) if case.table == "gaps" else slice(0, per_seq)
+            wide[:, columns] = table
+            table = wide[:, columns]
+        out["page_table"] = table
     else:
         rows = b + 2 if case.batch_idx else b
         out["k_cache"] = torch.randn(rows, case.capacity, hkv, d, device=dev, dtype=dt)

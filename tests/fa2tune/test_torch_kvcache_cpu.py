@@ -216,6 +216,37 @@ def test_decided_once_per_cache_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     assert lens.tolist() == [8, 9]
 
 
+@pytest.mark.parametrize(
+    ("layout", "stride", "gaps"),
+    [("rows", 3, False), ("wide", 7, False), ("gaps", 3, True)],
+)
+def test_the_block_tables_row_stride_reaches_the_decision(
+    monkeypatch: pytest.MonkeyPatch, layout: str, stride: int, gaps: bool
+) -> None:
+    """The kernels read row b of the table ``table_stride`` entries after row b - 1: the
+    table's own row stride, or max_pages for a table with gaps between its entries, which
+    the launcher copies contiguous per call."""
+    from fa2tune.ops import kvcache
+    from fa2tune.torch import attention_with_kvcache
+
+    seen: list[tuple[int, bool]] = []
+
+    def recording(*args: Any) -> str:
+        seen.append((args[5], args[8]))  # table_stride, table_gaps
+        return "recorded"
+
+    monkeypatch.setattr(kvcache, "_decide", recording)
+    wide = torch.zeros(2, 7, dtype=torch.int32)
+    table = {"rows": torch.zeros(2, 3, dtype=torch.int32), "wide": wide[:, :3],
+             "gaps": wide[:, 0:6:2]}[layout]  # fmt: skip
+    a = _args(k_cache=torch.randn(6, 4, 2, 8), v_cache=torch.randn(6, 4, 2, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], page_table=table,
+                               cache_seqlens=a["cache_seqlens"])  # fmt: skip
+    assert seen == [(stride, gaps)]
+
+
 def test_fallback_false_raises_with_the_reason() -> None:
     from fa2tune.torch import attention_with_kvcache
 

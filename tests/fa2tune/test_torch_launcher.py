@@ -75,7 +75,9 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     state = {"stream": next(streams), "capturing": False}
     monkeypatch.setattr(module, "make_params", _make_params)
     monkeypatch.setattr(module, "current_stream", lambda device: state["stream"])
+    monkeypatch.setattr(module, "raw_stream", None)  # the launchers then ask current_stream
     monkeypatch.setattr(module, "capturing", lambda: state["capturing"])
+    monkeypatch.setattr(workspace, "_workspaces", {})  # no stream's buffers cached yet
     monkeypatch.setattr(
         workspace, "_stream_workspace", lambda device, stream, n, floats: (COUNTERS, PARTIALS)
     )
