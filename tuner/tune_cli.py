@@ -230,6 +230,16 @@ def tune(
         int,
         typer.Option("--warm-start-top", min=1, help="configs per problem taken from --warm-start"),
     ] = DEFAULT_WARM_TOP,
+    warm_start_other_dtype: Annotated[
+        bool,
+        typer.Option(
+            "--warm-start-other-dtype",
+            help=(
+                "also start each problem from the other 16-bit dtype's winners of the same "
+                "shape in --warm-start (fp16 from bf16 and back), after its own"
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Tune every (D, shape, dtype, causal) problem: one optuna study each, resumable."""
     if sampler not in search.sampler_names():
@@ -239,8 +249,11 @@ def tune(
     budget_s = parse_duration(time_budget) if time_budget is not None else None
     trials, budget_s = resolve_budget(sampler, trials, budget_s)
     families = parse_families(family)
+    if warm_start_other_dtype and warm_start is None:
+        raise bad_option("--warm-start-other-dtype", "needs --warm-start (the results file)")
     try:
-        warm = load_warm_start(warm_start, warm_start_top) if warm_start is not None else None
+        warm = (load_warm_start(warm_start, warm_start_top, warm_start_other_dtype)
+                if warm_start is not None else None)  # fmt: skip
     except TransferError as exc:
         raise bad_option("--warm-start", str(exc)) from None
     options = CampaignOptions(

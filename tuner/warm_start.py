@@ -7,15 +7,22 @@ that the file has), ahead of the families' seeds, so a short campaign (``--trial
 above ``--warm-start-top``) re-verifies and re-times the earlier winners on the new builds.
 The file is a results file (``fa2tune dump``); problems match on their shape, dtype and mask
 (the GPU is the one tuned now, whatever the file's was).
+
+``--warm-start-other-dtype`` also lets a problem start from the other 16-bit type's winners of
+the same shape and mask, their dtype swapped (after its own, when the file has both): the
+tile that wins one of fp16 and bf16 is a strong first guess for the other (the same MMA
+shapes and shared-memory footprint; on the H200 the two dtypes' picks are mostly the same
+tile), so a problem tuned in one dtype only gets a short campaign in the other.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from core.config import Dtype
 from core.family import AnyConfig
 from core.problem import Problem
 from core.records import MeasureStatus
@@ -48,8 +55,31 @@ class WarmStart:
         return self.configs.get(shape_key(problem), ())
 
 
-def load_warm_start(path: Path, top: int = DEFAULT_TOP) -> WarmStart:
-    """The ``top`` fastest verified configs of every problem in the results file ``path``.
+#: Each 16-bit element type and the one whose winners it may start from.
+OTHER_DTYPE: dict[str, Dtype] = {"fp16": "bf16", "bf16": "fp16"}
+
+
+def _with_other_dtype(
+    chosen: dict[ShapeKey, tuple[AnyConfig, ...]], top: int
+) -> dict[ShapeKey, tuple[AnyConfig, ...]]:
+    """``chosen`` with every key also warmed by its other dtype's configs, re-typed: after
+    the key's own (which keep their order), up to ``top`` in all, without repeats."""
+    out = dict(chosen)
+    for key, configs in chosen.items():
+        other = OTHER_DTYPE.get(key[6])
+        if other is None:
+            continue
+        twin: ShapeKey = (*key[:6], other, *key[7:])
+        own = out.get(twin, ())
+        typed = [replace(c, dtype=other) for c in configs]
+        out[twin] = (*own, *[c for c in typed if c not in own])[: max(top, len(own))]
+    return out
+
+
+def load_warm_start(path: Path, top: int = DEFAULT_TOP, other_dtype: bool = False) -> WarmStart:
+    """The ``top`` fastest verified configs of every problem in the results file ``path``;
+    with ``other_dtype``, each problem also gets the other 16-bit dtype's, re-typed (see the
+    module docstring).
 
     Raises:
         ValueError: ``top`` below 1.
@@ -75,6 +105,8 @@ def load_warm_start(path: Path, top: int = DEFAULT_TOP) -> WarmStart:
         key: tuple(c for _, c in sorted(by_name.values(), key=lambda t: t[0])[:top])
         for key, by_name in timed.items()
     }
+    if other_dtype:
+        chosen = _with_other_dtype(chosen, top)
     log.info("warm start from %s: %d problems, up to %d configs each", path, len(chosen), top)
     return WarmStart(str(path), chosen)
 
@@ -89,6 +121,7 @@ def with_warm_start(
 
 __all__ = [
     "DEFAULT_TOP",
+    "OTHER_DTYPE",
     "TransferError",
     "WarmStart",
     "load_warm_start",

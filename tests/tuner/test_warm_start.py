@@ -3,6 +3,7 @@ verified configs per problem, measured first by new studies."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -74,6 +75,41 @@ def test_new_studies_measure_the_warm_configs_first(tmp_path: Path) -> None:
     assert [r[2] for r in rows[:2]] == [first.name, second.name]
     cold = sorted(r for r in _rows(tmp_path) if r[0] == 512 and r[1] is not None)
     assert {first.name, second.name} != {r[2] for r in cold[:2]}
+
+
+def test_other_dtype_warms_a_problem_from_the_other_types_winners(tmp_path: Path) -> None:
+    _campaign(tmp_path, [512], trials=12, warm=None)  # fp16 only
+    with open_store(tmp_path) as store:
+        dump(store, tmp_path / "results.json")
+    (fp16,) = problems_for([512])
+    bf16 = replace(fp16, dtype="bf16")
+    plain = load_warm_start(tmp_path / "results.json", top=3)
+    crossed = load_warm_start(tmp_path / "results.json", top=3, other_dtype=True)
+    assert plain.configs_for(bf16) == ()
+    assert crossed.configs_for(fp16) == plain.configs_for(fp16)  # its own, unchanged
+    typed = crossed.configs_for(bf16)
+    assert [c.name for c in typed] == [
+        c.name.replace("_fp16_", "_bf16_") for c in plain.configs_for(fp16)
+    ]
+    assert len(typed) == 3 and all(c.dtype == "bf16" for c in typed)
+
+
+def test_other_dtype_comes_after_a_problems_own_winners() -> None:
+    from tuner.warm_start import _with_other_dtype
+
+    (fp16,) = problems_for([1024])
+    bf16 = replace(fp16, dtype="bf16")
+    a, b, c = (replace(x, dtype="fp16") for x in tiny_space()[:3])
+    own_bf16 = replace(c, dtype="bf16")
+    chosen = {shape_key(fp16): (a, b, c), shape_key(bf16): (own_bf16,)}
+    out = _with_other_dtype(chosen, top=3)
+    assert out[shape_key(bf16)] == (own_bf16, replace(a, dtype="bf16"), replace(b, dtype="bf16"))
+    assert out[shape_key(fp16)] == (a, b, c)  # already full: its own only
+
+
+def test_cli_other_dtype_needs_a_warm_start_file() -> None:
+    result = CliRunner().invoke(app, ["tune", "--warm-start-other-dtype"])
+    assert result.exit_code == 2 and "--warm-start" in result.output
 
 
 def test_warm_configs_then_seeds_without_repeats() -> None:
