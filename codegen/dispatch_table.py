@@ -183,15 +183,21 @@ def _tables(
     ]
 
 
-def config_instantiations(configs: Sequence[AnyConfig], variant: bool = False) -> list[str]:
+def config_instantiations(
+    configs: Sequence[AnyConfig], variant: bool = False, cache: bool = False
+) -> list[str]:
     """The header lines that compile ``configs`` (each name once, in name order): an alias
     per config in ``fa2tune_configs``, then each family's explicit instantiations of it
-    (``variant``: the variant kernels and launchers, for the variant tables' include)."""
+    (``variant``: the variant kernels and launchers, for the variant tables' include;
+    ``cache``: the KV-cache kernels, their launchers and append kernels, for the KV-cache
+    table's)."""
     unique: dict[str, AnyConfig] = {}
     for cfg in configs:
         unique.setdefault(cfg.name, cfg)
     which = "attention-variant configs" if variant else "configs"
     kernel = "variant kernel" if variant else "kernel"
+    if cache:
+        which, kernel = "KV-cache configs", "cache and append kernels"
     out = [
         f"// The {which} compiled into this header: one alias per config ...",
         "namespace fa2tune_configs {",
@@ -202,6 +208,8 @@ def config_instantiations(configs: Sequence[AnyConfig], variant: bool = False) -
     ]
     for name, c in sorted(unique.items()):
         extra = {"variant": True} if variant else {}
+        if cache:
+            extra = {"cache": True}
         out += family_of(c).header.instantiations(
             f"fa2tune_configs::{name}", varlen=is_varlen(c), **extra
         )

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from codegen.dispatch_kvcache import KV_PAGES_RULE, parse_kv_pages
 from codegen.export import ExportError
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS_RULE, Dtype
 from core.settings import get_settings, override_settings
@@ -123,6 +124,15 @@ def _parse_dtypes(value: str | None) -> list[Dtype] | None:
     return dtypes
 
 
+def _parse_kv_pages(value: str | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    try:
+        return parse_kv_pages([value])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kv-pages") from None
+
+
 def export(
     gpu: Annotated[str, typer.Option("--gpu", help="GPU name, e.g. 'NVIDIA H200' or H200")],
     d: Annotated[
@@ -140,6 +150,14 @@ def export(
         Path,
         typer.Option("--output", "-o", dir_okay=False, help="header to write; '-' for stdout"),
     ] = Path("fa2_tuned.cuh"),
+    kv_pages: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-pages",
+            help="page sizes of KV-cache kernels (fa2tune_forward_kvcache), comma-separated, "
+            f"each {KV_PAGES_RULE}, e.g. 0,16 (default: none)",
+        ),
+    ] = None,
 ) -> None:
     """Write one self-contained CUDA header with the configs tuned for a GPU.
 
@@ -147,11 +165,13 @@ def export(
     defaults, and defines fa2tune_forward(params, head_dim, dtype, causal, stream); with the
     attention variants tuned for the GPU (windows, chunks, softcap, sinks),
     fa2tune_forward_variant(params, variant, head_dim, dtype, causal, stream) runs their
-    winners (other variants are refused). It compiles with plain nvcc; no Python is needed
-    to use it.
+    winners (other variants are refused); with --kv-pages, fa2tune_forward_kvcache(...) runs
+    attention over KV caches of those page sizes (0: contiguous), appending new rows in place.
+    It compiles with plain nvcc; no Python is needed to use it.
     """
     ds = _parse_ds(d)
     dtypes = _parse_dtypes(dtype)
+    pages = _parse_kv_pages(kv_pages)
     to_stdout = str(output) == "-"
     with Store.from_url(get_settings().db_url) as store:
         try:
@@ -165,6 +185,7 @@ def export(
                 ds,
                 dtypes=dtypes,
                 filename="fa2_tuned.cuh" if to_stdout else output.name,
+                kv_pages=pages,
             )
         except UnknownGpuError as exc:
             log.error("%s; tune it first (fa2tune tune) or ingest results (fa2tune ingest)", exc)

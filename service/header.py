@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime
 
+from codegen.dispatch_kvcache import check_kv_pages
 from codegen.dispatch_table import header_varlen_families
 from codegen.dispatch_variants import header_variant_families
 from codegen.export import TunedPoint, render_header
@@ -170,6 +171,7 @@ def export_header(
     dtypes: Sequence[Dtype] | None = None,
     generated_at: datetime | None = None,
     filename: str = "fa2_tuned.cuh",
+    kv_pages: Sequence[int] = (),
 ) -> str:
     """The tuned header for one GPU: template inlined, tuned configs plus defaults, dispatch.
 
@@ -183,13 +185,15 @@ def export_header(
         dtypes: element types to support; None for both.
         generated_at: timestamp for the header comment (now when None).
         filename: the header's file name, for the comment.
+        kv_pages: page sizes of the header's KV-cache kernels (``fa2tune_forward_kvcache``;
+            0 for contiguous caches); none: no KV-cache code.
 
     Returns:
         The header text; it compiles with nvcc alone.
 
     Raises:
         UnknownGpuError: the store has no OK measurement for ``gpu``.
-        ValueError: unsupported head dim or dtype.
+        ValueError: unsupported head dim, dtype or page size.
         codegen.export.ExportError: the templates cannot be inlined.
     """
     ds = None if ds is None else tuple(ds)
@@ -200,6 +204,7 @@ def export_header(
     for t in dtypes:
         if t not in DTYPES:
             raise ValueError(f"unsupported dtype {t!r}; supported: {', '.join(DTYPES)}")
+    kv_pages = check_kv_pages(kv_pages)  # before the store is asked anything
     key = normalize_gpu_name(gpu)
     known = [g for g in store.gpus() if normalize_gpu_name(g.name) == key]
     if not any(g.ok_measurements for g in known):
@@ -240,4 +245,5 @@ def export_header(
         dtypes=dtypes,
         generated_at=generated_at,
         filename=filename,
+        kv_pages=kv_pages,
     )

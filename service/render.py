@@ -128,12 +128,18 @@ def render_page(store: Store, key: PageQuery) -> Rendered:
 
 
 def render_header(
-    store: Store, gpu: str, ds: tuple[int, ...] | None, dtypes: tuple[Dtype, ...]
+    store: Store,
+    gpu: str,
+    ds: tuple[int, ...] | None,
+    dtypes: tuple[Dtype, ...],
+    kv_pages: tuple[int, ...] = (),
 ) -> Rendered:
-    """The tuned header of ``gpu`` as UTF-8 bytes; 404 for a GPU without results, 503 when
-    the kernel templates cannot be inlined."""
+    """The tuned header of ``gpu`` as UTF-8 bytes (with KV-cache kernels of ``kv_pages``);
+    404 for a GPU without results, 503 when the kernel templates cannot be inlined."""
     try:
-        return _guarded(lambda: export_header(store, gpu, ds, dtypes=dtypes).encode())
+        return _guarded(
+            lambda: export_header(store, gpu, ds, dtypes=dtypes, kv_pages=kv_pages).encode()
+        )
     except UnknownGpuError as exc:
         return Rendered(status.HTTP_404_NOT_FOUND, detail=str(exc))
     except ExportError as exc:

@@ -21,9 +21,18 @@
 # against a float32 CPU reference: one PASS/FAIL line per call.
 # SPLITKV_WINNER=0 seeds the fa2 winner only: the decode calls then run the header's split-KV
 # decode default (no tuned decode shape answers them).
-# STAGES="shipped fa3 splitkv" (default all three) picks the parts.
+#
+# Then the KV-cache header (issue 24): tests/support/kvcache_header.py exports a header for the
+# H200 with one tuned split-KV decode winner, one tuned sliding-window winner and an fa2 prefill
+# winner, with KV-cache kernels of page sizes 0 and 16 (--kv-pages 0,16).
+# bench/h200/kvcache_header_probe.cu is built for sm_90 and for sm_80+sm_90a and makes paged
+# (P=16, shuffled block table) and contiguous cache calls through fa2tune_forward_kvcache, with
+# and without appended rows, with the header's workspace and the caller's, and in a CUDA graph
+# replayed over growing lengths, against a float32 CPU reference and the cache bit for bit:
+# one PASS/FAIL line per call.
+# STAGES="shipped fa3 splitkv kvcache" (default all four) picks the parts.
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-STAGES=${STAGES:-shipped fa3 splitkv}
+STAGES=${STAGES:-shipped fa3 splitkv kvcache}
 if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; fi
 export PYTHONPATH=/tmp/site:$PWD FA2TUNE_DATA_DIR=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/header_check.log
@@ -136,6 +145,31 @@ for v in sm90 fat; do
   if [ $rc != 0 ] || [ "$fail" != 0 ] || [ "$pass" = 0 ]; then status=1; fi
 done
 grep -H "real" $OUT/header_check_splitkv_build_*.log | sed 's/^/nvcc /'
+fi
+
+if [[ " $STAGES " == *" kvcache "* ]]; then
+LOGK=$OUT/header_check_kvcache.log
+( set -x; python3 -m tests.support.kvcache_header /tmp/fa2_tuned_kvcache.cuh 'NVIDIA H200' 0,16 ) > $LOGK 2>&1 \
+  || { echo "FAIL kvcache export" | tee -a $LOGK; status=1; }
+declare -A GENK=(
+  [sm90]="-gencode=arch=compute_90,code=sm_90"
+  [fat]="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a"
+)
+for v in sm90 fat; do
+  ( set -x; time nvcc -std=c++17 -O2 ${GENK[$v]} -I/tmp -DFA2TUNE_HEADER='"fa2_tuned_kvcache.cuh"' \
+      bench/h200/kvcache_header_probe.cu -o /tmp/kvcache_probe_$v ) > $OUT/header_check_kvcache_build_$v.log 2>&1 &
+done
+wait
+for v in sm90 fat; do
+  cat $OUT/header_check_kvcache_build_$v.log >> $LOGK
+  if [ ! -x /tmp/kvcache_probe_$v ]; then echo "FAIL kvcache $v build" | tee -a $LOGK; status=1; continue; fi
+  /tmp/kvcache_probe_$v > /tmp/kvcache_run_$v.log 2>&1
+  rc=$?; sed "s/^/[$v] /" /tmp/kvcache_run_$v.log | tee -a $LOGK | grep -E "^\[$v\] (PASS|FAIL|device|kvcache probe)"
+  pass=$(grep -c "^PASS" /tmp/kvcache_run_$v.log); fail=$(grep -c "^FAIL" /tmp/kvcache_run_$v.log)
+  echo "kvcache $v exit $rc, $pass PASS, $fail FAIL" | tee -a $LOGK
+  if [ $rc != 0 ] || [ "$fail" != 0 ] || [ "$pass" = 0 ]; then status=1; fi
+done
+grep -H "real" $OUT/header_check_kvcache_build_*.log | sed 's/^/nvcc /'
 fi
 
 tail -40 $OUT/header_check.log

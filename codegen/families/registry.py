@@ -82,6 +82,25 @@ class HeaderPart:
             same for a packed variant config (``_vl`` with a switch): the kernel takes
             ``FaVarlen`` and then ``FaVariant``, the launcher ``cudaError_t (const FaParams&,
             const FaVarlen&, const FaVariant&, cudaStream_t)``; ``varlen_guard`` guards them.
+        cache_kernel: the KV-cache kernel template of a config built with its family's cache
+            switch (``splitkv::fwd_cache_kernel``, taking ``FaVariant`` and ``FaKvCache``
+            last); None for a family without cache kernels in the header.
+        cache_launcher: its host launcher, ``cudaError_t (const FaParams&, const FaVariant&,
+            const FaKvCache&, cudaStream_t)`` (a workspace of the header's own, as
+            ``launcher``'s); the KV-cache table points at it.
+        cache_workspace_launcher: its launcher with the caller's workspace, ``cudaError_t
+            (const FaParams&, const FaVariant&, const FaKvCache&, void*, size_t,
+            cudaStream_t)``.
+        cache_workspace_size: the bytes of caller workspace a cache launch needs,
+            ``size_t (const FaParams&)``.
+        cache_kernel_params: the cache kernel's parameter list as its explicit instantiation
+            spells it.
+        append_kernel: the kernel that writes a call's new K/V rows into the cache
+            (``splitkv::append_kernel``, taking ``FaParams``, ``FaKvAppend``, ``FaKvCache``),
+            instantiated once per cache config beside it (the Python side loads it from the
+            config's cubin as ``<name>_append``).
+        append_launcher: its host launcher, ``cudaError_t (const FaParams&, const
+            FaKvAppend&, const FaKvCache&, cudaStream_t)``.
     """
 
     template: str
@@ -100,6 +119,13 @@ class HeaderPart:
     varlen_variant_kernel: str | None = None
     varlen_variant_launcher: str | None = None
     varlen_variant_kernel_params: str = "const FaParams, const FaVarlen, const FaVariant"
+    cache_kernel: str | None = None
+    cache_launcher: str | None = None
+    cache_workspace_launcher: str | None = None
+    cache_workspace_size: str | None = None
+    cache_kernel_params: str = "const FaParams, const FaVariant, const FaKvCache"
+    append_kernel: str | None = None
+    append_launcher: str | None = None
 
     @property
     def variants(self) -> bool:
@@ -111,18 +137,34 @@ class HeaderPart:
         """Whether the header can launch the family's packed variant configs."""
         return self.varlen_variant_kernel is not None and self.varlen_variant_launcher is not None
 
+    @property
+    def caches(self) -> bool:
+        """Whether the header can launch the family's KV-cache configs (and their appends)."""
+        return None not in (
+            self.cache_kernel,
+            self.cache_launcher,
+            self.cache_workspace_launcher,
+            self.cache_workspace_size,
+            self.append_kernel,
+            self.append_launcher,
+        )
+
     def instantiations(
-        self, alias: str, *, varlen: bool = False, variant: bool = False
+        self, alias: str, *, varlen: bool = False, variant: bool = False, cache: bool = False
     ) -> list[str]:
         """Explicit instantiations of the kernel, the launcher and the guard for an alias;
         with ``varlen``, of the varlen kernel, launcher and guard (a varlen config's kernel
         static_asserts against the dense entry points, so it gets only these); with
-        ``variant``, of the variant kernel and launcher of the mode (and its guard).
+        ``variant``, of the variant kernel and launcher of the mode (and its guard); with
+        ``cache``, of the KV-cache kernel, its launchers and the append kernel and launcher.
 
         Raises:
             ValueError: ``varlen`` for a family without varlen kernels, ``variant`` for one
-                without (that mode's) variant kernels in the header.
+                without (that mode's) variant kernels in the header, ``cache`` for one
+                without cache kernels there.
         """
+        if cache:
+            return self._cache_instantiations(alias)
         if variant:
             return self._variant_instantiations(alias, varlen)
         if varlen:
@@ -145,6 +187,22 @@ class HeaderPart:
         if self.guard is not None:
             lines.append(f"template bool {self.guard}<{alias}>(const FaParams&);")
         return lines
+
+    def _cache_instantiations(self, alias: str) -> list[str]:
+        if not self.caches:
+            raise ValueError(f"{self.kernel}: the header has no KV-cache kernels of it")
+        cache = "const FaParams&, const FaVariant&, const FaKvCache&"
+        return [
+            f"template __global__ void {self.cache_kernel}<{alias}>({self.cache_kernel_params});",
+            f"template cudaError_t {self.cache_launcher}<{alias}>({cache}, cudaStream_t);",
+            f"template cudaError_t {self.cache_workspace_launcher}<{alias}>"
+            f"({cache}, void*, size_t, cudaStream_t);",
+            f"template size_t {self.cache_workspace_size}<{alias}>(const FaParams&);",
+            f"template __global__ void {self.append_kernel}<{alias}>"
+            "(const FaParams, const FaKvAppend, const FaKvCache);",
+            f"template cudaError_t {self.append_launcher}<{alias}>"
+            "(const FaParams&, const FaKvAppend&, const FaKvCache&, cudaStream_t);",
+        ]
 
     def _variant_instantiations(self, alias: str, varlen: bool) -> list[str]:
         if varlen:

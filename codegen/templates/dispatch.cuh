@@ -185,6 +185,77 @@
 //     length (the longest lengths do not tell that every sequence has as many keys as
 //     queries); a batch whose longest query sequence has one row is unmasked.
 //
+//   KV caches (FlashAttention's flash_attn_with_kvcache, the C++ twin of
+//   fa2tune.torch.attention_with_kvcache): only in a header exported with page sizes
+//   (fa2tune export --kv-pages 0,16,...; 0 is a contiguous cache), which defines
+//   FA2TUNE_HAS_KVCACHE (codegen/templates/kvcache_dispatch.cuh, inlined at the end):
+//
+//   cudaError_t fa2tune_forward_kvcache(const FaParams& p, const FaKvCache& kc,
+//                                       const FaKvAppend* append, int page_size,
+//                                       const FaVariant* var, int head_dim,
+//                                       fa2tune_dtype dtype, bool causal,
+//                                       cudaStream_t stream = 0);
+//     Optionally appends new K/V rows to the cache in place, then attends Q to each
+//     sequence's cached keys plus the new ones. Each sequence's length lives on the device,
+//     so one call (or one captured CUDA graph) serves every step of a decode loop. p's k and
+//     v are the caches, [rows, capacity, kv_heads, D] (contiguous, page_size 0; k/v batch
+//     strides between cache rows) or [pages, page_size, kv_heads, D] (paged; batch strides
+//     between pages); p.nk is the capacity, the most keys a sequence can have (paged:
+//     table_stride * page_size, or less); q, o, lse and the rest as fa2tune_forward's.
+//     FaKvCache (fa_params.cuh, inlined below) holds int32 device pointers and two host
+//     values: seqlens [batch], the keys each sequence has before this call; batch_idx
+//     [batch] or nullptr, the cache row (paged: block-table row) of each batch row;
+//     block_table [rows, table_stride] (paged only, nullptr for a contiguous cache), the
+//     page of each page_size keys; table_stride; added, the new rows of this call.
+//     Sequence b attends to L = min(seqlens[b] + added, nk) keys, causal masks and windows
+//     bottom-right aligned at L (query i sees key j iff j <= i + L - nq).
+//     append (nullptr: none) gives the new rows, FaKvAppend (kv_append.cuh, inlined below):
+//     k_new, v_new [batch, rows, kv_heads, D] with their batch, row and head strides
+//     (elements, multiples of 8; 16-byte aligned pointers) and rows == kc.added; its
+//     page_size, chunks and reserved are set from the call. Row r of sequence b is written
+//     at key seqlens[b] + r, bit for bit, before the attention on the same stream; a row at
+//     or past the capacity is dropped. With append nullptr, kc.added keys past seqlens are
+//     taken as written already (0 for a plain decode step). var (nullptr: plain attention)
+//     is fa2tune_forward_variant's, normalised as a packed batch's (with nq and the
+//     capacity: a chunk is kept).
+//     The config: the tile the dispatch (with var, the variant dispatch) gives the
+//     contiguous call of the same shape with nk the capacity when that is a split-KV config,
+//     else the key's split-KV decode default (with var's switches), built as its cache twin
+//     for page_size ("_kvc", "_kvc_pg<P>"): fa2tune.torch's rule.
+//     Returns cudaErrorInvalidValue for what fa2tune_forward refuses (p checked with nk the
+//     capacity, which must be >= 1), a page size this header has no kernels for (not a power
+//     of two, or not exported: fa2tune_kvcache_has_page_size), null or misaligned seqlens,
+//     batch_idx or (paged) block_table, a block table given for a contiguous cache,
+//     table_stride < ceil(nk / page_size) for a paged one, added < 0 or > nk, an append whose
+//     rows are not kc.added or whose pointers or strides are misaligned, a bad variant value;
+//     cudaErrorNotSupported for a variant whose switches the header has no kernels of (as
+//     fa2tune_forward_variant); otherwise the launches' status. All of these are decided on
+//     the host before any launch. Not checked (device memory): the lengths (negative or past
+//     the capacity: clamped), the batch indices and the page numbers, which must lie in the
+//     caches (an index out of range is an out-of-bounds access), and two sequences sharing a
+//     page must not both append into it.
+//
+//   size_t fa2tune_workspace_size_kvcache(const FaParams& p, const FaKvCache& kc,
+//                                         const FaKvAppend* append, int page_size,
+//                                         const FaVariant* var, int head_dim,
+//                                         fa2tune_dtype dtype, bool causal);
+//   cudaError_t fa2tune_forward_kvcache_with_workspace(..., bool causal, void* workspace,
+//                                                      size_t workspace_bytes,
+//                                                      cudaStream_t stream = 0);
+//     fa2tune_workspace_size and fa2tune_forward_with_workspace for a cache call, with the
+//     same contract: sized from the capacity, so one zero-filled buffer serves every length
+//     (a whole decode loop and its captured graph) while nq, batch, q_heads and kv_heads stay.
+//     A buffer that is too small is refused before the append, leaving the cache as it was.
+//     Without a workspace the header's own is used (launch once before capturing a graph).
+//
+//   const char* fa2tune_config_name_kvcache(const FaParams& p, const FaKvCache& kc,
+//                                           const FaKvAppend* append, int page_size,
+//                                           const FaVariant* var, int head_dim,
+//                                           fa2tune_dtype dtype, bool causal);
+//     The cache config fa2tune_forward_kvcache would launch (nullptr when it would refuse).
+//   bool fa2tune_kvcache_has_page_size(int page_size);
+//     Whether the header has cache kernels of that page size (0: contiguous).
+//
 // Dispatch: on a device whose name (cudaGetDeviceProperties, cached per device) matches the
 // GPU this header was tuned for (named above; compared by fa2tune_detail::normalise_name,
 // so "NVIDIA H200", "nvidia-h200" and "H200" are one GPU), the config tuned at the shape
@@ -319,6 +390,9 @@
 //                      varlen twins of kVariantDefaults', one per key, in the same order).
 //   A header of plain results only has both counts 0 and refuses every variant that does
 //   not normalise to plain attention.
+// and, at the end, "dispatch_kvcache.inc": the #include of kvcache_dispatch.cuh (whose
+// own rendered table, "kvcache_table.inc", has its contract at its top) for a header exported
+// with page sizes, a comment for one without.
 #ifndef FA2TUNE_EXPORTED_HEADER_
 #define FA2TUNE_EXPORTED_HEADER_
 
@@ -1215,5 +1289,10 @@ inline bool fa2tune_nearest_tuned_varlen_variant(const FaVariant& var, int head_
                                           f.same_variant);
   return true;
 }
+
+// The KV-cache entry points (fa2tune_forward_kvcache and its twins): the exporter renders this
+// include as that of kvcache_dispatch.cuh for a header exported with page sizes (--kv-pages),
+// and as a comment otherwise.
+#include "dispatch_kvcache.inc"
 
 #endif  // FA2TUNE_EXPORTED_HEADER_

@@ -23,6 +23,13 @@
 // launch_variant_with_workspace(), which take FaVariant and are otherwise the same: the grid
 // and the workspace are sized from nk as for plain configs (a window's row tiles divide only
 // the keys it sees among the splits; splits past those write neutral partials).
+//
+// KV-cache configs (CacheTraits) launch through launch_cache() and
+// launch_cache_with_workspace(), which take FaVariant and FaKvCache: FaParams' nk is the
+// cache's capacity, which sizes the grid and the workspace as nk does for the others (so
+// one geometry and one workspace serve every length a sequence grows to: a captured graph
+// replays over a decode loop). launch_append() runs the config's append kernel, which writes
+// a call's new K/V rows into the cache; the dispatch launches it first, on the same stream.
 #pragma once
 
 #include <cstdint>
@@ -60,16 +67,25 @@ inline size_t partial_bytes(const FaParams& p, int splits) {
   return static_cast<size_t>(row_tiles<T>(p) * splits * T::Rows * (T::DHead + 1) * 4);
 }
 
-// `var`: the variant's values (a VariantTraits T; null for a plain one).
+// `var`: the variant's values (a VariantTraits or CacheTraits T; null for a plain one);
+// `kc`: the cache's (a CacheTraits T only).
 template <class T>
 inline cudaError_t run(const FaParams& p, int splits, float* ws_o, int* ws_count,
-                       cudaStream_t stream, const FaVariant* var = nullptr) {
+                       cudaStream_t stream, const FaVariant* var = nullptr,
+                       const FaKvCache* kc = nullptr) {
   const int64_t tiles = row_tiles<T>(p);
   if (tiles > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const int64_t partial = splits > 1 ? tiles * splits * T::Rows : 0;
   float* ws_lse = ws_o == nullptr ? nullptr : ws_o + partial * T::DHead;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits));
-  if constexpr (T::kVariant) {
+  if constexpr (T::kCache) {  // before kVariant: a cache config may have variant switches
+    cudaError_t err = cudaFuncSetAttribute(fwd_cache_kernel<T>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           T::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    fwd_cache_kernel<T><<<grid, T::kThreads, T::kSmemBytes, stream>>>(p, ws_o, ws_lse,
+                                                                     ws_count, *var, *kc);
+  } else if constexpr (T::kVariant) {
     cudaError_t err = cudaFuncSetAttribute(fwd_variant_kernel<T>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            T::kSmemBytes);
@@ -126,22 +142,24 @@ namespace launch_detail {
 
 template <class T>
 inline cudaError_t with_workspace(const FaParams& p, void* workspace, size_t bytes,
-                                  cudaStream_t stream, const FaVariant* var) {
+                                  cudaStream_t stream, const FaVariant* var,
+                                  const FaKvCache* kc = nullptr) {
   const size_t need = workspace_size<T>(p);
-  if (need == 0) return run<T>(p, 1, nullptr, nullptr, stream, var);
+  if (need == 0) return run<T>(p, 1, nullptr, nullptr, stream, var, kc);
   if (bytes < need || workspace == nullptr ||
       (reinterpret_cast<std::uintptr_t>(workspace) & 15u) != 0)
     return cudaErrorInvalidValue;
   char* base = static_cast<char*>(workspace);
   float* ws_o = reinterpret_cast<float*>(base + counter_bytes(p));
-  return run<T>(p, splits_for<T>(p), ws_o, reinterpret_cast<int*>(base), stream, var);
+  return run<T>(p, splits_for<T>(p), ws_o, reinterpret_cast<int*>(base), stream, var, kc);
 }
 
 template <class T>
-inline cudaError_t cached(const FaParams& p, cudaStream_t stream, const FaVariant* var) {
+inline cudaError_t cached(const FaParams& p, cudaStream_t stream, const FaVariant* var,
+                          const FaKvCache* kc = nullptr) {
   const int splits = splits_for<T>(p);
   const size_t partial = partial_bytes<T>(p, splits);
-  if (partial == 0) return run<T>(p, 1, nullptr, nullptr, stream, var);
+  if (partial == 0) return run<T>(p, 1, nullptr, nullptr, stream, var, kc);
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -152,7 +170,7 @@ inline cudaError_t cached(const FaParams& p, cudaStream_t stream, const FaVarian
   if ((err = slot.first.reserve(counters, true, stream)) != cudaSuccess) return err;
   if ((err = slot.second.reserve(partial, false, stream)) != cudaSuccess) return err;
   return run<T>(p, splits, static_cast<float*>(slot.second.ptr),
-                static_cast<int*>(slot.first.ptr), stream, var);
+                static_cast<int*>(slot.first.ptr), stream, var, kc);
 }
 
 }  // namespace launch_detail
@@ -160,13 +178,14 @@ inline cudaError_t cached(const FaParams& p, cudaStream_t stream, const FaVarian
 template <class T>
 inline cudaError_t launch_with_workspace(const FaParams& p, void* workspace, size_t bytes,
                                          cudaStream_t stream) {
-  static_assert(!T::kVariant, "variant configs launch with launch_variant_with_workspace");
+  static_assert(!T::kVariant && !T::kCache,
+                "variant configs launch with launch_variant_with_workspace");
   return launch_detail::with_workspace<T>(p, workspace, bytes, stream, nullptr);
 }
 
 template <class T>
 inline cudaError_t launch(const FaParams& p, cudaStream_t stream) {
-  static_assert(!T::kVariant, "variant configs launch with launch_variant");
+  static_assert(!T::kVariant && !T::kCache, "variant configs launch with launch_variant");
   return launch_detail::cached<T>(p, stream, nullptr);
 }
 
@@ -175,14 +194,62 @@ template <class T>
 inline cudaError_t launch_variant_with_workspace(const FaParams& p, const FaVariant& var,
                                                  void* workspace, size_t bytes,
                                                  cudaStream_t stream) {
-  static_assert(T::kVariant, "plain configs launch with launch_with_workspace");
+  static_assert(T::kVariant && !T::kCache, "plain configs launch with launch_with_workspace");
   return launch_detail::with_workspace<T>(p, workspace, bytes, stream, &var);
 }
 
 template <class T>
 inline cudaError_t launch_variant(const FaParams& p, const FaVariant& var, cudaStream_t stream) {
-  static_assert(T::kVariant, "plain configs launch with launch");
+  static_assert(T::kVariant && !T::kCache, "plain configs launch with launch");
   return launch_detail::cached<T>(p, stream, &var);
+}
+
+// The KV-cache kernels' launchers (a CacheTraits T): the variant ones' with FaKvCache, p.nk
+// the capacity. A plain cache config reads no field of `var`.
+template <class T>
+inline cudaError_t launch_cache_with_workspace(const FaParams& p, const FaVariant& var,
+                                               const FaKvCache& kc, void* workspace,
+                                               size_t bytes, cudaStream_t stream) {
+  static_assert(T::kCache, "launch_cache takes KV-cache configs");
+  return launch_detail::with_workspace<T>(p, workspace, bytes, stream, &var, &kc);
+}
+
+template <class T>
+inline cudaError_t launch_cache(const FaParams& p, const FaVariant& var, const FaKvCache& kc,
+                                cudaStream_t stream) {
+  static_assert(T::kCache, "launch_cache takes KV-cache configs");
+  return launch_detail::cached<T>(p, stream, &var, &kc);
+}
+
+// Threads per block of the append kernel: kv_append.cuh's launch bound, which the Python
+// side's launcher (fa2tune/ops/kvcache.py) uses too.
+constexpr int kAppendThreads = 256;
+
+// A cache config's append kernel (the header's twin of the cubin's <name>_append, the same
+// device function): T names the config it belongs to, nothing in it depends on T.
+template <class T>
+__global__ void __launch_bounds__(kAppendThreads)
+    append_kernel(const FaParams p, const FaKvAppend a, const FaKvCache kc) {
+  kvcache::append(p, a, kc);
+}
+
+// Blocks of an append launch: one thread per 16-byte chunk of the new K and V rows,
+// grid-stride past 65,535 blocks (the kernel loops), at least one block; the grid the Python
+// side's CacheLauncher computes.
+inline unsigned append_blocks(const FaParams& p, const FaKvAppend& a) {
+  const int64_t chunks = static_cast<int64_t>(p.batch) * a.rows * p.kv_heads * a.chunks * 2;
+  const int64_t blocks = (chunks + kAppendThreads - 1) / kAppendThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 ? 65535 : blocks));
+}
+
+// Writes a.rows new rows per sequence into the cache (p's k/v, strides and capacity nk) at
+// kc.seqlens[b] + r, on `stream`; launch it before the attention that reads them.
+template <class T>
+inline cudaError_t launch_append(const FaParams& p, const FaKvAppend& a, const FaKvCache& kc,
+                                 cudaStream_t stream) {
+  static_assert(T::kCache, "only KV-cache configs have an append kernel");
+  append_kernel<T><<<append_blocks(p, a), kAppendThreads, 0, stream>>>(p, a, kc);
+  return cudaGetLastError();
 }
 
 // Hooks the exported header's dispatch finds by argument-dependent lookup on a config's
@@ -207,6 +274,16 @@ size_t workspace_hook_size(VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*,
                            const FaParams& p) = delete;
 template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN>
 cudaError_t workspace_hook_launch(VariantTraits<D, E, C, R, B, W, S, P, L, SC, SN>*,
+                                  const FaParams& p, void* workspace, size_t bytes,
+                                  cudaStream_t stream) = delete;
+// ... and likewise for a CacheTraits (its launches take FaKvCache: launch_cache above).
+template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN,
+          int PG>
+size_t workspace_hook_size(CacheTraits<D, E, C, R, B, W, S, P, L, SC, SN, PG>*,
+                           const FaParams& p) = delete;
+template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN,
+          int PG>
+cudaError_t workspace_hook_launch(CacheTraits<D, E, C, R, B, W, S, P, L, SC, SN, PG>*,
                                   const FaParams& p, void* workspace, size_t bytes,
                                   cudaStream_t stream) = delete;
 

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from pydantic import Field
 
+from codegen.dispatch_kvcache import KV_PAGE_SIZES, KV_PAGES_RULE, parse_kv_pages
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from service.deps import IndexHolderDep, SlowDep
 from service.params import GpuQuery, parse_head_dims
@@ -31,6 +32,12 @@ _HEAD_DIMS_RE = re.compile(HEAD_DIMS_PATTERN)
 # Documented only, not enforced by pydantic: the route's own check says which head dims are
 # supported instead of quoting a regex.
 HeadDimsItem = Annotated[str, Field(json_schema_extra={"pattern": HEAD_DIMS_PATTERN})]
+# One ``kv_pages`` value as documented and enforced, as ``d``'s: supported page sizes,
+# comma-separated (longest first, as _DIMS).
+_PAGES = "|".join(str(p) for p in sorted(KV_PAGE_SIZES, key=lambda p: (-len(str(p)), p)))
+KV_PAGES_PATTERN = rf"^(?:{_PAGES})(?:,(?:{_PAGES}))*$"
+_KV_PAGES_RE = re.compile(KV_PAGES_PATTERN)
+KvPagesItem = Annotated[str, Field(json_schema_extra={"pattern": KV_PAGES_PATTERN})]
 
 
 @router.get(
@@ -65,12 +72,22 @@ async def header(
     dtype: Annotated[
         list[Dtype] | None, Query(description="element types, repeated (default: fp16 and bf16)")
     ] = None,
+    kv_pages: Annotated[
+        list[KvPagesItem] | None,
+        Query(
+            description="page sizes of KV-cache kernels (fa2tune_forward_kvcache), repeated or "
+            f"comma-separated: kv_pages=0,16; each {KV_PAGES_RULE} (default: none, a header "
+            "without KV-cache kernels)"
+        ),
+    ] = None,
 ) -> PlainTextResponse:
     """One self-contained header: the kernel template inlined, explicit instantiations of the
     configs tuned for ``gpu`` plus FlashAttention-2's defaults (for the head dims asked for;
     by default the common ones and every head dim tuned for ``gpu``), and
     ``fa2tune_forward(params, head_dim, dtype, causal, stream)`` dispatching on the device
-    name, D, N bucket, dtype and mask. Compiles with plain nvcc (C++17, sm_80+).
+    name, D, N bucket, dtype and mask; with ``kv_pages``, also
+    ``fa2tune_forward_kvcache(...)`` over contiguous (0) or paged KV caches of those page
+    sizes. Compiles with plain nvcc (C++17, sm_80+).
 
     The header is rendered in a worker process, a bounded number of requests at a time (more
     wait in a bounded queue; past it, 429, and 503 after waiting too long, both with
@@ -78,10 +95,11 @@ async def header(
     that of the first request since."""
     ds = _head_dims(d)
     dtypes = tuple(dtype) if dtype else DTYPES
-    key = (gpu, tuple(ds) if ds else None, dtypes, holder.generation)
+    pages = _kv_pages(kv_pages)
+    key = (gpu, tuple(ds) if ds else None, dtypes, holder.generation, pages)
     body = slow.headers.get(key)
     if body is None:
-        rendered = await slow.renderer.run(render_header, gpu, key[1], dtypes)
+        rendered = await slow.renderer.run(render_header, gpu, key[1], dtypes, pages)
         body = rendered.raise_for_status()
         slow.headers.put(key, body)
     return PlainTextResponse(
@@ -107,3 +125,24 @@ def _head_dims(values: list[str] | None) -> list[int] | None:
             [{"type": "value_error", "loc": ("query", "d"), "msg": str(exc), "input": values}]
         ) from None
     return ds
+
+
+def _kv_pages(values: list[str] | None) -> tuple[int, ...]:
+    """The page sizes of the ``kv_pages`` values (none when not given).
+
+    Raises:
+        RequestValidationError: a value is not of the documented form.
+    """
+    if not values:
+        return ()
+    try:
+        pages = parse_kv_pages(values)
+        bad = next((v for v in values if not _KV_PAGES_RE.fullmatch(v)), None)
+        if bad is not None:  # parsed, but not as documented (spaces, leading zeros, ...)
+            raise ValueError(f"write page sizes like 16 or 0,16 (got {bad!r})")
+    except ValueError as exc:
+        raise RequestValidationError(
+            [{"type": "value_error", "loc": ("query", "kv_pages"), "msg": str(exc),
+              "input": values}]
+        ) from None  # fmt: skip
+    return pages

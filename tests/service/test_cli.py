@@ -68,9 +68,22 @@ def test_export_unknown_gpu_fails(
     assert not out.exists()
 
 
+def test_export_with_kv_pages(db_url: str) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["--db", db_url, "export", "--gpu", "h200", "--d", "64", "--kv-pages", "16,0", "-o", "-"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "#define FA2TUNE_HAS_KVCACHE 1" in result.stdout
+    assert "--kv-pages 0,16 -o" in result.stdout  # the re-export line says it
+    assert "kKvPages[] = {0, 16};" in result.stdout
+
+
 @pytest.mark.parametrize(
-    "args", [["--d", "12"], ["--d", "264"], ["--d", "x"], ["--d", ","], ["--dtype", "fp8"]]
-)
+    "args",
+    [["--d", "12"], ["--d", "264"], ["--d", "x"], ["--d", ","], ["--dtype", "fp8"],
+     ["--kv-pages", "3"], ["--kv-pages", "8192"], ["--kv-pages", "x"], ["--kv-pages", "16,"]],
+)  # fmt: skip
 def test_export_bad_options(db_url: str, args: list[str]) -> None:
     result = CliRunner().invoke(app, ["--db", db_url, "export", "--gpu", "H200", *args])
     assert result.exit_code == 2, result.output

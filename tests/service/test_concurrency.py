@@ -26,7 +26,9 @@ BEST = {"gpu": "H200", "d": 128, "n": 4096}
 def test_slow_export_does_not_block_best(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slow = Blocker(lambda store, gpu, ds=None, *, dtypes=None: f"// header for {gpu}\n")
+    slow = Blocker(
+        lambda store, gpu, ds=None, *, dtypes=None, kv_pages=(): f"// header for {gpu}\n"
+    )
     monkeypatch.setattr(render, "export_header", slow)
     results: dict[int, Any] = {}
 

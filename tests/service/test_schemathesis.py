@@ -22,10 +22,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from codegen.dispatch_kvcache import KV_PAGE_SIZES
 from core.config import HEAD_DIMS
 from db.dump_fields import GPU_NAME_PATTERN
 from service.params import N_OR_NQ, NAME_PATTERN
-from service.routers.export import HEAD_DIMS_PATTERN
+from service.routers.export import HEAD_DIMS_PATTERN, KV_PAGES_PATTERN
 from tests.support.service_data import set_token
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -243,6 +244,16 @@ def test_head_dims_pattern_is_the_rule() -> None:
     assert pattern.fullmatch(",".join(map(str, HEAD_DIMS)))
     assert pattern.fullmatch("80,8,256,40")
     for bad in ("8,", ",8", "8,,16", "08", "2560", "80 ", "8,7"):
+        assert not pattern.fullmatch(bad), bad
+
+
+def test_kv_pages_pattern_is_the_rule() -> None:
+    """The documented ``kv_pages`` pattern takes exactly the page sizes the exporter takes."""
+    pattern = re.compile(KV_PAGES_PATTERN)
+    for p in range(0, 5000):
+        assert bool(pattern.fullmatch(str(p))) == (p in KV_PAGE_SIZES), p
+    assert pattern.fullmatch(",".join(map(str, KV_PAGE_SIZES)))
+    for bad in ("16,", ",16", "016", "16 ", "8192", ""):
         assert not pattern.fullmatch(bad), bad
 
 

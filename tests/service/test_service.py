@@ -331,10 +331,22 @@ def test_export_header_endpoint(client: TestClient, seeded: Seeded) -> None:
     )
 
 
+def test_export_header_with_kv_pages(client: TestClient) -> None:
+    r = client.get("/v1/export/header", params=[("gpu", "H200"), ("d", "64"), ("kv_pages", "0"),
+                                                ("kv_pages", "16")])  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert "#define FA2TUNE_HAS_KVCACHE 1" in r.text and "kKvPages[] = {0, 16};" in r.text
+    r = client.get("/v1/export/header", params={"gpu": "H200", "d": "64"})
+    assert "#define FA2TUNE_HAS_KVCACHE" not in r.text  # a cached header is keyed by the pages
+
+
 @pytest.mark.parametrize(
     ("params", "code"),
     [
         ({"gpu": "RTX 9090"}, 404),
+        ({"gpu": "H200", "kv_pages": "3"}, 422),
+        ({"gpu": "H200", "kv_pages": "016"}, 422),
+        ({"gpu": "H200", "kv_pages": "16,"}, 422),
         ({"gpu": "H200", "d": "12"}, 422),
         ({"gpu": "H200", "d": "64,264"}, 422),
         ({"gpu": "H200", "d": "0"}, 422),

@@ -86,6 +86,15 @@ SPLITKV = Family(
         variant_kernel="splitkv::fwd_variant_kernel",
         variant_launcher="splitkv::launch_variant",
         variant_kernel_params="const FaParams, float*, float*, int*, const FaVariant",
+        cache_kernel="splitkv::fwd_cache_kernel",
+        cache_launcher="splitkv::launch_cache",
+        cache_workspace_launcher="splitkv::launch_cache_with_workspace",
+        cache_workspace_size="splitkv::workspace_size",
+        cache_kernel_params=(
+            "const FaParams, float*, float*, int*, const FaVariant, const FaKvCache"
+        ),
+        append_kernel="splitkv::append_kernel",
+        append_launcher="splitkv::launch_append",
     ),
     host_prep=splitkv_workspace,  # imports torch / cuda-bindings when called
     serves=space.serves,

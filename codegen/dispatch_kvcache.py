@@ -1,0 +1,202 @@
+"""``kvcache_table.inc``: the exported header's KV-cache kernels, for ``fa2tune_forward_kvcache``.
+
+A header exported with page sizes (``fa2tune export --kv-pages 0,16``, ``/v1/export/header``'s
+``kv_pages``) serves calls over a KV cache whose lengths live on the device, as
+``fa2tune.torch.attention_with_kvcache`` does (:mod:`fa2tune.ops.cache_choice`'s rule): the
+call's tile is the one the header's dense (or variant) dispatch gives the contiguous call of
+the same shape with the cache's capacity as its key count, when that pick is a config of a
+family with cache kernels (split-KV); otherwise the key's split-KV decode default (the one
+:func:`codegen.export.decode_defaults_for` renders), with the variant's switches. That tile is
+built as its cache twin (``_kvc``, paged ``_kvc_pg<P>``) for each page size asked for.
+
+So for every page size the table holds the cache twin of every config the dispatch can name
+for a cache call (each tuned split-KV entry, plain or variant) and of each key's split-KV
+default, marked as the key's fallback. The C++ side (``kvcache_dispatch.cuh``, whose contract
+is at its top) finds an entry by the picked config's name and the page size, else the key's
+fallback. Each entry points at its cache kernel's launchers and its append kernel's.
+
+Rendered apart from the other tables: a header exported without page sizes has none of it
+(the exporter leaves its include empty). This module reads no database and imports nothing of
+the exporter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from codegen.cpp_text import DATA_DECL, braced, c_string, cpp_bool
+from codegen.dispatch_table import TableKey, config_instantiations
+from codegen.dispatch_variants import VariantKey, with_switches
+from codegen.families import family_of
+from codegen.families.splitkv.space import MAX_PAGE_SIZE
+from core.elements import element
+from core.family import AnyConfig
+
+#: What a page size may be, for messages.
+KV_PAGES_RULE = f"0 (a contiguous cache) or a power of two from 1 to {MAX_PAGE_SIZE}"
+#: Every page size a header may be generated for (the split-KV cache kernels' domain).
+KV_PAGE_SIZES: tuple[int, ...] = (0, *(1 << i for i in range(MAX_PAGE_SIZE.bit_length())))
+#: A shared-memory limit no config reaches: a twin's shared memory is its tile's, checked
+#: already by the table it comes from (as fa2tune.ops.cache_choice checks a twin).
+_ANY_SMEM = 1 << 40
+
+
+def check_kv_pages(pages: Iterable[int]) -> tuple[int, ...]:
+    """The page sizes a header is generated for, sorted and each once.
+
+    Raises:
+        ValueError: a page size that is not :data:`KV_PAGES_RULE`.
+    """
+    out = sorted(set(pages))
+    for p in out:
+        if p not in KV_PAGE_SIZES:
+            raise ValueError(f"page size {p} is not {KV_PAGES_RULE}")
+    return tuple(out)
+
+
+def parse_kv_pages(values: Iterable[str]) -> tuple[int, ...]:
+    """Page sizes written as the CLI and the HTTP API take them: comma-separated decimal
+    integers, in one or several values (``"0,16"``, ``["0", "16"]``).
+
+    Raises:
+        ValueError: an item that is not a plain decimal integer, or not a page size.
+    """
+    pages: list[int] = []
+    for item in ",".join(values).split(","):
+        item = item.strip()
+        if not item.isascii() or not item.isdigit():
+            raise ValueError(f"not a page size: {item!r} (each {KV_PAGES_RULE})")
+        pages.append(int(item))
+    return check_kv_pages(pages)
+
+
+def has_cache_launcher(config: AnyConfig) -> bool:
+    """Whether the header can launch ``config``'s cache twin: its family's header part has
+    cache kernels (split-KV's)."""
+    return family_of(config).header.caches and hasattr(config, "kvcache")
+
+
+def cache_twin(config: AnyConfig, page: int) -> AnyConfig:
+    """``config``'s KV-cache kernel for page size ``page`` (0: a contiguous cache).
+
+    Raises:
+        ValueError: the family has no cache kernels in the header, or rejects the twin.
+    """
+    if not has_cache_launcher(config):
+        raise ValueError(f"{config.name}: its family has no KV-cache kernels in the header")
+    # A family with cache kernels declares the kvcache switch and the page (has_cache_launcher).
+    twin: AnyConfig = replace(cast(Any, config), kvcache=True, page=page)
+    ok, why = family_of(twin).check(twin, _ANY_SMEM)
+    if not ok:
+        raise ValueError(f"{twin.name}: {why}")
+    return twin
+
+
+def config_key(config: AnyConfig) -> VariantKey:
+    """The (D, dtype, causal, local, softcap, sinks) a config serves."""
+    switches = getattr(config, "variant_switches", {})
+    return (
+        config.d,
+        config.dtype,
+        config.causal,
+        bool(switches.get("local", False)),
+        bool(switches.get("softcap", False)),
+        bool(switches.get("sinks", False)),
+    )
+
+
+@dataclass(frozen=True, order=True)
+class CacheBase:
+    """A config the dispatch can name for a cache call, whose cache twins the header holds.
+
+    Attributes:
+        name: the config's name (what the dispatch's pick is compared with).
+        fallback: the split-KV default of its key, taken when the pick is not a config of
+            a family with cache kernels.
+        config: the config (a split-KV one, plain or with its key's switches).
+    """
+
+    name: str
+    fallback: bool
+    config: AnyConfig
+
+
+def cache_bases(
+    tuned: Iterable[AnyConfig],
+    decode_defaults: Mapping[TableKey, AnyConfig],
+    variant_keys: Iterable[VariantKey],
+) -> list[CacheBase]:
+    """Every config whose cache twins a header with page sizes needs: the tuned configs
+    (plain and variant) of families with cache kernels, the decode default of every plain key
+    and, built with its switches, of every variant key the header serves (one per name;
+    sorted by name).
+    """
+    fallbacks: dict[str, AnyConfig] = {c.name: c for c in decode_defaults.values()}
+    for key in variant_keys:
+        default = decode_defaults.get(key[:3])
+        if default is not None:
+            switched = with_switches(default, key)
+            fallbacks[switched.name] = switched
+    picked = {c.name: c for c in tuned if has_cache_launcher(c)}
+    return sorted(
+        CacheBase(name, name in fallbacks, c) for name, c in {**picked, **fallbacks}.items()
+    )
+
+
+def _choice(base: CacheBase, page: int) -> str:
+    """One entry: the base's key, the page size, whether it is the key's fallback, the base's
+    and the twin's names, the twin's launchers and the twin's append launcher."""
+    twin = cache_twin(base.config, page)
+    part = family_of(twin).header
+    alias = f"fa2tune_configs::{twin.name}"
+    d, dtype, causal, local, softcap, sinks = config_key(base.config)
+    flags = map(cpp_bool, (causal, local, softcap, sinks))
+    return braced(
+        d, element(dtype).header_enum, *flags, page, cpp_bool(base.fallback),
+        c_string(base.name), c_string(twin.name), f"&{part.cache_launcher}<{alias}>",
+        f"&{part.cache_workspace_launcher}<{alias}>", f"&{part.cache_workspace_size}<{alias}>",
+        f"&{part.append_launcher}<{alias}>",
+    )  # fmt: skip
+
+
+def render_kvcache_table(bases: Sequence[CacheBase], pages: Sequence[int]) -> str:
+    """``kvcache_table.inc``: the data kvcache_dispatch.cuh reads (see its contract).
+
+    Args:
+        bases: :func:`cache_bases`.
+        pages: the page sizes (:func:`check_kv_pages`), 0 for contiguous caches.
+
+    Returns:
+        C++ text: the cache configs' aliases and explicit instantiations, the page sizes and
+        one entry per (base, page size), sorted by base name, then page size.
+
+    Raises:
+        ValueError: a base whose family has no cache kernels, or no page size.
+    """
+    pages = check_kv_pages(pages)
+    if not pages:
+        raise ValueError("a KV-cache table needs at least one page size")
+    twins = [cache_twin(b.config, p) for b in bases for p in pages]
+    entries = [f"    {_choice(b, p)}," for b in bases for p in pages]
+    sentinel = "    " + braced(0, 0, *["false"] * 4, 0, "false", *["nullptr"] * 6) + ","
+    out = config_instantiations(twins, cache=True)
+    out += [
+        "",
+        "namespace fa2tune_detail {",
+        "",
+        "// The page sizes this header has KV-cache kernels for (0: contiguous caches).",
+        f"{DATA_DECL} int kKvPageCount = {len(pages)};",
+        f"{DATA_DECL} int kKvPages[] = {braced(*pages)};",
+        "",
+        "// One KV-cache config per (config the dispatch can name, page size): its key, page",
+        "// size, whether it is its key's fallback, the picked config's name and its own.",
+        f"{DATA_DECL} int kKvCacheCount = {len(entries)};",
+        f"{DATA_DECL} KvCacheChoice kKvCache[] = {{",
+        *(entries or [sentinel]),  # C++ has no empty arrays: a sentinel, never read
+        "};",
+        "",
+        "}  // namespace fa2tune_detail",
+    ]
+    return "\n".join(out) + "\n"
