@@ -7,11 +7,12 @@ take it where a dense call has none (``packed=None``), so a packed batch is a mo
 path, not a path of its own.
 
 :func:`pick` is the lookup's rule for both modes, applied to the store's candidates
-(:class:`Candidate`, plain values of its rows): the GPU by name key, the mask, the attention
-variant's switches (:attr:`core.variant.Variant.needs`) and then its window and chunk (the
-same, else the nearest: :func:`variant_distance`), the exact shape (a packed batch: its very
-lengths) else the nearest by :func:`core.shape.nearest_key`, then the fastest. The store
-reads, this module decides; it imports only the floor below it.
+(:class:`Candidate`, plain values of its rows): the GPU by name key, the mask, the KV-cache
+layout (a cache call sees only cache problems of its very layout, a dense call only dense
+ones), the attention variant's switches (:attr:`core.variant.Variant.needs`) and then its
+window and chunk (the same, else the nearest: :func:`variant_distance`), the exact shape (a
+packed batch: its very lengths) else the nearest by :func:`core.shape.nearest_key`, then the
+fastest. The store reads, this module decides; it imports only the floor below it.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Candidate:
         rank: ``(-throughput, median, measurement id)`` of its fastest verified measurement
             (the lowest wins among problems of one shape).
         variant: the attention variant it was tuned for (plain for rows stored before).
+        kv_page: its KV-cache layout (:attr:`core.problem.Problem.kv_page`; None: dense).
     """
 
     problem_id: int
@@ -97,6 +99,7 @@ class Candidate:
     seqlens: str
     rank: tuple[float, float, int]
     variant: Variant = PLAIN
+    kv_page: int | None = None
 
 
 def _bound_term(asked: int, stored: int, none: int, shift: int) -> tuple[int, float]:
@@ -151,11 +154,14 @@ def pick(
     packed: Packed | None = None,
     exact: bool = False,
     variant: Variant = PLAIN,
+    kv_page: int | None = None,
 ) -> Pick | None:
     """The rule of the store's one lookup, for a dense shape or a packed batch.
 
     Among the candidates of this GPU (by name key), the mask (a dense call's effective one,
-    :func:`core.shape.effective_causal`; a packed batch's as given), the mode, the phase of a
+    :func:`core.shape.effective_causal`; a packed batch's as given), the mode, the KV-cache
+    layout (``kv_page``: a cache call's answer is a cache problem of the same layout, contiguous
+    or of the same page size; a dense call's, None, a dense problem), the phase of a
     dense call (:func:`core.shape.same_phase`: decode steps and prefill never answer each other)
     and the variant's switches (a plain ask sees only plain problems, a windowed one only
     problems tuned with a window, ...): those whose window and chunk are the asked ones, else
@@ -177,7 +183,7 @@ def pick(
     for i, c in enumerate(candidates):
         if c.name_key != key or c.causal != mask or bool(c.seqlens) != (packed is not None):
             continue
-        if c.variant.needs != needs:
+        if c.variant.needs != needs or c.kv_page != kv_page:
             continue
         measured = parse_seqlens(c.seqlens)
         try:

@@ -19,6 +19,49 @@ from core.variant import PLAIN, Variant
 #: The variant's fields in a problem's dict form (present only when the variant is not plain).
 VARIANT_FIELDS: tuple[str, ...] = ("window_left", "window_right", "chunk", "softcap", "sinks")
 
+#: The largest page size of a paged KV cache (the split-KV cache kernels' domain: every power
+#: of two up to it; FlashAttention-3 and FlashInfer take any, vLLM's default is 16).
+MAX_KV_PAGE = 4096
+#: What a problem's (or a request's) ``kv_page`` may be, for messages.
+KV_PAGE_RULE = (
+    f"0 (a contiguous KV cache) or a power of two from 1 to {MAX_KV_PAGE} (a paged cache's "
+    "page size)"
+)
+
+
+def kv_page_error(page: object) -> str | None:
+    """Why ``page`` is not a KV-cache layout (:data:`KV_PAGE_RULE`); None when it is one."""
+    if isinstance(page, bool) or not isinstance(page, int):
+        return f"kv_page must be an integer ({KV_PAGE_RULE}), got {page!r}"
+    if page < 0 or page > MAX_KV_PAGE or page & (page - 1):
+        return f"kv_page must be {KV_PAGE_RULE}, got {page}"
+    return None
+
+
+def kv_page_text(page: int | None) -> str:
+    """The layout's part of a study name: ``""`` for a dense problem, ``_kvc`` for a
+    contiguous cache, ``_kvc_pg<P>`` for a paged one (as the cache kernels' config names)."""
+    if page is None:
+        return ""
+    return "_kvc" if page == 0 else f"_kvc_pg{page}"
+
+
+def describe_kv_page(page: int | None) -> str:
+    """A KV-cache layout in words: ``no KV cache``, ``a contiguous KV cache``, ``a paged KV
+    cache of 16-token pages``."""
+    if page is None:
+        return "no KV cache"
+    return "a contiguous KV cache" if page == 0 else f"a paged KV cache of {page}-token pages"
+
+
+def kv_page_of(config: object) -> int | None:
+    """The KV-cache layout a config's kernel reads (None: not a cache kernel; 0: contiguous;
+    P: pages of P tokens), from its ``kvcache`` and ``page`` parameters (a family without
+    them has no cache kernels)."""
+    if not getattr(config, "kvcache", False):
+        return None
+    return int(getattr(config, "page", 0))
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -36,9 +79,18 @@ class Problem:
     of the study name; the dict form writes its fields flat (``window_left``, ...) and only
     when it is not plain, so the forms of problems stored before variants stay the same.
 
+    ``kv_page`` makes it a KV-cache problem, timed on the split-KV family's cache kernels
+    (docs/splitkv_kernel.md, "KV caches"): 0 a contiguous cache read with each sequence's
+    length on the device (the ``_kvc`` kernels), P (a power of two) a paged cache of P-token
+    pages (``_kvc_pg<P>``); None (the default) an ordinary dense problem. ``n`` is then the
+    query rows per step (Nq) and ``nk`` the keys each sequence holds when timed. The layout
+    changes what is fast, so it is part of the study name (``_kvc``, ``_kvc_pg16``) and of the
+    dict form, both only when it is set (dense problems keep their forms).
+
     Raises:
         ValueError: a varlen problem whose ``n``/``batch`` disagree with ``seqlens``, or with
-            ``nk`` set, or a length below 1; a ``variant`` that is not a :class:`Variant`.
+            ``nk`` set, or a length below 1; a ``variant`` that is not a :class:`Variant`; a
+            ``kv_page`` that is not :data:`KV_PAGE_RULE`, or given with ``seqlens``.
     """
 
     gpu: str
@@ -52,10 +104,20 @@ class Problem:
     nk: int | None = None
     seqlens: tuple[int, ...] | None = None
     variant: Variant = PLAIN
+    kv_page: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.variant, Variant):
             raise ValueError(f"variant must be a core.variant.Variant, got {self.variant!r}")
+        if self.kv_page is not None:
+            why = kv_page_error(self.kv_page)
+            if why is not None:
+                raise ValueError(why)
+            if self.seqlens is not None:
+                raise ValueError(
+                    "a KV-cache problem (kv_page) is a dense batch of sequences with lengths "
+                    "on the device; it takes no seqlens (a packed varlen batch)"
+                )
         if self.seqlens is None:
             return
         lens = tuple(int(x) for x in self.seqlens)
@@ -77,6 +139,11 @@ class Problem:
     @property
     def is_varlen(self) -> bool:
         return self.seqlens is not None
+
+    @property
+    def is_cache(self) -> bool:
+        """Whether it is a KV-cache problem (:attr:`kv_page` set)."""
+        return self.kv_page is not None
 
     @property
     def n_keys(self) -> int:
@@ -129,13 +196,16 @@ class Problem:
         packed = f"_vl{seqlens_digest(self.seqlens)}" if self.seqlens is not None else ""
         return (
             f"{gpu}_d{self.d}_n{self.n}{tail}_b{self.batch}_h{self.heads}{gqa}_{self.dtype}_{mask}"
-            f"{packed}{self.variant.key_text()}"
+            f"{packed}{self.variant.key_text()}{kv_page_text(self.kv_page)}"
         )
 
     def to_dict(self) -> dict[str, object]:
-        """The fields, the variant's flat and only when it is not plain."""
+        """The fields, the variant's flat and only when it is not plain, ``kv_page`` only
+        when set."""
         out = asdict(self)
         del out["variant"]
+        if self.kv_page is None:
+            del out["kv_page"]
         if not self.variant.plain:
             out.update({name: getattr(self.variant, name) for name in VARIANT_FIELDS})
         return out

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from core.lookup import Packed
+from core.problem import describe_kv_page, kv_page_error
 from core.shape import MAX_DIM, Shape, ShapeError
 from core.variant import Variant, VariantError, normalize
 
@@ -194,6 +195,34 @@ def no_variant_results(gpu: str, d: int, dtype: str, causal: bool, variant: Vari
     D, dtype and mask (or, with exact, not at its window and shape)."""
     mask = "causal" if causal else "full"
     return f"no results for {gpu!r}, D={d}, {dtype}, {mask} with {variant.describe()}"
+
+
+def resolve_kv_page(page: int | None) -> int | None:
+    """A request's KV-cache layout (``kv_page``: None for a dense call, 0 a contiguous cache,
+    P a paged cache of P-token pages, :data:`core.problem.KV_PAGE_RULE`).
+
+    Raises:
+        ShapeParamError: ``param`` ``kv_page``: not 0 or a power of two up to the largest page.
+    """
+    if page is None:
+        return None
+    why = kv_page_error(page)
+    if why is not None:
+        raise ShapeParamError("kv_page", why.removeprefix("kv_page "), page)
+    return page
+
+
+def no_cache_results(
+    gpu: str, d: int, dtype: str, causal: bool, kv_page: int, variant: Variant
+) -> str:
+    """Why a KV-cache request has no answer: no cache problem of its layout (and variant
+    switches) is tuned for this GPU, D, dtype and mask, in its phase."""
+    mask = "causal" if causal else "full"
+    tail = "" if variant.plain else f" with {variant.describe()}"
+    return (
+        f"no results for {gpu!r}, D={d}, {dtype}, {mask} over {describe_kv_page(kv_page)}{tail} "
+        f"(tune one: fa2tune tune --kv-page {kv_page} ...)"
+    )
 
 
 _WINDOW_RE = re.compile(r"-?[0-9]{1,10},-?[0-9]{1,10}")

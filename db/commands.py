@@ -17,6 +17,7 @@ from rich.table import Table
 
 from codegen.families import FAMILIES
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
+from core.problem import KV_PAGE_RULE, describe_kv_page
 from core.settings import get_settings
 from core.shape import PHASE_RULE, Shape, phase_of
 from core.shape_request import (
@@ -27,6 +28,7 @@ from core.shape_request import (
     no_variant_results,
     no_varlen_results,
     parse_window,
+    resolve_kv_page,
     resolve_shape,
     resolve_variant,
     resolve_varlen,
@@ -140,6 +142,8 @@ def _best_table(result: BestResult, asked: Shape | None = None, variant: Variant
     rows = [*_config_rows(result), ("problem", problem), ("measured at", where)]
     if not variant.plain:
         rows.append(("variant", f"{result.variant.describe()} (asked {variant.describe()})"))
+    if result.kv_page is not None:
+        rows.append(("KV cache", f"timed over {describe_kv_page(result.kv_page)}"))
     return _table(result, [*rows, *_measurement_rows(result)])
 
 
@@ -316,6 +320,16 @@ def best(
     chunk: Annotated[int, typer.Option("--chunk", help="chunked attention's chunk (0: none)")] = 0,
     softcap: Annotated[float, typer.Option("--softcap", help="logit softcap (0: none)")] = 0.0,
     sinks: Annotated[bool, typer.Option("--sinks", help="attention sinks")] = False,
+    kv_page: Annotated[
+        int | None,
+        typer.Option(
+            "--kv-page",
+            help=f"a call over a KV cache with lengths on the device: {KV_PAGE_RULE}; "
+            "answered by problems tuned on cache kernels of that layout only "
+            "(fa2tune tune --kv-page)",
+            show_default="a dense call",
+        ),
+    ] = None,
 ) -> None:
     """Show the fastest correct config measured for a GPU and problem.
 
@@ -328,10 +342,23 @@ def best(
     With --window, --chunk, --softcap or --sinks: the attention variant (FlashAttention's
     semantics), answered only by configs tuned with its switches, at the same window and
     chunk else the nearest tuned ones (not exact then), as /v1/best answers it.
+
+    With --kv-page: a call over a KV cache of that layout (0 contiguous, P paged), answered
+    for a whole shape by the problems tuned on the split-KV cache kernels of that very layout
+    only (exact else the nearest of the call's phase), as /v1/best?kv_page= answers it.
     """
     if dtype not in DTYPES:
         raise typer.BadParameter(f"must be one of {', '.join(DTYPES)}", param_hint="--dtype")
     asked_variant = VariantArgs.of(window, window_left, window_right, chunk, softcap, sinks)
+    try:
+        kv_page = resolve_kv_page(kv_page)
+    except ShapeParamError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--kv-page") from None
+    if seqlens is not None and kv_page is not None:
+        raise typer.BadParameter(
+            "a KV-cache call is a dense batch (its lengths live on the device); not with --seqlens",
+            param_hint="--kv-page",
+        )
     if seqlens is not None:
         dense = {"--n": n, "--nq": nq, "--nk": nk, "--batch": batch}
         given = [name for name, value in dense.items() if value is not None]
@@ -355,8 +382,8 @@ def best(
         shape = resolve_shape(n, nq=nq, nk=nk, batch=batch, heads=heads, kv_heads=kv_heads)
         q = shape.nq if shape is not None else n
         causal, variant = asked_variant.resolve(causal, q, shape.nk if shape is not None else q)
-        if not variant.plain and shape is None:
-            shape = resolve_shape(n, nq=n)  # a variant is answered for a whole shape
+        if (not variant.plain or kv_page is not None) and shape is None:
+            shape = resolve_shape(n, nq=n)  # a variant or cache call: for a whole shape
     except ShapeParamError as exc:
         raise typer.BadParameter(str(exc), param_hint=f"--{exc.param.replace('_', '-')}") from None
     with _open_store() as store:
@@ -370,7 +397,7 @@ def best(
             result = lookup(gpu, d, n, dtype, causal)
         else:
             result = store.best_for_shape(gpu, d, dtype, causal, shape, exact=exact,
-                                          variant=variant)  # fmt: skip
+                                          variant=variant, kv_page=kv_page)  # fmt: skip
     if result is None:
         mask = "causal" if causal else "non-causal"
         if shape is None:
@@ -381,6 +408,8 @@ def best(
         if not variant.plain:
             fallback = "" if exact else " at any shape or window of its phase"
             what = f"{what} with {variant.describe()}"
+        if kv_page is not None:
+            what = f"{what} over {describe_kv_page(kv_page)}"
         typer.echo(
             f"no successful measurement for {gpu} D={d} {what} {dtype} {mask}"
             f"{'' if exact else fallback}; tune it first (fa2tune tune) "
@@ -394,6 +423,8 @@ def best(
             data["shape"] = dataclasses.asdict(shape)
         if not variant.plain:
             data["asked_variant"] = dataclasses.asdict(variant)
+        if kv_page is not None:
+            data["asked_kv_page"] = kv_page
         typer.echo(json.dumps(data, indent=2))
     else:
         Console().print(_best_table(result, shape, variant))

@@ -40,6 +40,7 @@ from core.build_report import BuildStatus
 from core.config import Dtype
 from core.family import AnyConfig, config_from_name, config_from_params
 from core.gpu_name import normalize_gpu_name
+from core.problem import KV_PAGE_RULE, MAX_KV_PAGE, describe_kv_page, kv_page_error, kv_page_of
 from core.problem import Problem as ProblemSpec
 from core.records import MeasureStatus
 from core.variant import SWITCHES, Variant, VariantError
@@ -81,7 +82,10 @@ BuildKey = tuple[str, str, str]
 #: A problem's attention variant as the store keys it: window left and right, chunk, whether a
 #: softcap applies, sinks (:data:`db.models.VARIANT_KEY_COLUMNS`).
 VariantKey = tuple[int, int, int, bool, bool]
-ProblemKey = tuple[GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...], VariantKey]
+#: The last item is the KV-cache layout (:attr:`core.problem.Problem.kv_page`; None: dense).
+ProblemKey = tuple[
+    GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...], VariantKey, int | None
+]
 PLAIN_KEY: Final[VariantKey] = (-1, -1, 0, False, False)
 
 
@@ -298,6 +302,17 @@ class ProblemRecord(_Record):
         default=False, exclude_if=lambda v: not v,
         description="attention sinks: a per-head logit joins each row's softmax denominator",
     )  # fmt: skip
+    # The KV-cache layout (core.problem.Problem.kv_page), written only for a cache problem, so
+    # files of dense problems read and re-export as they did before cache problems.
+    kv_page: OptionalInteger = Field(
+        default=None,
+        ge=0,
+        le=MAX_KV_PAGE,
+        exclude_if=lambda v: v is None,
+        description=f"a KV-cache problem's layout, {KV_PAGE_RULE}: timed on the split-KV "
+        "cache kernels with each sequence's length (nk) on the device; absent (null) for a "
+        "dense problem",
+    )
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -319,6 +334,12 @@ class ProblemRecord(_Record):
             self.variant  # noqa: B018 - validates the combination
         except VariantError as exc:
             raise ValueError(str(exc)) from None
+        if self.kv_page is not None:
+            why = kv_page_error(self.kv_page)
+            if why is not None:
+                raise ValueError(why)
+            if lens is not None:
+                raise ValueError("a KV-cache problem (kv_page) takes no seqlens")
         return self
 
     @property
@@ -343,6 +364,7 @@ class ProblemRecord(_Record):
             self.causal,
             tuple(self.seqlens or ()),
             variant_key(self.variant),
+            self.kv_page,
         )
 
 
@@ -428,6 +450,12 @@ class MeasurementRecord(_Record):
                 f"build {self.build.config_name} is not built for the problem's attention "
                 f"variant ({p.variant.describe()}): its variant switches must be what it needs"
             )
+        if kv_page_of(config) != p.kv_page:
+            raise ValueError(
+                f"build {self.build.config_name} is not built for the problem's KV-cache "
+                f"layout ({describe_kv_page(p.kv_page)}; it reads "
+                f"{describe_kv_page(kv_page_of(config))})"
+            )
         return self
 
     def _times_ordered(self) -> None:
@@ -450,6 +478,7 @@ class MeasurementRecord(_Record):
             else ProblemSpec(
                 gpu="", d=p.d, n=p.n, nk=p.nk, batch=p.batch, heads=p.heads,
                 kv_heads=p.kv_heads, dtype=p.dtype, causal=p.causal, variant=p.variant,
+                kv_page=p.kv_page,
             )
         )  # fmt: skip
         implied = spec.tflops(self.median_ms)

@@ -12,7 +12,7 @@ from sqlalchemy import ColumnElement, Engine, func, select
 
 from core.gpu_name import normalize_gpu_name
 from core.records import MeasureStatus
-from db.models import Build, Gpu, Measurement, Problem, row_variant
+from db.models import Build, Gpu, Measurement, Problem, row_kv_page, row_variant
 from db.results import MAX_PAGE, GpuSummary, ResultPage, ResultRow
 from db.session import session_scope
 
@@ -148,6 +148,7 @@ def results(
                 cuda_version=m.cuda_version,
                 measured_at=m.created_at,
                 variant=row_variant(p),
+                kv_page=row_kv_page(p),
             )
             for m, p, g, b in rows
         ]

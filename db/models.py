@@ -9,10 +9,11 @@ Identity choices:
   keeps its kernel family and that family's own parameters (``params``, JSON) next to the
   three every family has (d, dtype, causal); the config key is a hash of the config name,
   which starts with the family, so keys of different families never collide.
-* ``problems``: one row per GPU, full shape and attention variant (window, chunk, whether a
-  softcap and sinks apply: :meth:`core.variant.Variant.key_text`'s parts); ``nk`` and
-  ``kv_heads`` are stored resolved (never NULL) so the unique constraint works the same on
-  SQLite and PostgreSQL, where NULLs are distinct.
+* ``problems``: one row per GPU, full shape, attention variant (window, chunk, whether a
+  softcap and sinks apply: :meth:`core.variant.Variant.key_text`'s parts) and KV-cache layout
+  (``kv_page``: -1 not a cache problem, 0 contiguous, P paged; migration 0006); ``nk``,
+  ``kv_heads`` and ``kv_page`` are stored resolved (never NULL) so the unique constraint works
+  the same on SQLite and PostgreSQL, where NULLs are distinct.
 * ``measurements``: append-only; the index on (problem, status, median) makes "best for a
   problem" an index range scan rather than a table scan.
 
@@ -98,6 +99,30 @@ def row_variant(row: Any) -> Variant:
         cap = 1.0
     return Variant(int(row.window_left), int(row.window_right), int(row.chunk), cap,
                    bool(row.sinks))  # fmt: skip
+
+
+#: ``problems.kv_page`` of a problem that is not a KV-cache problem (rows before 0006 too).
+NO_KV_PAGE = -1
+
+
+def kv_page_value(page: int | None) -> int:
+    """A problem's KV-cache layout (:attr:`core.problem.Problem.kv_page`) as the column holds
+    it: :data:`NO_KV_PAGE` for None."""
+    return NO_KV_PAGE if page is None else page
+
+
+def row_kv_page(row: Any) -> int | None:
+    """The KV-cache layout a problem row (or any object with its ``kv_page``) stores."""
+    page = int(row.kv_page)
+    return None if page == NO_KV_PAGE else page
+
+
+def build_kv_page(params: dict[str, Any]) -> int | None:
+    """The KV-cache layout a build reads (:func:`core.problem.kv_page_of`) from its stored
+    parameters, where cache parameters at their defaults are left out (``config.params()``)."""
+    if not params.get("kvcache", False):
+        return None
+    return int(params.get("page", 0))
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -207,6 +232,7 @@ class Problem(Base):
             "chunk",
             "softcap_on",
             "sinks",
+            "kv_page",
             name="uq_problems_identity",
         ),
     )
@@ -233,6 +259,9 @@ class Problem(Base):
     softcap_on: Mapped[bool] = mapped_column(default=False, server_default=false())
     softcap: Mapped[float] = mapped_column(default=0.0, server_default="0")
     sinks: Mapped[bool] = mapped_column(default=False, server_default=false())
+    # The KV-cache layout (core.problem.Problem.kv_page): NO_KV_PAGE (-1) for a problem that is
+    # not a cache problem, 0 a contiguous cache, P a paged cache of P-token pages.
+    kv_page: Mapped[int] = mapped_column(default=NO_KV_PAGE, server_default=str(NO_KV_PAGE))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     gpu: Mapped[Gpu] = relationship(back_populates="problems")

@@ -16,7 +16,10 @@ sequences at their mean length (:func:`core.shape.varlen_shape`) under the dense
 The attention variant is part of what :func:`best_match` is asked (plain by default); every
 other query answers for plain problems only (the per-N lookups, the header's plain winners)
 but :func:`variant_winners` (the header's variant tables), and every problem row read back
-keeps its variant (:func:`db.models.row_variant`).
+keeps its variant (:func:`db.models.row_variant`). So is the KV-cache layout
+(``kv_page``: :attr:`core.problem.Problem.kv_page`): :func:`best_match` answers a cache
+lookup from cache problems of its very layout only and a dense lookup from dense problems
+only; every other query reads dense problems only.
 
 Contract: every query takes the engine of a database whose schema is at head, runs in one
 read-only :func:`db.session.session_scope`, writes nothing, and returns values from
@@ -49,7 +52,17 @@ from core.shape import (
     shape_distance,
 )
 from core.variant import PLAIN, SWITCHES, Variant
-from db.models import Build, Gpu, Measurement, Problem, row_variant
+from db.models import (
+    NO_KV_PAGE,
+    Build,
+    Gpu,
+    Measurement,
+    Problem,
+    build_kv_page,
+    kv_page_value,
+    row_kv_page,
+    row_variant,
+)
 from db.results import BestResult, StoredOutcome
 from db.session import session_scope
 
@@ -95,6 +108,11 @@ def plain_problem() -> ColumnElement[bool]:
     return and_(~local_problem(), ~Problem.softcap_on, ~Problem.sinks)
 
 
+def dense_problem() -> ColumnElement[bool]:
+    """The clause "this problem row is not a KV-cache problem" (every row before 0006)."""
+    return Problem.kv_page == NO_KV_PAGE
+
+
 def local_problem() -> ColumnElement[bool]:
     """The clause "this problem row's keys are masked by a window or a chunk"."""
     return or_(Problem.window_left >= 0, Problem.window_right >= 0, Problem.chunk > 0)
@@ -108,7 +126,7 @@ def build_switches(params: dict[str, Any]) -> dict[str, bool]:
 
 def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
     """The problem a row stores, as the campaign's :class:`core.problem.Problem` (with the
-    variant it was tuned for)."""
+    variant and KV-cache layout it was tuned for)."""
     lens = parse_seqlens(problem.seqlens)
     variant = row_variant(problem)
     if lens is not None:
@@ -127,6 +145,7 @@ def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
         kv_heads=problem.kv_heads,
         nk=problem.nk,
         variant=variant,
+        kv_page=row_kv_page(problem),
     )
 
 
@@ -182,6 +201,7 @@ def _best_result(
         problem_id=problem.id,
         distance=distance,
         variant=row_variant(problem),
+        kv_page=row_kv_page(problem),
     )
 
 
@@ -270,6 +290,7 @@ def _problems_query(
             Problem.nk == (nk if nk is not None else Problem.n),
             Problem.seqlens == "",  # dense problems only (packed: best_match)
             plain_problem(),  # plain attention only (variants: best_match)
+            dense_problem(),  # no KV-cache problem (cache layouts: best_match)
         )
     )
     if batch is not None:
@@ -400,7 +421,8 @@ def _fastest(packed: bool, family: str | None, local: bool) -> Any:
     ``dtype`` and ``causal`` bind parameters) with its fastest verified measurement (of ``family``'s
     builds when given) and that build, in problem-id order, each with its GPU loaded. Only
     problems of one set of variant switches: masked by a window or chunk when ``local``, with
-    the ``softcap_on`` and ``sinks`` bind parameters.
+    the ``softcap_on`` and ``sinks`` bind parameters; and of one KV-cache layout (the
+    ``kv_page`` bind parameter, :data:`db.models.NO_KV_PAGE` for dense problems).
 
     A select of (Problem, Measurement, Build) rows, built once per mode and family (typed
     Any: its generic form differs between the SQLAlchemy releases the project allows)."""
@@ -425,6 +447,7 @@ def _fastest(packed: bool, family: str | None, local: bool) -> Any:
             local_problem() if local else ~local_problem(),
             Problem.softcap_on == bindparam("softcap_on"),
             Problem.sinks == bindparam("sinks"),
+            Problem.kv_page == bindparam("kv_page"),
             Measurement.status == MeasureStatus.OK.value,
             Measurement.median_ms.is_not(None),
             *([Build.family == family] if family is not None else []),
@@ -475,11 +498,13 @@ class CandidateSet:
         packed: Packed | None = None,
         exact: bool = False,
         variant: Variant = PLAIN,
+        kv_page: int | None = None,
     ) -> Match | None:
         """:func:`best_match`'s answer for this shape (the set must be the call's group:
-        :func:`candidate_set` with the call's GPU, served mask, mode and switches)."""
+        :func:`candidate_set` with the call's GPU, served mask, mode, switches and KV-cache
+        layout)."""
         found = pick(self.candidates, gpu, causal, shape, self.sm_counts, packed=packed,
-                     exact=exact, variant=variant)  # fmt: skip
+                     exact=exact, variant=variant, kv_page=kv_page)  # fmt: skip
         if found is None:
             return None
         result = self._results.get(found.index)
@@ -500,12 +525,14 @@ def candidate_set(
     packed: bool = False,
     family: str | None = None,
     needs: dict[str, bool] | None = None,
+    kv_page: int | None = None,
 ) -> CandidateSet:
     """The :class:`CandidateSet` of one group (``served_causal``: the mask as
     :func:`core.lookup.served_mask` serves the call; ``needs``: the variant's switches,
-    :attr:`core.variant.Variant.needs`, none by default). A candidate whose build's switches
-    are not the group's (a store written by hand) is left out: a plain call never gets a
-    variant config, nor a variant call a plain one."""
+    :attr:`core.variant.Variant.needs`, none by default; ``kv_page``: the KV-cache layout,
+    None for dense problems). A candidate whose build's switches or cache layout are not the
+    group's (a store written by hand) is left out: a plain call never gets a variant config,
+    nor a variant call a plain one, nor a dense call a cache kernel or back."""
     needs = needs if needs is not None else PLAIN.needs
     with session_scope(engine) as s:
         query = _fastest(packed, family, needs["local"])
@@ -516,8 +543,12 @@ def candidate_set(
             "dtype": dtype,
             "softcap_on": needs["softcap"],
             "sinks": needs["sinks"],
+            "kv_page": kv_page_value(kv_page),
         }
-        rows = [r for r in s.execute(query, bound).all() if build_switches(r[2].params) == needs]
+        rows = [
+            r for r in s.execute(query, bound).all()
+            if build_switches(r[2].params) == needs and build_kv_page(r[2].params) == kv_page
+        ]  # fmt: skip
         counts: dict[str, list[int]] = {}
         for name_key, count in s.execute(select(Gpu.name_key, Gpu.sm_count)):
             counts.setdefault(name_key, []).append(count)
@@ -526,7 +557,8 @@ def candidate_set(
         # median.
         candidates = tuple(
             Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
-                      p.seqlens, (-_tflops(p, m), m.median_ms, m.id), row_variant(p))
+                      p.seqlens, (-_tflops(p, m), m.median_ms, m.id), row_variant(p),
+                      row_kv_page(p))
             for p, m, _ in rows
         )  # fmt: skip
     return CandidateSet(candidates, tuple(rows), sm_counts)
@@ -544,16 +576,24 @@ def best_match(
     exact: bool = False,
     family: str | None = None,
     variant: Variant = PLAIN,
+    kv_page: int | None = None,
 ) -> Match | None:
     """The one lookup of both modes (:meth:`db.store.Store.best_match`): the candidates of
-    this D, dtype, mode and variant switches with their fastest verified measurements, read
-    in one query (:func:`candidate_set`), and :func:`core.lookup.pick`'s rule among them (GPU,
-    mask, the variant's window and chunk exact or nearest, exact shape or nearest). None when
-    nothing qualifies."""
+    this D, dtype, mode, variant switches and KV-cache layout with their fastest verified
+    measurements, read in one query (:func:`candidate_set`), and :func:`core.lookup.pick`'s
+    rule among them (GPU, mask, the variant's window and chunk exact or nearest, exact shape or
+    nearest). None when nothing qualifies.
+
+    Raises:
+        ValueError: a packed batch with ``kv_page`` (a cache call is a dense batch).
+    """
+    if packed is not None and kv_page is not None:
+        raise ValueError("a KV-cache lookup (kv_page) is of a dense batch, not a packed one")
     mask = served_mask(causal, shape, packed)
     group = candidate_set(engine, gpu, d, dtype, mask, packed=packed is not None, family=family,
-                          needs=variant.needs)  # fmt: skip
-    return group.match(gpu, causal, shape, packed=packed, exact=exact, variant=variant)
+                          needs=variant.needs, kv_page=kv_page)  # fmt: skip
+    return group.match(gpu, causal, shape, packed=packed, exact=exact, variant=variant,
+                       kv_page=kv_page)  # fmt: skip
 
 
 def best_for_shape(
@@ -567,10 +607,11 @@ def best_for_shape(
     exact: bool = False,
     family: str | None = None,
     variant: Variant = PLAIN,
+    kv_page: int | None = None,
 ) -> BestResult | None:
     """:meth:`db.store.Store.best_for_shape`: :func:`best_match` of a dense shape."""
     found = best_match(engine, gpu, d, dtype, causal, shape, exact=exact, family=family,
-                       variant=variant)  # fmt: skip
+                       variant=variant, kv_page=kv_page)  # fmt: skip
     return found.result if found is not None else None
 
 
@@ -603,8 +644,8 @@ def shape_winners(engine: Engine) -> list[tuple[BestResult, int]]:
             select(Problem)
             .join(Gpu, Gpu.id == Problem.gpu_id)
             .options(contains_eager(Problem.gpu))
-            # The header dispatches dense shapes of plain attention.
-            .where(has_ok, Problem.seqlens == "", plain_problem())
+            # The header dispatches dense shapes of plain attention (no KV-cache problems).
+            .where(has_ok, Problem.seqlens == "", plain_problem(), dense_problem())
             .order_by(Problem.id)
         ).all()
         sm_counts: dict[str, list[int]] = {}
@@ -639,6 +680,7 @@ def varlen_winners(
                 Gpu.name_key == normalize_gpu_name(gpu),
                 Problem.seqlens != "",
                 plain_problem(),
+                dense_problem(),
                 has_ok_measurement(),
             )
             .order_by(Problem.id)
@@ -674,6 +716,7 @@ def variant_winners(
             .where(
                 Gpu.name_key == normalize_gpu_name(gpu),
                 ~plain_problem(),
+                dense_problem(),  # the header's variant tables: no KV-cache problems
                 has_ok_measurement(),
             )
             .order_by(Problem.id)

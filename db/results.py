@@ -51,6 +51,8 @@ class BestResult:
         measurement_id, build_id, problem_id: database ids (local to this database).
         variant: the attention variant of the problem it was measured on (plain unless the
             lookup asked for a variant: :func:`db.queries.best_match`).
+        kv_page: the KV-cache layout of that problem (None: dense, unless the lookup asked for
+            a cache layout).
     """
 
     config: AnyConfig
@@ -92,6 +94,7 @@ class BestResult:
     # Last and defaulted: results built before shapes were asked for stay constructible.
     distance: float = 0.0
     variant: Variant = PLAIN
+    kv_page: int | None = None
 
     @property
     def config_name(self) -> str:
@@ -99,12 +102,14 @@ class BestResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (config nested, ``measured_at`` ISO 8601, the variant's fields
-        flat and only when it is not plain, so plain answers read as they always did)."""
+        flat and only when it is not plain, ``kv_page`` only when set, so plain dense answers
+        read as they always did)."""
         data = asdict(self)
         data["config"] = {"family": self.config.family, **self.config.to_dict()}
         data["config_name"] = self.config.name
         data["measured_at"] = self.measured_at.isoformat()
         _flat_variant(data, self.variant)
+        _drop_unset_kv_page(data)
         return data
 
 
@@ -113,6 +118,11 @@ def _flat_variant(data: dict[str, Any], variant: Variant) -> None:
     del data["variant"]
     if not variant.plain:
         data.update({name: getattr(variant, name) for name in VARIANT_FIELDS})
+
+
+def _drop_unset_kv_page(data: dict[str, Any]) -> None:
+    if data.get("kv_page") is None:
+        data.pop("kv_page", None)
 
 
 @dataclass(frozen=True)
@@ -170,14 +180,17 @@ class ResultRow:
     cuda_version: str
     measured_at: datetime
     variant: Variant = PLAIN  # the problem's attention variant
+    kv_page: int | None = None  # the problem's KV-cache layout (None: dense)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict; the variant's fields flat and only when it is not plain."""
+        """JSON-ready dict; the variant's fields flat and only when it is not plain,
+        ``kv_page`` only when set."""
         # Shallow: every field but the variant is a scalar, and asdict's deep copies were half
         # the cost of a page of 1000 rows.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["measured_at"] = self.measured_at.isoformat()
         _flat_variant(data, self.variant)
+        _drop_unset_kv_page(data)
         return data
 
 

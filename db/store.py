@@ -237,6 +237,7 @@ class Store:
         exact: bool = False,
         family: str | None = None,
         variant: Variant = PLAIN,
+        kv_page: int | None = None,
     ) -> BestResult | None:
         """The best config for a whole call shape: measured at it, else at the nearest tuned one.
 
@@ -252,13 +253,18 @@ class Store:
         built with them, answer; among those the same window and chunk, else the nearest
         (:func:`core.lookup.pick`); the result's ``variant`` says which it was measured for.
 
+        ``kv_page`` (None by default: a dense call): a call over a KV cache of this layout
+        (0 contiguous, P paged; :attr:`core.problem.Problem.kv_page`) is answered only by
+        cache problems of the same layout, timed on cache kernels; a dense call never by
+        one. The result's ``kv_page`` says which layout answered.
+
         Returns:
             The result, or None when nothing qualifies (with ``exact``: the shape itself was
             not tuned).
         """
         return queries.best_for_shape(
             self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family,
-            variant=variant,
+            variant=variant, kv_page=kv_page,
         )  # fmt: skip
 
     def best_match(
@@ -273,6 +279,7 @@ class Store:
         exact: bool = False,
         family: str | None = None,
         variant: Variant = PLAIN,
+        kv_page: int | None = None,
     ) -> queries.Match | None:
         """The one lookup of both modes: :meth:`best_for_shape` for a dense ``shape``
         (``packed`` None), or, for a packed batch (``shape`` its ``packed.shape(heads,
@@ -280,11 +287,12 @@ class Store:
         and these heads, else the nearest tuned varlen problem (each compared as its count
         of sequences at their mean length; ties: the first tuned). The answer carries the
         lengths a packed one was measured on; None when nothing of the mode qualifies.
-        ``variant``: as :meth:`best_for_shape` (None when nothing of it is tuned).
+        ``variant``, ``kv_page``: as :meth:`best_for_shape` (None when nothing of them is
+        tuned; a packed batch with ``kv_page`` raises ValueError).
         """
         return queries.best_match(
             self._engine, gpu, d, dtype, causal, shape, packed=packed, exact=exact,
-            family=family, variant=variant,
+            family=family, variant=variant, kv_page=kv_page,
         )  # fmt: skip
 
     def candidate_set(
@@ -296,12 +304,14 @@ class Store:
         *,
         packed: bool = False,
         needs: dict[str, bool] | None = None,
+        kv_page: int | None = None,
     ) -> queries.CandidateSet:
         """Every candidate :meth:`best_match` compares for one group (GPU, D, dtype, the
-        served mask, mode, variant switches), read once, to match many shapes in memory
-        (:meth:`db.queries.CandidateSet.match` gives :meth:`best_match`'s answer)."""
+        served mask, mode, variant switches, KV-cache layout), read once, to match many
+        shapes in memory (:meth:`db.queries.CandidateSet.match` gives :meth:`best_match`'s
+        answer)."""
         return queries.candidate_set(self._engine, gpu, d, dtype, served_causal, packed=packed,
-                                     needs=needs)  # fmt: skip
+                                     needs=needs, kv_page=kv_page)  # fmt: skip
 
     def best_varlen(
         self,

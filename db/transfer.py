@@ -48,11 +48,14 @@ from db.dump_format import (
     variant_key,
 )
 from db.models import (
+    NO_KV_PAGE,
     Build,
     Gpu,
     Measurement,
     Problem,
     build_report_values,
+    kv_page_value,
+    row_kv_page,
     row_variant,
     utcnow,
     variant_values,
@@ -129,6 +132,7 @@ def _problem_record(p: Problem, g: Gpu) -> ProblemRecord:
         causal=p.causal,
         seqlens=list(parse_seqlens(p.seqlens) or ()) or None,
         **_variant_fields(row_variant(p)),
+        kv_page=row_kv_page(p),
     )
 
 
@@ -217,6 +221,7 @@ def export(store: Store, gpu: str | None = None) -> DumpFile:
             p.heads,
             p.kv_heads,
             variant_key(p.variant),
+            NO_KV_PAGE if p.kv_page is None else p.kv_page,  # dense problems keep their order
         )
 
     return DumpFile(
@@ -351,6 +356,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             p_row.causal,
             parse_seqlens(p_row.seqlens) or (),
             variant_key(row_variant(p_row)),
+            row_kv_page(p_row),
         )
         problem_ids[key] = p_row.id
     new_problems: dict[ProblemKey, Problem] = {}
@@ -369,6 +375,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             causal=p.causal,
             seqlens=seqlens_text(tuple(p.seqlens) if p.seqlens else None),
             **variant_values(p.variant),
+            kv_page=kv_page_value(p.kv_page),
             created_at=now,
         )
     session.add_all(new_problems.values())

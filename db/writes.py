@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from core.build_report import BuildReport
 from core.gpu_name import normalize_gpu_name
 from core.problem import Problem as ProblemSpec
-from core.problem import seqlens_text
+from core.problem import describe_kv_page, seqlens_text
 from core.records import GpuInfo, MeasureResult, MeasureStatus
 from core.variant import SWITCHES
 from db.models import (
@@ -31,7 +31,10 @@ from db.models import (
     Gpu,
     Measurement,
     Problem,
+    build_kv_page,
     build_report_values,
+    kv_page_value,
+    row_kv_page,
     row_variant,
     utcnow,
     variant_values,
@@ -66,8 +69,8 @@ def _insert(session: Session, model: type[Any]) -> Any:
 
 def _problem_identity(problem: ProblemSpec, gpu_id: int) -> dict[str, Any]:
     """The row's identity columns plus ``seqlens`` (a varlen row keeps its total token count
-    in ``nk``: see db.models.Problem). The variant's key columns are part of it; the cap's
-    value is not (see :func:`problem_id`)."""
+    in ``nk``: see db.models.Problem). The variant's key columns and the KV-cache layout are
+    part of it; the cap's value is not (see :func:`problem_id`)."""
     lens = problem.seqlens
     keyed = variant_values(problem.variant)
     return {
@@ -82,6 +85,7 @@ def _problem_identity(problem: ProblemSpec, gpu_id: int) -> dict[str, Any]:
         "kv_heads": problem.n_kv_heads,
         "dtype": problem.dtype,
         "causal": problem.causal,
+        "kv_page": kv_page_value(problem.kv_page),
     }
 
 
@@ -212,6 +216,12 @@ def record_measurement(
             raise ValueError(
                 f"build {build.config_name} is not built for the problem's attention variant "
                 f"({variant.describe()}): a config's variant switches must be what it needs"
+            )
+        page, built = row_kv_page(problem), build_kv_page(build.params)
+        if built != page:
+            raise ValueError(
+                f"build {build.config_name} is not built for the problem's KV-cache layout "
+                f"({describe_kv_page(page)}; the build reads {describe_kv_page(built)})"
             )
         row = Measurement(
             problem_id=problem_id,

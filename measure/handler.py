@@ -14,6 +14,12 @@ A config whose variant switches are not the ones the problem's variant needs is 
 before anything runs (``SKIPPED``, the reason naming the switches); SDPA is not timed for a
 variant (it computes none).
 
+A KV-cache problem (:attr:`core.problem.Problem.kv_page`) is measured on the dense problem's
+input set (one set and reference for the dense problem and all its layouts) laid out as a
+cache by :mod:`measure.kvcache` (every sequence holding the problem's ``nk`` keys, so the
+dense reference checks it); a config that is not a cache kernel of the problem's layout is
+refused like one of other switches (``SKIPPED``).
+
 torch and cuda-bindings are imported when the handler is built or a job runs, never at module
 import, so the module imports on a machine without them.
 """
@@ -28,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from core.problem import Problem
+from core.problem import Problem, kv_page_of
 from core.records import MeasureResult, MeasureStatus
 from measure.child import FatalJobError, WorkerContext
 from measure.jobs import BenchJob, MeasureOptions, failure
@@ -153,6 +159,7 @@ class GpuJobHandler:
                 ("dtype", config.dtype, problem.dtype),
                 ("causal", config.causal, problem.causal),
                 ("varlen", bool(getattr(config, "varlen", False)), problem.is_varlen),
+                ("kv_page", kv_page_of(config), problem.kv_page),
             )
             if a != b
         ]
@@ -199,7 +206,8 @@ class GpuJobHandler:
         self._enter("inputs")
         if problem.is_varlen:
             return self._verify_and_time(*self._varlen_case(kernel, job), kernel, problem, opts)
-        inputs = self._inputset(problem, opts)
+        # A cache problem's inputs and reference are its dense problem's (measure.kvcache).
+        inputs = self._inputset(replace(problem, kv_page=None), opts)
         extra: dict[str, Any] = {**inputs.describe(), "symbol": kernel.symbol}
 
         if opts.sdpa and not problem.variant.plain:
@@ -217,12 +225,21 @@ class GpuJobHandler:
 
         o, lse = inputs.outputs()
         poison(o, lse)
-        # The FaParams, the family's extra arguments (fa3: TMA descriptors of these
-        # tensors), its grid and block: one bound launch for the check and the timing loop.
-        launch = kernel.bind_config(
-            config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout, self.stream,
-            variant=problem.variant, sinks=inputs.sinks,
-        )  # fmt: skip
+        launch: Callable[[], None]
+        if problem.is_cache:
+            from measure.kvcache import bind_cache
+
+            cached = bind_cache(kernel, config, problem, inputs, o, lse, self.stream,
+                                inputs.seed)  # fmt: skip
+            extra.update(cached.cache.describe())
+            launch = cached
+        else:
+            # The FaParams, the family's extra arguments (fa3: TMA descriptors of these
+            # tensors), its grid and block: one bound launch for the check and the timing loop.
+            launch = kernel.bind_config(
+                config, inputs.q, inputs.k, inputs.v, o, lse, inputs.scale, opts.layout,
+                self.stream, variant=problem.variant, sinks=inputs.sinks,
+            )  # fmt: skip
         return self._verify_and_time(
             launch, lambda: check_output(o, lse, inputs), extra, kernel, problem, opts,
             ref_err=inputs.ref_err,

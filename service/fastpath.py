@@ -27,7 +27,7 @@ from core.config import HEAD_DIMS
 from core.shape import ShapeError
 from core.shape_request import resolve_shape
 from service.index import IndexHolder, NotTunedError
-from service.params import CONTROL_CHARS, MAX_GPU_NAME, MAX_N, VARIANT_PARAMS
+from service.params import CACHE_PARAMS, CONTROL_CHARS, MAX_GPU_NAME, MAX_N, VARIANT_PARAMS
 
 PATH = "/v1/best"
 _HEAD_DIMS = frozenset(HEAD_DIMS)
@@ -81,6 +81,8 @@ class BestFastPath:
             params[key] = value
         if not params.keys().isdisjoint(VARIANT_PARAMS):
             return None  # the route normalises a variant; the index holds plain winners only
+        if not params.keys().isdisjoint(CACHE_PARAMS):
+            return None  # a KV-cache layout: the route asks the store (the index is dense)
         if not params.keys().isdisjoint(SHAPE_PARAMS):
             return self._answer_shape(params)
         gpu = params.get("gpu")

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BeforeValidator
 
 from core.config import HEAD_DIMS, HEAD_DIMS_RULE
+from core.problem import KV_PAGE_RULE, MAX_KV_PAGE, kv_page_error
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
 
 MAX_GPU_NAME = 128  # the gpus.name column
@@ -191,6 +192,29 @@ SinksQuery = Annotated[
 ]  # fmt: skip
 #: The names of the variant's parameters (a request with any of them is not the fast path's).
 VARIANT_PARAMS = ("window_left", "window_right", "chunk", "softcap", "sinks")
+
+
+def _kv_page(value: int | None) -> int | None:
+    if value is not None and kv_page_error(value) is not None:
+        raise ValueError(f"must be {KV_PAGE_RULE}")  # the 422 adds the value given
+    return value
+
+
+KvPageQuery = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=MAX_KV_PAGE,
+        description=f"a call over a KV cache whose lengths live on the device: {KV_PAGE_RULE}. "
+        "Answered only by problems tuned on the split-KV cache kernels of this layout "
+        "(fa2tune tune --kv-page); absent: a dense call",
+        examples=[16],
+    ),
+    PlainInt,
+    AfterValidator(_kv_page),
+]
+#: The KV-cache parameter's name (a request with it is not the fast path's either).
+CACHE_PARAMS = ("kv_page",)
 DtypeQuery = Annotated[Literal["fp16", "bf16"], Query(description="element type")]
 CausalQuery = Annotated[bool, Query(description="causal (bottom-right aligned) mask"), PlainBool]
 

@@ -109,6 +109,12 @@ class MeasuredProblemOut(_Out):
         description="the attention variant the measured problem was tuned for (its window "
         "and chunk may be the nearest tuned to the asked ones); absent when plain",
     )
+    kv_page: int | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the KV-cache layout the measured problem was timed on (the asked one); "
+        "absent for a dense problem",
+    )
 
 
 class ShapeOut(_Out):
@@ -227,6 +233,13 @@ class BestOut(_Out):
         description="the attention variant answered for (the asked one, normalised); absent "
         "for plain attention. A variant's answer is always a shape answer",
     )
+    kv_page: int | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the KV-cache layout answered for (0 contiguous, P paged), from problems "
+        "tuned on cache kernels of that layout; absent for a dense call. A cache answer is "
+        "always a shape answer",
+    )
     gpu: str
     d: int
     dtype: Literal["fp16", "bf16"]
@@ -244,21 +257,28 @@ class BestOut(_Out):
 
     @classmethod
     def of(
-        cls, b: BestResult, n: int, shape: Shape | None = None, variant: Variant | None = None
+        cls,
+        b: BestResult,
+        n: int,
+        shape: Shape | None = None,
+        variant: Variant | None = None,
+        kv_page: int | None = None,
     ) -> BestOut:
         """The answer to a request for ``n`` alone, or (``shape``) for a whole shape, of
-        ``variant`` when one was asked (a plain one is left out)."""
+        ``variant`` when one was asked (a plain one is left out), over a KV cache of
+        ``kv_page``'s layout when one was asked."""
         return cls(
             n=n if shape is None else shape.nq,
             exact=n == b.n if shape is None else b.exact,
             shape=None if shape is None else ShapeOut.of(shape),
             distance=None if shape is None else b.distance,
             variant=None if variant is None else VariantOut.of(variant),
+            kv_page=kv_page,
             from_n=b.n,
             **_measured_fields(b),
             measured_problem=MeasuredProblemOut(
                 n=b.n, nk=b.nk, batch=b.batch, heads=b.heads, kv_heads=b.kv_heads,
-                variant=VariantOut.of(b.variant),
+                variant=VariantOut.of(b.variant), kv_page=b.kv_page,
             ),
         )  # fmt: skip
 
@@ -395,6 +415,12 @@ class ResultOut(_Out):
     chunk: int | None = Field(default=None, exclude_if=_absent)
     softcap: float | None = Field(default=None, exclude_if=_absent)
     sinks: bool | None = Field(default=None, exclude_if=_absent)
+    # The problem's KV-cache layout: present only for a cache problem.
+    kv_page: int | None = Field(
+        default=None, exclude_if=_absent,
+        description="the KV-cache layout the problem was timed on: 0 a contiguous cache, P a "
+        "paged cache of P-token pages; absent for a dense problem",
+    )  # fmt: skip
 
     @classmethod
     def of(cls, r: ResultRow) -> ResultOut:

@@ -53,7 +53,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import zip_longest
-from typing import Final
+from typing import Any, Final, cast
 
 import optuna
 
@@ -375,7 +375,10 @@ def _defaults(
     attention variant searches its families' configs (space, seeds and default) with the
     variant's switches set (:func:`with_variant`); a family whose kernels lack a switch it
     needs (:func:`variant_switches_of`) is skipped for it, with one log line per family and
-    set of switches.
+    set of switches. A KV-cache problem (``kv_page`` set) searches the cache twins
+    (:func:`with_cache`: ``kvcache=True, page=P``, each kept only where its family's rules take
+    it) of the families whose configs have a KV-cache switch (:func:`takes_cache`: split-KV),
+    whatever their ``serves`` says: no other kernel reads a cache.
     """
     from codegen.targets import ARCH_SMEM_LIMIT, compute_capability_of
 
@@ -419,13 +422,17 @@ def _defaults(
 
     def serving(p: Problem) -> list[Family]:
         # Packed variable-length batches: the families with varlen kernels (fa2 everywhere,
-        # fa3 where it runs, as for dense problems); split-KV has none.
-        fams = [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.varlen)]
+        # fa3 where it runs, as for dense problems); split-KV has none. KV-cache problems: the
+        # families with cache kernels, on every shape.
+        if p.is_cache:
+            fams = [f for f in taking(p.d) if takes_cache(f, p)]
+        else:
+            fams = [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.varlen)]
         return fams if p.variant.plain else with_switches(p, fams)
 
     def default_space(p: Problem) -> Sequence[AnyConfig]:
         configs = [c for f in serving(p) for c in f.space(p.d, p.dtype, p.causal, smem, arch)]
-        configs = with_variant(configs, p)
+        configs = with_cache(with_variant(configs, p), p, smem or ANY_SMEM)
         return _as_varlen(configs) if p.is_varlen else configs
 
     def default_seeds(p: Problem) -> Sequence[AnyConfig]:
@@ -433,7 +440,7 @@ def _defaults(
         # still measures every family's best-known config before any family's second seed.
         per_family = [_default_first(f, p, smem or None) for f in serving(p)]
         seeds = [c for group in zip_longest(*per_family) for c in group if c is not None]
-        seeds = with_variant(seeds, p)
+        seeds = with_cache(with_variant(seeds, p), p, smem or ANY_SMEM)
         return _as_varlen(seeds) if p.is_varlen else seeds
 
     def default_build(configs: Sequence[AnyConfig]) -> Sequence[BuildReport]:
@@ -462,6 +469,40 @@ def with_variant(configs: Sequence[AnyConfig], problem: Problem) -> list[AnyConf
         return list(configs)
     needs = problem.variant.needs
     return [replace(c, **needs) for c in configs]  # type: ignore[arg-type]
+
+
+#: A shared-memory limit no config reaches (a twin keeps its tile's shared memory, which the
+#: space checked already).
+ANY_SMEM: Final = 1 << 40
+
+
+def takes_cache(family: Family, problem: Problem) -> bool:
+    """Whether ``family``'s configs have a KV-cache switch (``kvcache``, declared by
+    :func:`core.config_common.kvcache_switch`): its kernels can serve a cache problem."""
+    try:
+        config = family.default(problem.d, problem.dtype, problem.causal)
+    except ValueError:  # a head dim the family has no default for
+        return False
+    params = getattr(getattr(config, "spec", None), "params", ())
+    return any(p.name == "kvcache" and p.cache for p in params)
+
+
+def with_cache(configs: Sequence[AnyConfig], problem: Problem, smem_limit: int) -> list[AnyConfig]:
+    """The configs built for ``problem``'s KV-cache layout: each one's cache twin
+    (``kvcache=True``, ``page`` the problem's page size, 0 for a contiguous cache), kept only
+    where its family's rules take it (``Family.check``: for split-KV,
+    :func:`codegen.families.splitkv.space.cache_reasons`); as they are for a dense problem."""
+    if problem.kv_page is None:
+        return list(configs)
+    out: list[AnyConfig] = []
+    for c in configs:
+        try:
+            twin: AnyConfig = replace(cast(Any, c), kvcache=True, page=problem.kv_page)
+        except TypeError:  # a config type without cache kernels
+            continue
+        if family_of(twin).check(twin, smem_limit)[0]:
+            out.append(twin)
+    return list(dict.fromkeys(out))
 
 
 def _as_varlen(configs: Sequence[AnyConfig]) -> list[AnyConfig]:

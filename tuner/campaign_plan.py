@@ -6,9 +6,11 @@ the workload file's problems, each once (:func:`campaign_targets`); in replay th
 problems are the campaign and the options only select among them (:func:`replay_problems`).
 The attention-variant options (``--window``, ``--chunk``, ``--softcap``, ``--sinks``) apply to
 every problem of the grid, each normalised with its lengths (:func:`core.variant.normalize`:
-a window past every key is none); a workload entry sets its own. Bad values and combinations
-raise :class:`typer.BadParameter` naming the option (exit status
-2), as the value parsers of :mod:`tuner.cli_values` do.
+a window past every key is none); a workload entry sets its own. ``--kv-page`` (a list of
+KV-cache layouts: 0 contiguous, P paged) makes every problem of the grid a cache problem of
+each layout (:attr:`core.problem.Problem.kv_page`), tuned on the cache kernels. Bad values
+and combinations raise :class:`typer.BadParameter` naming the option (exit status 2), as the
+value parsers of :mod:`tuner.cli_values` do.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tuner.cli_values import (
     parse_dtypes,
     parse_head_dims,
     parse_int_list,
+    parse_kv_pages,
 )
 from tuner.workload import Target, WorkloadError, load_workload, unique_targets
 
@@ -56,6 +59,7 @@ class ShapeOptions:
         workloads: the ``--workload`` files (the option repeats), in order.
         window, window_left, window_right, chunk, softcap, sinks: the attention variant of
             the grid's problems (``--window LEFT,RIGHT`` or its two halves).
+        kv_page: the KV-cache layouts of the grid's problems (``--kv-page 0,16``; None: dense).
     """
 
     d: str | None = None
@@ -74,6 +78,17 @@ class ShapeOptions:
     chunk: int | None = None
     softcap: float | None = None
     sinks: bool = False
+    kv_page: str | None = None
+
+    def kv_pages(self) -> list[int | None]:
+        """The grid's KV-cache layouts (``[None]``: dense problems only).
+
+        Raises:
+            typer.BadParameter: a value that is not a layout, naming ``--kv-page``.
+        """
+        if self.kv_page is None:
+            return [None]
+        return list(parse_kv_pages(self.kv_page))
 
     @property
     def any_variant(self) -> bool:
@@ -149,12 +164,15 @@ class ShapeOptions:
             raise bad_option("--nk", "needs --nq (--n is Nq = Nk)")
         if not self.grid:
             # Rather than silently ignore them: each workload entry has its own.
-            given = [("--dtype", self.dtype), ("--causal", self.causal)]
+            given = [("--dtype", self.dtype), ("--causal", self.causal),
+                     ("--kv-page", self.kv_page)]  # fmt: skip
             if self.any_variant:
                 given.append(("--window/--chunk/--softcap/--sinks", "given"))
             for option, value in given:
                 if value is not None:
-                    what = "the variant" if option.startswith("--window") else option[2:]
+                    what = {"--window/--chunk/--softcap/--sinks": "the variant",
+                            "--kv-page": "the KV-cache layout (kv_page:)"}.get(
+                        option, option[2:])  # fmt: skip
                     raise bad_option(
                         option,
                         f"with --workload alone the file sets {what}; add a shape option "
@@ -162,6 +180,7 @@ class ShapeOptions:
                     )
         if self.any_variant:
             self.variant_args()  # --window's form, before any problem is planned
+        self.kv_pages()  # --kv-page's values, likewise
 
 
 def _given(text: str | None, default: str) -> str:
@@ -205,16 +224,21 @@ def make_targets(
     causals: Sequence[bool],
     shapes: Sequence[Shape],
     variant_for: Callable[[bool, Shape], tuple[bool, Variant]] | None = None,
+    kv_pages: Sequence[int | None] = (None,),
 ) -> list[Target]:
     """The grid's problems, grouped by (dtype, causal, D) so builds are shared in turn;
-    ``variant_for`` gives each its (normalised mask, variant) (None: plain)."""
+    ``variant_for`` gives each its (normalised mask, variant) (None: plain); each shape once
+    per KV-cache layout of ``kv_pages`` (None: dense)."""
     out = []
     for dt in dtypes:
         for c in causals:
             for d in ds:
-                for shape in shapes:
-                    causal, variant = (c, PLAIN) if variant_for is None else variant_for(c, shape)
-                    out.append(Target(d=d, dtype=dt, causal=causal, shape=shape, variant=variant))
+                for page in kv_pages:
+                    for shape in shapes:
+                        causal, variant = ((c, PLAIN) if variant_for is None
+                                           else variant_for(c, shape))  # fmt: skip
+                        out.append(Target(d=d, dtype=dt, causal=causal, shape=shape,
+                                          variant=variant, kv_page=page))  # fmt: skip
     return out
 
 
@@ -233,7 +257,8 @@ def campaign_targets(options: ShapeOptions) -> list[Target]:
         variant_for = (
             (lambda c, sh: options.variant_for(c, sh.nq, sh.nk)) if options.any_variant else None
         )
-        groups.append(make_targets(ds, dtypes, causals, parse_shapes(options), variant_for))
+        groups.append(make_targets(ds, dtypes, causals, parse_shapes(options), variant_for,
+                                   options.kv_pages()))  # fmt: skip
     groups.extend(workload_targets(path) for path in options.workloads)
     return unique_targets(groups)
 
@@ -293,6 +318,8 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
     keep_kv = _select(shape.kv_heads, "--kv-heads", parse_int_list)
     keep_dt = _select(shape.dtype, "--dtype", parse_dtypes)
     keep_c = _select(shape.causal, "--causal", parse_bool_list)
+    # Without --kv-page every layout is kept, as any unnamed option keeps all.
+    keep_page = _select(shape.kv_page, "--kv-page", lambda t, o: parse_kv_pages(t, o))
     targets = [t for path in shape.workloads for t in workload_targets(path)]
     grid = shape.grid
 
@@ -314,6 +341,7 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
             and keep_dt(p.dtype)
             and keep_c(p.causal)
             and keep_variant(p)
+            and (shape.kv_page is None or (p.kv_page is not None and keep_page(p.kv_page)))
         )
         return in_grid or any(t.matches(p) for t in targets)
 

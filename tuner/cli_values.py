@@ -84,6 +84,15 @@ def parse_head_dims(text: str, option: str = "--d") -> list[int]:
     return parse_int_list(text, option, HEAD_DIMS, allowed_text=HEAD_DIMS_RULE)
 
 
+def parse_kv_pages(text: str, option: str = "--kv-page") -> list[int]:
+    """Parse ``"0,16"``: KV-cache layouts (:data:`core.problem.KV_PAGE_RULE`)."""
+    from core.problem import KV_PAGE_RULE, MAX_KV_PAGE
+
+    allowed = [0, *(1 << i for i in range(MAX_KV_PAGE.bit_length()))]
+    return parse_int_list(text, option, allowed, minimum=0, maximum=MAX_KV_PAGE,
+                          allowed_text=KV_PAGE_RULE)  # fmt: skip
+
+
 def parse_choice_list(
     text: str, option: str, allowed: Sequence[str], *, both: bool = False
 ) -> list[str]:

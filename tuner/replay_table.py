@@ -308,6 +308,7 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
                 kv_heads=row.kv_heads if row.kv_heads != row.heads else None,
                 nk=row.nk if row.nk != row.n else None,
                 variant=row.variant,
+                kv_page=row.kv_page,
             )
             study = problem.study_name
             problems.setdefault(study, problem)

@@ -11,6 +11,8 @@ Example (the default campaign: D 64 and 128, six lengths, fp16, full and causal,
     fa2tune tune --d 128 --nq 1 --nk 8192,32768 --batch 1,8 --heads 32 --kv-heads 8  # decode
     fa2tune tune --workload examples/workloads/llama3_8b.yaml  # the calls a model makes
     fa2tune tune --d 128 --n 8192,16384 --causal yes --window 4096,0  # a sliding window
+    fa2tune tune --family splitkv --kv-page 16 --nq 1 --nk 8192 --batch 8 --heads 32 \
+        --kv-heads 8 --d 128 --dtype bf16 --causal no  # the cache kernels, 16-token pages
 
 Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); every
 combination of the lists is a problem. ``--n`` is Nq = Nk; ``--nq`` with ``--nk`` crosses
@@ -158,6 +160,16 @@ def tune(
         float | None, typer.Option("--softcap", help="the grid's logit softcap (0: none)")
     ] = None,
     sinks: Annotated[bool, typer.Option("--sinks", help="the grid's attention sinks")] = False,
+    kv_page: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-page",
+            help="KV-cache layouts, comma-separated: 0 (a contiguous cache) or a power of two "
+            "up to 4096 (a paged cache's page size); each problem of the grid is then timed on "
+            "the split-KV cache kernels over such a cache, nk keys per sequence",
+            show_default="dense problems",
+        ),
+    ] = None,
     sampler: Annotated[
         str, typer.Option("--sampler", help="tpe, random or grid (exhaustive)")
     ] = "tpe",
@@ -268,7 +280,7 @@ def tune(
     shape_options = ShapeOptions(
         d=d, n=n, nq=nq, nk=nk, dtype=dtype, causal=causal, batch=batch, heads=heads,
         kv_heads=kv_heads, workloads=tuple(workload or ()), window=window, window_left=window_left,
-        window_right=window_right, chunk=chunk, softcap=softcap, sinks=sinks,
+        window_right=window_right, chunk=chunk, softcap=softcap, sinks=sinks, kv_page=kv_page,
     )  # fmt: skip
     if replay is not None:
         from tuner.replay_table import load_replay_table

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from core.config import Dtype
 from core.family import AnyConfig
-from core.problem import Problem
+from core.problem import Problem, kv_page_text
 from core.records import MeasureStatus
 from db.dump_format import TransferError, load_dump
 
@@ -33,15 +33,16 @@ log = logging.getLogger(__name__)
 #: Configs per problem a warm start queues when not told otherwise.
 DEFAULT_TOP = 5
 
-#: (d, nq, nk, batch, heads, kv_heads, dtype, causal, the variant's key text): a variant's
-#: winners warm only a problem of the same variant (they are built with its switches).
-ShapeKey = tuple[int, int, int, int, int, int, str, bool, str]
+#: (d, nq, nk, batch, heads, kv_heads, dtype, causal, the variant's key text, the KV-cache
+#: layout's): a variant's winners warm only a problem of the same variant (they are built with
+#: its switches), a cache layout's only a problem of that layout (they are its cache kernels).
+ShapeKey = tuple[int, int, int, int, int, int, str, bool, str, str]
 
 
 def shape_key(problem: Problem) -> ShapeKey:
     p = problem
     return (p.d, p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads, p.dtype, p.causal,
-            p.variant.key_text())  # fmt: skip
+            p.variant.key_text(), kv_page_text(p.kv_page))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def load_warm_start(path: Path, top: int = DEFAULT_TOP, other_dtype: bool = Fals
             continue
         p = m.problem
         key: ShapeKey = (p.d, p.n, p.nk, p.batch, p.heads, p.kv_heads, p.dtype, p.causal,
-                         p.variant.key_text())  # fmt: skip
+                         p.variant.key_text(), kv_page_text(p.kv_page))  # fmt: skip
         config = configs[m.build.key]
         seen = timed.setdefault(key, {})
         best = seen.get(config.name)

@@ -30,6 +30,15 @@ An entry may ask for an attention variant (:mod:`core.variant`, FlashAttention's
 
 Each problem's variant is normalised with its lengths (:func:`core.variant.normalize`): a
 window past every key is none, so such a problem is the plain one.
+
+An entry may ask for calls over a KV cache whose lengths live on the device (the split-KV
+family's cache kernels, docs/splitkv_kernel.md), tuned per layout::
+
+      kv_page: 16              # a paged cache of 16-token pages; 0: a contiguous cache;
+      kv_page: [0, 16]         # or a list (each layout is a problem of its own)
+
+``nq`` is then the query rows per decode step and ``nk`` the keys each sequence holds; an
+entry with ``seqlens`` takes no ``kv_page``.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from pydantic import (
 )
 
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
-from core.problem import Problem
+from core.problem import KV_PAGE_RULE, Problem, describe_kv_page, kv_page_error
 from core.shape import MAX_DIM, Shape, ShapeError
 from core.shape_request import ShapeParamError, resolve_variant
 from core.variant import PLAIN, Variant
@@ -86,6 +95,7 @@ class Target:
             for the same problem are tuned once).
         seqlens: a packed variable-length batch's lengths (None: dense).
         variant: the attention variant, normalised (plain by default).
+        kv_page: the KV-cache layout (:attr:`core.problem.Problem.kv_page`; None: dense).
     """
 
     d: int
@@ -95,6 +105,7 @@ class Target:
     label: str | None = field(default=None, compare=False)
     seqlens: tuple[int, ...] | None = None
     variant: Variant = PLAIN
+    kv_page: int | None = None
 
     def problem(self, gpu: str) -> Problem:
         """The problem on ``gpu``; ``nk`` and ``kv_heads`` stay None when they equal ``n`` and
@@ -117,6 +128,7 @@ class Target:
             kv_heads=None if s.kv_heads == s.heads else s.kv_heads,
             nk=None if s.nk == s.nq else s.nk,
             variant=self.variant,
+            kv_page=self.kv_page,
         )
 
     def describe(self) -> str:
@@ -129,6 +141,8 @@ class Target:
                 f"{max(lens)} ({sum(lens)} tokens), H={self.shape.heads}/{self.shape.kv_heads}"
                 f"{tail}"
             )
+        if self.kv_page is not None:
+            tail += f", over {describe_kv_page(self.kv_page)}"
         return f"D={self.d} {self.dtype} {mask} {self.shape.describe()}{tail}"
 
     def matches(self, problem: Problem) -> bool:
@@ -144,6 +158,7 @@ class Target:
             and problem.heads == self.shape.heads
             and problem.n_kv_heads == self.shape.kv_heads
             and problem.variant == self.variant
+            and problem.kv_page == self.kv_page
         )
 
 
@@ -189,6 +204,17 @@ def _dims(values: list[int]) -> list[int]:
 DimList = Annotated[list[StrictInt], BeforeValidator(_as_list)]
 
 
+def _kv_pages(values: list[int] | None) -> list[int] | None:
+    if values is None:
+        return None
+    if not values:
+        raise ValueError("must not be an empty list")
+    for value in values:
+        if kv_page_error(value) is not None:
+            raise ValueError(f"must be {KV_PAGE_RULE}, got {value}")
+    return list(dict.fromkeys(values))
+
+
 class Entry(BaseModel):
     """One entry of a workload file (see the module docstring)."""
 
@@ -209,6 +235,7 @@ class Entry(BaseModel):
     chunk: StrictInt = 0
     softcap: StrictFloat | StrictInt = 0.0
     sinks: StrictBool = False
+    kv_page: DimList | None = None
 
     @field_validator("d")
     @classmethod
@@ -224,6 +251,11 @@ class Entry(BaseModel):
     @classmethod
     def _check_lengths(cls, values: list[int] | None) -> list[int] | None:
         return None if values is None else _dims(values)
+
+    @field_validator("kv_page")
+    @classmethod
+    def _check_kv_page(cls, values: list[int] | None) -> list[int] | None:
+        return _kv_pages(values)
 
     @field_validator("seqlens", mode="before")
     @classmethod
@@ -346,7 +378,13 @@ def _entry_targets(path: Path, index: int, entry: Entry) -> list[Target]:
     _, _, causals = _window(entry, bad)
     if causals != entry.causal:
         entry = entry.model_copy(update={"causal": causals})
-    return _with_variant(entry, _plain_targets(path, index, entry, bad), bad)
+    targets = _with_variant(entry, _plain_targets(path, index, entry, bad), bad)
+    if entry.kv_page is None:
+        return targets
+    if entry.seqlens is not None:
+        raise bad("kv_page", "a KV-cache call is a dense batch (lengths on the device); "
+                  "not with seqlens")  # fmt: skip
+    return [dataclasses.replace(t, kv_page=p) for t in targets for p in entry.kv_page]
 
 
 def _plain_targets(

@@ -3,30 +3,72 @@
 A cache call (:func:`fa2tune.ops.kvcache.attention_with_kvcache`) runs on the split-KV
 family's cache kernels (``_kvc``, paged ``_kvc_pg<P>``: codegen/templates/splitkv_fwd.cuh),
 whatever its number of query rows: they read each sequence's length on the device, so one
-decision serves a whole decode loop. Its tile is the one the store (or the family default)
-gives the contiguous call of the same shape with the cache's capacity as its key count
-(:func:`fa2tune.ops.choice.choose`, split-KV configs only): a cache call is known on the
-host by its capacity, never by its lengths. The cache kernels themselves are not tuned yet:
-the choice's source says where the tile came from, and the config's ``_kvc`` suffix that it
-was not measured as such.
+decision serves a whole decode loop. A cache call is known on the host by its capacity, never
+by its lengths: its shape's key count is the capacity.
+
+1. When the store holds a tuned cache problem of the call's layout (the same page size, or
+   contiguous; ``fa2tune tune --kv-page``) for the call's GPU, head dim, dtype, mask and
+   variant switches, the config measured at the call's shape, else at the nearest tuned
+   shape of the same phase (:func:`core.lookup.pick`'s rule, as for dense calls), serves:
+   the choice's ``source`` is ``exact`` or ``nearest`` and its ``kv_page`` the layout.
+2. Otherwise the tile the store (or the family default) gives the dense call of the same
+   shape (:func:`fa2tune.ops.choice.choose`, split-KV configs only), built as its cache twin:
+   ``source`` says where the tile came from and ``kv_page`` is None (not measured as a cache
+   kernel).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from codegen.families import family, family_of
+from core.problem import kv_page_of
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
 from fa2tune.ops.choice import (
     ANY_SMEM,
     Call,
     Choice,
+    Source,
     Unsupported,
+    candidates_of,
     choose,
+    serves_variant,
     smem_limit_of,
     with_variant,
 )
+
+log = logging.getLogger(__name__)
+
+
+def tuned_cache_choice(store: Store | None, call: Call, page: int) -> Choice | None:
+    """The config of the tuned cache problem of layout ``page`` that answers ``call`` (exact
+    shape, else the nearest of its phase), or None when none is tuned, or the answer is not
+    a cache kernel of that layout and the call's variant that builds for its GPU (a store
+    written by hand)."""
+    if store is None or call.packed is not None:
+        return None
+    try:
+        found = candidates_of(store, call, kv_page=page).match(
+            call.gpu, call.causal, call.shape, variant=call.variant, kv_page=page
+        )
+    except Exception as exc:  # a broken database must not break the model: today's rule
+        log.warning("fa2tune.torch: database lookup failed, using defaults: %s", exc)
+        return None
+    if found is None:
+        return None
+    config = found.result.config
+    fits = (
+        isinstance(config, SplitKvConfig)
+        and kv_page_of(config) == page
+        and serves_variant(config, call.variant)
+        and family_of(config).arch_for(call.compute_capability) is not None
+    )
+    if not fits:
+        return None
+    source: Source = "exact" if found.result.exact else "nearest"
+    return Choice(config, source, found.measured, kv_page=page)
 
 
 def cache_choice(store: Store | None, call: Call, page: int) -> Choice:
@@ -37,6 +79,9 @@ def cache_choice(store: Store | None, call: Call, page: int) -> Choice:
         Unsupported: the head dim, dtype or GPU has no split-KV kernel, or the variant or
             page size is one the cache kernels do not take.
     """
+    tuned = tuned_cache_choice(store, call, page)
+    if tuned is not None:
+        return tuned
     try:
         base = choose(store, call)
     except Unsupported:

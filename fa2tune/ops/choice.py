@@ -119,12 +119,16 @@ class Choice:
             problem's count of sequences at their mean length).
         origin: who answered: ``local`` (shipped results and the local database, or a
             default) or ``service`` (a running fa2tune service, ``FA2TUNE_SERVICE_URL``).
+        kv_page: for a call over a KV cache (:mod:`fa2tune.ops.cache_choice`), the layout the
+            config was measured on as a cache kernel (a tuned cache problem's: 0 contiguous,
+            P paged); None when its tile was measured on a dense problem, or is a default.
     """
 
     config: AnyConfig
     source: Source
     measured: Shape | None = None
     origin: Origin = "local"
+    kv_page: int | None = None
 
     def describe(self, asked: Shape) -> str:
         """One line: ``asked -> config (source[, measured at], from)``, ``from`` being
@@ -133,6 +137,8 @@ class Choice:
         where = ""
         if self.source == "nearest" and self.measured is not None:
             where = f", measured at {self.measured.describe()}"
+        if self.kv_page is not None:
+            where += ", tuned as a KV-cache kernel"
         if self.source != "default":
             where += ", service" if self.origin == "service" else ", database"
         return f"{asked.describe()} -> {self.config.name} ({self.source}{where})"
@@ -392,12 +398,13 @@ _groups: dict[tuple[object, ...], CandidateSet] = {}
 _groups_lock = threading.Lock()
 
 
-def candidates_of(store: Store, call: Call) -> CandidateSet:
-    """The store's candidates for ``call``'s group, read on the group's first call only."""
+def candidates_of(store: Store, call: Call, kv_page: int | None = None) -> CandidateSet:
+    """The store's candidates for ``call``'s group, read on the group's first call only
+    (``kv_page``: the cache problems of that layout, for a call over a KV cache)."""
     mask = served_mask(call.causal, call.shape, call.packed)
     needs = call.variant.needs
     key = (store, normalize_gpu_name(call.gpu), call.d, call.dtype, mask, call.packed is not None,
-           tuple(sorted(needs.items())))  # fmt: skip
+           tuple(sorted(needs.items())), kv_page)  # fmt: skip
     group = _groups.get(key)
     if group is None:
         with _groups_lock:  # one read per group, however many threads ask at once
@@ -405,7 +412,7 @@ def candidates_of(store: Store, call: Call) -> CandidateSet:
             if group is None:
                 packed = call.packed is not None
                 group = store.candidate_set(call.gpu, call.d, call.dtype, mask, packed=packed,
-                                            needs=needs)  # fmt: skip
+                                            needs=needs, kv_page=kv_page)  # fmt: skip
                 _groups[key] = group
     return group
 

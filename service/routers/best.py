@@ -11,6 +11,11 @@ past every key) takes the plain paths above, unchanged. A variant's dense answer
 the store too (the index holds plain winners only), in a worker thread, and is cached by its
 whole question and the index generation (which changes whenever the store does); the fast
 path (:mod:`service.fastpath`) never answers a request that names a variant parameter.
+
+A call over a KV cache (``kv_page``: 0 a contiguous cache, P a paged one; absent: a dense
+call) takes the variant's way: a shape answer from the store, by the problems tuned on the
+split-KV cache kernels of that very layout (``fa2tune tune --kv-page``), cached alike; no
+dense result answers it and it answers no dense request (the index holds dense winners only).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from core.shape import Shape
 from core.shape_request import (
     SEQLENS_PATTERN,
     ShapeParamError,
+    no_cache_results,
     no_variant_results,
     no_varlen_results,
+    resolve_kv_page,
     resolve_shape,
     resolve_variant,
     resolve_varlen,
@@ -44,6 +51,7 @@ from service.params import (
     HeadDimQuery,
     HeadsQuery,
     KvHeadsQuery,
+    KvPageQuery,
     NkQuery,
     NqQuery,
     OptionalSeqLenQuery,
@@ -98,6 +106,7 @@ async def best(
     chunk: ChunkQuery = 0,
     softcap: SoftcapQuery = 0.0,
     sinks: SinksQuery = False,
+    kv_page: KvPageQuery = None,
 ) -> Response:
     """The fastest correct config measured for (GPU, D, N, dtype, causal), or for a shape.
 
@@ -128,6 +137,14 @@ async def best(
     rule above. Its answer is a shape answer (``n`` alone asks for the campaign's N x N
     shape), and ``variant`` (the asked one) and ``measured_problem.variant`` say what it was
     answered for; both are absent for plain attention. Nothing tuned with its switches: 404.
+
+    ``kv_page`` asks for a call over a KV cache whose lengths live on the device (0: a
+    contiguous cache; P, a power of two up to 4096: a paged cache of P-token pages; ``nk`` the
+    keys the sequences hold). It is answered only by problems tuned on the split-KV cache
+    kernels of that very layout (``fa2tune tune --kv-page P``), exact else the nearest of the
+    call's phase, never by a dense result; ``kv_page`` and ``measured_problem.kv_page`` echo
+    it (absent for a dense call). Its answer is a shape answer, as a variant's. Nothing tuned
+    of that layout: 404.
     """
     asked_causal = causal
     variant_given = (window_left, window_right, chunk, softcap, sinks) != (-1, -1, 0, 0.0, False)
@@ -138,18 +155,20 @@ async def best(
             causal, window_left=window_left, window_right=window_right, chunk=chunk,
             softcap=softcap, sinks=sinks, nq=q, nk=shape.nk if shape is not None else q,
         )  # fmt: skip
+        kv_page = resolve_kv_page(kv_page)
     except ShapeParamError as exc:
         kind = "missing" if exc.param == "n" and n is None else "value_error"
         raise _invalid(exc.param, str(exc), exc.value, kind) from None
-    if not variant.plain:
+    if not variant.plain or kv_page is not None:
         if shape is None:
             shape = resolve_shape(n, nq=n)  # the campaign's shape at N
         assert shape is not None
-        key = ("best", holder.generation, gpu_key(gpu), d, dtype, causal, shape, variant, exact)
+        key = ("best", holder.generation, gpu_key(gpu), d, dtype, causal, shape, variant, exact,
+               kv_page)  # fmt: skip
         body = slow.pages.get(key)
         if body is None:
             body = await run_in_threadpool(
-                _variant_body, holder.store, gpu, d, dtype, causal, shape, variant, exact
+                _store_body, holder.store, gpu, d, dtype, causal, shape, variant, exact, kv_page
             )
             slow.pages.put(key, body)
         return Response(content=body, media_type="application/json")
@@ -234,7 +253,7 @@ def best_varlen(
     return VarlenBestOut.of(best, asked.seqlens, measured, variant)
 
 
-def _variant_body(
+def _store_body(
     store: Store,
     gpu: str,
     d: int,
@@ -243,21 +262,25 @@ def _variant_body(
     shape: Shape,
     variant: Variant,
     exact: bool,
+    kv_page: int | None = None,
 ) -> bytes:
-    """A variant request's answer body, from the store (run in a worker thread).
+    """A variant or KV-cache request's answer body, from the store (run in a worker thread).
 
     Raises:
-        HTTPException: 404 when nothing tuned with the variant's switches answers (with
-            ``exact``: not at its window, chunk and shape).
+        HTTPException: 404 when nothing tuned with the variant's switches (over a cache of
+            ``kv_page``'s layout) answers (with ``exact``: not at its window, chunk and shape).
     """
     name = gpu.strip()
-    found = store.best_for_shape(name, d, dtype, causal, shape, exact=exact, variant=variant)
+    found = store.best_for_shape(name, d, dtype, causal, shape, exact=exact, variant=variant,
+                                 kv_page=kv_page)  # fmt: skip
     if found is None:
-        why = no_variant_results(name, d, dtype, causal, variant)
+        why = (no_variant_results(name, d, dtype, causal, variant) if kv_page is None
+               else no_cache_results(name, d, dtype, causal, kv_page, variant))  # fmt: skip
         if exact:
             why += f" at {shape.describe()} (exact=true: no nearest fallback)"
         raise HTTPException(status.HTTP_404_NOT_FOUND, why)
-    return BestOut.of(found, shape.nq, shape, variant).model_dump_json().encode()
+    asked = None if variant.plain else variant
+    return BestOut.of(found, shape.nq, shape, asked, kv_page).model_dump_json().encode()
 
 
 def _invalid(

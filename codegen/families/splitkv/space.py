@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from codegen.families.declared import basic_reasons, outside, variant_reasons
 from core.config import Dtype, tile_head_dim
-from core.problem import Problem
+from core.problem import MAX_KV_PAGE, Problem
 from core.splitkv_config import SplitKvConfig
 
 #: Head dims the template instantiates: every multiple of 8 up to 256. The tile's head dim is
@@ -44,7 +44,8 @@ VARIANT_SWITCHES: tuple[str, ...] = ("local", "softcap", "sinks")
 
 #: Page sizes the cache kernels take: every power of two up to this (FlashAttention-3 and
 #: FlashInfer take any page size; vLLM's default is 16; FlashAttention-2 needs multiples of 256).
-MAX_PAGE_SIZE = 4096
+#: The problem key's rule (core.problem.KV_PAGE_RULE) is the same domain.
+MAX_PAGE_SIZE = MAX_KV_PAGE
 
 
 def cache_reasons(config: SplitKvConfig) -> list[str]:
@@ -57,6 +58,32 @@ def cache_reasons(config: SplitKvConfig) -> list[str]:
     if p < 0 or p > MAX_PAGE_SIZE or (p & (p - 1)) != 0:
         why.append(f"page size {p} is not a power of two up to {MAX_PAGE_SIZE}")
     return why
+
+
+def cache_twin(
+    config: SplitKvConfig, page: int, smem_limit: int = MAX_SMEM_PER_BLOCK
+) -> SplitKvConfig | None:
+    """``config``'s KV-cache kernel for a cache of layout ``page`` (0: contiguous, ``_kvc``;
+    P: pages of P tokens, ``_kvc_pg<P>``), or None when the space does not take it (a page
+    size outside :data:`MAX_PAGE_SIZE`'s powers of two, or the tile itself invalid)."""
+    twin = replace(config, kvcache=True, page=page)
+    return None if invalid_reasons(twin, smem_limit) else twin
+
+
+def enumerate_cache_space(
+    d: int,
+    dtype: Dtype = "fp16",
+    causal: bool = False,
+    page: int = 0,
+    smem_limit: int = MAX_SMEM_PER_BLOCK,
+) -> list[SplitKvConfig]:
+    """The search space of a KV-cache problem of layout ``page``: every valid tile
+    (:func:`enumerate_space`) as its cache kernel (:func:`cache_twin`), sorted; empty for other
+    head dims or a page size the kernels do not take. The cache kernels share the tile's
+    shared memory and registers (docs/splitkv_kernel.md, "KV caches"), so the tiles are the
+    same; what is fast is not (the paged loads' path depends on P, ``block_n`` and D)."""
+    twins = (cache_twin(c, page, smem_limit) for c in enumerate_space(d, dtype, causal, smem_limit))
+    return sorted(c for c in twins if c is not None)
 
 
 def accumulator_regs(config: SplitKvConfig) -> int:

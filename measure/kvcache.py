@@ -1,0 +1,201 @@
+"""Measuring a config for a KV-cache problem: the dense problem's inputs laid out as a cache.
+
+A KV-cache problem (:attr:`core.problem.Problem.kv_page` set) is timed on the split-KV
+family's cache kernels (``_kvc``, ``_kvc_pg<P>``: docs/splitkv_kernel.md, "KV caches"), which
+read K and V from a cache and each sequence's length from the device. Its inputs are the
+dense problem's (:func:`measure.reference.make_inputset` of the problem without its layout,
+so the float32 reference is the dense one), and :func:`build_cache` copies K and V into
+
+* a contiguous cache ``[B, capacity, Hkv, D]`` (``kv_page`` 0), or
+* pages ``[pages, P, Hkv, D]`` reached through an int32 block table ``[B, capacity / P]``
+  whose entries are a shuffled permutation of the pages (``kv_page`` P),
+
+with ``capacity`` = ``nk`` rounded up to whole pages (of :data:`CONTIGUOUS_UNIT` rows for a
+contiguous cache) plus one spare page, so every sequence's cache has rows past its length.
+Those rows, and the pages no table entry names, hold other random values (finite: a kernel
+that reads a row it should mask gives a wrong result, one that reads it and multiplies by a
+zero weight does not give NaN). Every sequence's length is ``nk`` (int32 on the device), so the
+result equals dense attention over the same keys: the check is the dense problem's, O and LSE
+of every (batch, head) pair the reference covers. The launch takes the arguments of
+``fa2tune.ops.kvcache.CacheLauncher`` in its order: ``FaParams`` (``nk`` the capacity, K/V
+the cache), the split-KV workspace (sized from the capacity, as the op's), ``FaVariant``,
+``FaKvCache``; grid from the capacity too. The op's other layouts (batch indices, appends)
+are not part of what is timed.
+
+torch and cuda-bindings are imported when a function runs, never at module import; the cache
+layout (:func:`build_cache`) runs on any torch device, so it is tested on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from core.family import AnyConfig
+from core.problem import Problem
+
+if TYPE_CHECKING:
+    import torch
+
+    from measure.loader import BoundLaunch, LoadedKernel
+    from measure.reference import InputSet
+
+#: The rows a contiguous cache's capacity is rounded to (and its spare rows): a multiple of
+#: every ``block_n`` of the space, so the last key tile has rows past the length.
+CONTIGUOUS_UNIT = 64
+
+
+def cache_capacity(nk: int, page: int) -> int:
+    """The capacity of the cache a problem of ``nk`` keys is timed on: ``nk`` rounded up to
+    whole pages (``page``, or :data:`CONTIGUOUS_UNIT` rows for a contiguous cache, 0) plus a
+    spare page."""
+    unit = page if page > 0 else CONTIGUOUS_UNIT
+    return (-(-nk // unit) + 1) * unit
+
+
+@dataclass(frozen=True)
+class CacheTensors:
+    """A problem's K and V laid out as a cache (:func:`build_cache`).
+
+    Attributes:
+        k_cache, v_cache: ``[B, capacity, Hkv, D]`` (contiguous) or ``[pages, P, Hkv, D]``.
+        block_table: int32 ``[B, capacity / P]`` (None for a contiguous cache).
+        seqlens: int32 ``[B]``, each sequence's length (``nk``).
+        capacity: the most keys a sequence's cache holds.
+        page: 0 for a contiguous cache, else P.
+    """
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor | None
+    seqlens: torch.Tensor
+    capacity: int
+    page: int
+
+    def describe(self) -> dict[str, object]:
+        """JSON-able summary for a measurement's ``extra``."""
+        out: dict[str, object] = {"kv_page": self.page, "kv_capacity": self.capacity}
+        if self.block_table is not None:
+            out["kv_pages"] = int(self.k_cache.shape[0])
+        return out
+
+
+def build_cache(k: torch.Tensor, v: torch.Tensor, page: int, seed: int) -> CacheTensors:
+    """K and V ``[B, nk, Hkv, D]`` (any strides) copied into a cache of layout ``page`` (see
+    the module docstring), on their device; the filler and the page order are drawn from
+    ``seed``.
+
+    Raises:
+        ValueError: ``k`` and ``v`` that are not 4-d and alike, or a page size that is not 0
+            or a power of two.
+    """
+    import torch
+
+    if k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be 4-d and alike")
+    if page < 0 or page & (page - 1):
+        raise ValueError(f"page size {page} is not 0 or a power of two")
+    b, nk, hkv, d = (int(x) for x in k.shape)
+    capacity = cache_capacity(nk, page)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def filler(shape: tuple[int, ...]) -> torch.Tensor:
+        # Other values than the keys' (scaled up: a row read unmasked moves the softmax).
+        return (torch.randn(shape, generator=gen) * 4).to(k.dtype).to(k.device)
+
+    seqlens = torch.full((b,), nk, dtype=torch.int32, device=k.device)
+    if page == 0:
+        k_cache, v_cache = filler((b, capacity, hkv, d)), filler((b, capacity, hkv, d))
+        k_cache[:, :nk] = k
+        v_cache[:, :nk] = v
+        return CacheTensors(k_cache, v_cache, None, seqlens, capacity, 0)
+    per_seq = capacity // page
+    pages = b * per_seq + 1  # one page no table names
+    order = torch.randperm(pages, generator=gen)[: b * per_seq]
+    table = order.view(b, per_seq).to(torch.int32).to(k.device)
+    k_cache, v_cache = filler((pages, page, hkv, d)), filler((pages, page, hkv, d))
+    pos = torch.arange(nk, device=k.device)
+    where = table.long()[:, pos // page]  # [B, nk]: each key's page
+    slot = (pos % page).expand(b, nk)
+    k_cache[where, slot] = k
+    v_cache[where, slot] = v
+    return CacheTensors(k_cache, v_cache, table.contiguous(), seqlens, capacity, page)
+
+
+def gather_cache(cache: CacheTensors, nk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``nk`` keys and values of every sequence read back from ``cache`` (through
+    the block table when paged): the inverse of :func:`build_cache`, for tests."""
+    import torch
+
+    if cache.block_table is None:
+        return cache.k_cache[:, :nk], cache.v_cache[:, :nk]
+    b = int(cache.block_table.shape[0])
+    pos = torch.arange(nk, device=cache.k_cache.device)
+    where = cache.block_table.long()[:, pos // cache.page]
+    slot = (pos % cache.page).expand(b, nk)
+    return cache.k_cache[where, slot], cache.v_cache[where, slot]
+
+
+@dataclass(frozen=True)
+class CacheLaunch:
+    """A bound cache launch with the tensors and arguments it points into (kept alive)."""
+
+    launch: BoundLaunch
+    cache: CacheTensors
+    keep: tuple[Any, ...]
+
+    def __call__(self) -> None:
+        self.launch()
+
+
+def bind_cache(
+    kernel: LoadedKernel,
+    config: AnyConfig,
+    problem: Problem,
+    inputs: InputSet,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    stream: int,
+    seed: int,
+) -> CacheLaunch:
+    """One bound launch of ``config``'s cache kernel over ``inputs`` laid out as the cache of
+    ``problem``'s layout, writing ``o`` (in ``inputs.layout``) and ``lse``.
+
+    Raises:
+        ValueError: a config that is not a cache kernel of the problem's layout, or what the
+            parameter builders refuse (strides, alignment, sinks).
+    """
+    import torch
+
+    from core.problem import describe_kv_page, kv_page_of
+    from measure.loader import extra_args, launch_geometry
+    from measure.params import FaKvCache, cache_params, variant_params
+
+    page = problem.kv_page
+    if page is None or kv_page_of(config) != page:
+        raise ValueError(
+            f"{config.name} is not a cache kernel of {describe_kv_page(page)} (it reads "
+            f"{describe_kv_page(kv_page_of(config))})"
+        )
+    q_b, k_b, v_b, o_b = (t if inputs.layout == "bnhd" else t.transpose(1, 2)
+                          for t in (inputs.q, inputs.k, inputs.v, o))  # fmt: skip
+    cache = build_cache(k_b, v_b, page, seed)
+    b, nq, hq, _ = (int(x) for x in q_b.shape)
+    hkv = int(k_b.shape[2])
+    params = cache_params(q_b, cache.k_cache, cache.v_cache, o_b, lse, inputs.scale,
+                          cache.capacity)  # fmt: skip
+    # The workspace of a launch whose keys are the capacity (its shape is all it reads).
+    rows = torch.empty((1, 1, 1, 1), dtype=k_b.dtype, device=k_b.device)
+    sized = rows.expand(b, cache.capacity, hkv, int(k_b.shape[3]))
+    workspace = extra_args(config, q_b, sized, sized, "bnhd")
+    # As the op (fa2tune.ops.kvcache.CacheLauncher): the window for lengths not known on the
+    # host (the same here: every sequence holds nk keys, which the variant was normalised on).
+    fv = variant_params(problem.variant, inputs.sinks, causal=config.causal, nq=nq, nk=None,
+                        q_heads=hq)  # fmt: skip
+    table = cache.block_table
+    kc = FaKvCache(cache.seqlens.data_ptr(), None,
+                   table.data_ptr() if table is not None else None,
+                   int(table.stride(0)) if table is not None else 0, 0)  # fmt: skip
+    grid, block = launch_geometry(config, nq, hq, b, nk=cache.capacity, kv_heads=hkv)
+    bound = kernel.bind(params, grid, block, config.smem_bytes, stream, (*workspace, fv, kc))
+    return CacheLaunch(bound, cache, (workspace, fv, kc, inputs.sinks, q_b, o_b))

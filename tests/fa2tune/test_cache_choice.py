@@ -1,0 +1,86 @@
+"""Which kernel serves a call over a KV cache (fa2tune.ops.cache_choice), torch-free: a tuned
+cache problem of the call's layout first (exact, else the nearest of its phase), else the tile
+of the dense pick built as its cache twin; the choice says which."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.problem import Problem
+from core.shape import Shape
+from core.splitkv_config import SplitKvConfig
+from core.variant import PLAIN
+from db.store import Store
+from fa2tune.ops.cache_choice import cache_choice
+from fa2tune.ops.choice import Call, forget_results
+from tests.support.factories import H200, make_report, ok_result
+
+DENSE = SplitKvConfig(128, "bf16", False, splits=8)
+PAGED = dataclasses.replace(DENSE, splits=32, warps=2, kvcache=True, page=16)
+DECODE = Shape(1, 8192, 8, 32, 8)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    forget_results()  # the op's candidate groups are per store and process
+    with Store.from_url(f"sqlite:///{tmp_path / 'r.db'}") as s:
+        yield s
+    forget_results()
+
+
+def _record(store: Store, config: SplitKvConfig, shape: Shape, kv_page: int | None) -> None:
+    problem = Problem(gpu=H200.name, d=128, n=shape.nq, nk=shape.nk, batch=shape.batch,
+                      heads=shape.heads, kv_heads=shape.kv_heads, dtype="bf16",
+                      kv_page=kv_page)  # fmt: skip
+    gpu = store.upsert_gpu(H200)
+    pid = store.problem_id(problem, gpu)
+    build = store.record_build(make_report(config))  # type: ignore[arg-type]
+    store.record_measurement(pid, build, ok_result(0.05, problem), H200)
+    forget_results()
+
+
+def _call(shape: Shape = DECODE) -> Call:
+    return Call(0, H200.name, H200.sm_count, H200.compute_capability, shape, "bf16", False, 128,
+                variant=PLAIN)  # fmt: skip
+
+
+def test_without_results_the_default_tile_is_built_as_the_twin() -> None:
+    choice = cache_choice(None, _call(), 16)
+    assert choice.source == "default" and choice.kv_page is None
+    assert choice.config.name.endswith("_kvc_pg16")
+
+
+def test_a_dense_result_gives_its_tile(store: Store) -> None:
+    _record(store, DENSE, DECODE, None)
+    choice = cache_choice(store, _call(), 16)
+    assert choice.config == dataclasses.replace(DENSE, kvcache=True, page=16)
+    assert choice.source == "exact" and choice.kv_page is None
+    assert "tuned as a KV-cache kernel" not in choice.describe(DECODE)
+
+
+def test_a_tuned_cache_problem_of_the_layout_wins(store: Store) -> None:
+    _record(store, DENSE, DECODE, None)
+    _record(store, PAGED, DECODE, 16)
+    choice = cache_choice(store, _call(), 16)
+    assert choice.config == PAGED and choice.source == "exact" and choice.kv_page == 16
+    assert "tuned as a KV-cache kernel" in choice.describe(DECODE)
+    # Another capacity: the nearest tuned cache shape of the same phase.
+    near = cache_choice(store, _call(Shape(1, 8208, 8, 32, 8)), 16)
+    assert near.config == PAGED and near.source == "nearest" and near.measured == DECODE
+    # Another layout: not this one's result, the dense tile as that layout's twin.
+    other = cache_choice(store, _call(), 32)
+    assert other.config == dataclasses.replace(DENSE, kvcache=True, page=32)
+    assert other.kv_page is None
+    contiguous = cache_choice(store, _call(), 0)
+    assert contiguous.config == dataclasses.replace(DENSE, kvcache=True)
+    assert contiguous.kv_page is None
+
+
+def test_a_cache_problem_of_another_phase_does_not_answer(store: Store) -> None:
+    _record(store, PAGED, Shape(4096, 8192, 8, 32, 8), 16)  # prefill over a paged cache
+    choice = cache_choice(store, _call(), 16)
+    assert choice.kv_page is None and choice.source == "default"

@@ -1,0 +1,72 @@
+"""The cache a KV-cache problem is timed on (measure.kvcache.build_cache), on the CPU: every
+sequence's keys and values read back through the layout are the dense problem's, the rows
+and pages past them hold other values, the block table is a shuffled permutation."""
+
+from __future__ import annotations
+
+import pytest
+
+from measure.kvcache import CONTIGUOUS_UNIT, build_cache, cache_capacity, gather_cache
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize(("nk", "page", "capacity"), [
+    (8192, 16, 8208), (8192, 0, 8256), (100, 64, 192), (1, 1, 2), (300, 4096, 8192),
+    (64, 0, 128),
+])  # fmt: skip
+def test_capacity_is_whole_pages_and_a_spare_one(nk: int, page: int, capacity: int) -> None:
+    unit = page or CONTIGUOUS_UNIT
+    assert cache_capacity(nk, page) == capacity
+    assert capacity % unit == 0 and capacity - nk >= unit  # whole pages, a spare one
+
+
+def _kv(b: int, nk: int, hkv: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    k = torch.randn((b, nk, hkv, d), generator=gen).half()
+    v = torch.randn((b, nk, hkv, d), generator=gen).half()
+    return k, v
+
+
+@pytest.mark.parametrize("page", [0, 1, 4, 16, 64, 256])
+def test_the_cache_holds_the_problems_keys(page: int) -> None:
+    b, nk, hkv, d = 3, 200, 2, 16
+    k, v = _kv(b, nk, hkv, d)
+    cache = build_cache(k, v, page, seed=7)
+    assert cache.capacity == cache_capacity(nk, page) and cache.page == page
+    assert cache.seqlens.dtype == torch.int32 and cache.seqlens.tolist() == [nk] * b
+    k_back, v_back = gather_cache(cache, nk)
+    assert torch.equal(k_back, k) and torch.equal(v_back, v)
+    if page == 0:
+        assert cache.block_table is None
+        assert tuple(cache.k_cache.shape) == (b, cache.capacity, hkv, d)
+        spare = cache.k_cache[:, nk:]
+    else:
+        table = cache.block_table
+        assert table is not None and table.dtype == torch.int32 and table.is_contiguous()
+        assert tuple(table.shape) == (b, cache.capacity // page)
+        ids = table.flatten().tolist()
+        pages = int(cache.k_cache.shape[0])
+        assert len(set(ids)) == len(ids) and pages == len(ids) + 1  # one page no entry names
+        assert ids != sorted(ids) or len(ids) == 1  # shuffled
+        full = gather_cache(cache, cache.capacity)[0]
+        spare = full[:, nk:]
+    # Rows past the length hold other values, finite and not the keys' zeros.
+    assert spare.numel() > 0 and torch.isfinite(spare.float()).all()
+    assert spare.float().abs().max() > 1.0
+
+
+def test_the_layout_is_drawn_from_the_seed() -> None:
+    k, v = _kv(2, 64, 1, 8)
+    one, two, other = (build_cache(k, v, 16, seed=s) for s in (3, 3, 4))
+    assert one.block_table is not None and two.block_table is not None
+    assert torch.equal(one.block_table, two.block_table)
+    assert torch.equal(one.k_cache, two.k_cache) and not torch.equal(one.k_cache, other.k_cache)
+
+
+def test_bad_layouts_are_refused() -> None:
+    k, v = _kv(1, 8, 1, 8)
+    with pytest.raises(ValueError, match="power of two"):
+        build_cache(k, v, 3, seed=0)
+    with pytest.raises(ValueError, match="alike"):
+        build_cache(k, v[:, :4], 16, seed=0)
