@@ -38,6 +38,33 @@ export PYTHONPATH=/tmp/site:$PWD FA2TUNE_DATA_DIR=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/header_check.log
 status=0
 
+# run_probe NAME HEADER SOURCE LOG: build SOURCE against /tmp/HEADER for sm_90 and for
+# sm_80+sm_90a (in parallel), run each build, append its lines to LOG and count its PASS and
+# FAIL lines; a failed build, a non-zero exit, a FAIL or no PASS at all sets status=1.
+declare -A PROBE_GENS=(
+  [sm90]="-gencode=arch=compute_90,code=sm_90"
+  [fat]="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a"
+)
+run_probe() {
+  local name=$1 header=$2 source=$3 log=$4 v rc pass fail
+  for v in sm90 fat; do
+    # shellcheck disable=SC2086  # the gencode flags are a word list on purpose
+    ( set -x; time nvcc -std=c++17 -O2 ${PROBE_GENS[$v]} -I/tmp -DFA2TUNE_HEADER="\"$header\"" \
+        "$source" -o /tmp/${name}_probe_$v ) > $OUT/header_check_${name}_build_$v.log 2>&1 &
+  done
+  wait
+  for v in sm90 fat; do
+    cat $OUT/header_check_${name}_build_$v.log >> "$log"
+    if [ ! -x /tmp/${name}_probe_$v ]; then echo "FAIL $name $v build" | tee -a "$log"; status=1; continue; fi
+    /tmp/${name}_probe_$v > /tmp/${name}_run_$v.log 2>&1
+    rc=$?; sed "s/^/[$v] /" /tmp/${name}_run_$v.log | tee -a "$log" | grep -E "^\[$v\] (PASS|FAIL|device|$name probe)"
+    pass=$(grep -c "^PASS" /tmp/${name}_run_$v.log); fail=$(grep -c "^FAIL" /tmp/${name}_run_$v.log)
+    echo "$name $v exit $rc, $pass PASS, $fail FAIL" | tee -a "$log"
+    if [ $rc != 0 ] || [ "$fail" != 0 ] || [ "$pass" = 0 ]; then status=1; fi
+  done
+  grep -H "real" $OUT/header_check_${name}_build_*.log | sed 's/^/nvcc /'
+}
+
 if [[ " $STAGES " == *" shipped "* ]]; then
 for dt in fp16 bf16; do
   ( set -x
@@ -126,50 +153,14 @@ text = export_header(s, "H200", [128], dtypes=["fp16"])
 Path(sys.argv[1]).write_text(text)
 print(f"exported {len(text)} bytes; splitkv configs: {text.count('template cudaError_t splitkv::launch<')}")
 PY
-declare -A GENS=(
-  [sm90]="-gencode=arch=compute_90,code=sm_90"
-  [fat]="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a"
-)
-for v in sm90 fat; do
-  ( set -x; time nvcc -std=c++17 -O2 ${GENS[$v]} -I/tmp -DFA2TUNE_HEADER='"fa2_tuned_splitkv.cuh"' \
-      bench/h200/splitkv_header_probe.cu -o /tmp/splitkv_probe_$v ) > $OUT/header_check_splitkv_build_$v.log 2>&1 &
-done
-wait
-for v in sm90 fat; do
-  cat $OUT/header_check_splitkv_build_$v.log >> $LOGS
-  if [ ! -x /tmp/splitkv_probe_$v ]; then echo "FAIL splitkv $v build" | tee -a $LOGS; status=1; continue; fi
-  /tmp/splitkv_probe_$v > /tmp/splitkv_run_$v.log 2>&1
-  rc=$?; sed "s/^/[$v] /" /tmp/splitkv_run_$v.log | tee -a $LOGS | grep -E "^\[$v\] (PASS|FAIL|device|splitkv probe)"
-  pass=$(grep -c "^PASS" /tmp/splitkv_run_$v.log); fail=$(grep -c "^FAIL" /tmp/splitkv_run_$v.log)
-  echo "splitkv $v exit $rc, $pass PASS, $fail FAIL" | tee -a $LOGS
-  if [ $rc != 0 ] || [ "$fail" != 0 ] || [ "$pass" = 0 ]; then status=1; fi
-done
-grep -H "real" $OUT/header_check_splitkv_build_*.log | sed 's/^/nvcc /'
+run_probe splitkv fa2_tuned_splitkv.cuh bench/h200/splitkv_header_probe.cu "$LOGS"
 fi
 
 if [[ " $STAGES " == *" kvcache "* ]]; then
 LOGK=$OUT/header_check_kvcache.log
 ( set -x; python3 -m tests.support.kvcache_header /tmp/fa2_tuned_kvcache.cuh 'NVIDIA H200' 0,16 ) > $LOGK 2>&1 \
   || { echo "FAIL kvcache export" | tee -a $LOGK; status=1; }
-declare -A GENK=(
-  [sm90]="-gencode=arch=compute_90,code=sm_90"
-  [fat]="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a"
-)
-for v in sm90 fat; do
-  ( set -x; time nvcc -std=c++17 -O2 ${GENK[$v]} -I/tmp -DFA2TUNE_HEADER='"fa2_tuned_kvcache.cuh"' \
-      bench/h200/kvcache_header_probe.cu -o /tmp/kvcache_probe_$v ) > $OUT/header_check_kvcache_build_$v.log 2>&1 &
-done
-wait
-for v in sm90 fat; do
-  cat $OUT/header_check_kvcache_build_$v.log >> $LOGK
-  if [ ! -x /tmp/kvcache_probe_$v ]; then echo "FAIL kvcache $v build" | tee -a $LOGK; status=1; continue; fi
-  /tmp/kvcache_probe_$v > /tmp/kvcache_run_$v.log 2>&1
-  rc=$?; sed "s/^/[$v] /" /tmp/kvcache_run_$v.log | tee -a $LOGK | grep -E "^\[$v\] (PASS|FAIL|device|kvcache probe)"
-  pass=$(grep -c "^PASS" /tmp/kvcache_run_$v.log); fail=$(grep -c "^FAIL" /tmp/kvcache_run_$v.log)
-  echo "kvcache $v exit $rc, $pass PASS, $fail FAIL" | tee -a $LOGK
-  if [ $rc != 0 ] || [ "$fail" != 0 ] || [ "$pass" = 0 ]; then status=1; fi
-done
-grep -H "real" $OUT/header_check_kvcache_build_*.log | sed 's/^/nvcc /'
+run_probe kvcache fa2_tuned_kvcache.cuh bench/h200/kvcache_header_probe.cu "$LOGK"
 fi
 
 tail -40 $OUT/header_check.log

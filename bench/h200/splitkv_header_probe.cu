@@ -23,6 +23,8 @@
 
 #include <cuda_fp16.h>
 
+#include "probe_util.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,16 +35,6 @@
 #include <vector>
 
 namespace {
-
-#define CHECK_CUDA(expr)                                                                  \
-  do {                                                                                    \
-    const cudaError_t err_ = (expr);                                                      \
-    if (err_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                  \
-                   cudaGetErrorString(err_));                                             \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 constexpr int kD = 128;
 constexpr int kBatch = 8;
