@@ -21,6 +21,7 @@ from core.family import AnyConfig
 from core.lookup import Packed
 from core.shape import effective_causal
 from db.store import Store
+from fa2tune.ops.cache_choice import cache_choice
 from fa2tune.ops.choice import (
     Call,
     Choice,
@@ -68,11 +69,17 @@ def call_of(target: Target, gpu: GpuTarget) -> Call:
 
 
 def plan(store: Store | None, targets: Sequence[Target], gpu: GpuTarget) -> list[Planned]:
-    """The choice of each target's call, as :func:`fa2tune.ops.choice.choose` makes it."""
+    """The choice of each target's call, as the op makes it: :func:`fa2tune.ops.choice.choose`
+    for a dense call, :func:`fa2tune.ops.cache_choice.cache_choice` (the cache kernel of the
+    entry's layout, ``kv_page``) for a call over a KV cache."""
     out = []
     for target in targets:
+        call = call_of(target, gpu)
         try:
-            out.append(Planned(target, choose(store, call_of(target, gpu))))
+            if target.kv_page is None:
+                out.append(Planned(target, choose(store, call)))
+            else:
+                out.append(Planned(target, cache_choice(store, call, target.kv_page)))
         except Unsupported as exc:
             out.append(Planned(target, None, exc.reason))
     return out

@@ -55,6 +55,23 @@ def test_each_call_gets_the_ops_own_decision(isolated: Path) -> None:
     assert isinstance(one_row, Call) and one_row.shape == Shape(1, 512, 1, 4, 2)
 
 
+def test_a_cache_entry_plans_the_cache_kernel_of_its_layout(isolated: Path) -> None:
+    """An entry over a KV cache builds what attention_with_kvcache will run: the cache twin of
+    its layout (contiguous, pages of 16), not the dense call's kernel."""
+    from fa2tune.ops.cache_choice import cache_choice
+
+    path = isolated.parent / "serving.json"
+    entry = {"d": 128, "dtype": "bf16", "causal": False, "heads": 32, "kv_heads": 8,
+             "batch": 8, "nq": 1, "nk": 8192}  # fmt: skip
+    path.write_text(json.dumps([{**entry, "kv_page": [0, 16]}, entry]))
+    store = choice.open_store()
+    contiguous, paged, dense = plan(store, load_workload(path).targets, H200)
+    for p, page in ((contiguous, 0), (paged, 16)):
+        assert p.choice is not None and p.choice.config.kvcache and p.choice.config.page == page
+        assert p.choice == cache_choice(store, call_of(p.target, H200), page)
+    assert dense.choice is not None and not getattr(dense.choice.config, "kvcache", False)
+
+
 def test_a_gpu_that_cannot_be_decided_for_is_a_usage_error(isolated: Path) -> None:
     unknown = runner.invoke(app, ["warmup", "--workload", str(SMOKE), "--gpu", "Nope 9000"])
     assert unknown.exit_code == 2

@@ -46,6 +46,24 @@ def test_workload_entries_take_a_layout(tmp_path: Path) -> None:
     assert "16-token pages" in targets[0].describe()
 
 
+def test_the_serving_workload_asks_every_layout_of_its_calls() -> None:
+    """examples/workloads/llama3_8b_serving.yaml: decode at batch 1-128 and chunked prefill
+    over a cached prefix, each over pages of 16 and of 256 tokens."""
+    root = Path(__file__).resolve().parents[2]
+    targets = load_workload(root / "examples" / "workloads" / "llama3_8b_serving.yaml").targets
+    problems = [t.problem("NVIDIA H200") for t in targets]
+    assert len(problems) == 54 and len({p.study_name for p in problems}) == 54
+    assert {p.kv_page for p in problems} == {16, 256}
+    decode = [p for p in problems if p.n == 1]
+    prefill = [p for p in problems if p.n == 2048]
+    assert len(decode) == 38 and len(prefill) == 16
+    assert all(not p.causal for p in decode)
+    assert max(p.batch * p.n_keys for p in decode) == 32 * 131072  # b128 stops at 32k
+    assert {p.n_keys for p in prefill} == {2048, 4096, 10240, 34816}
+    assert all(p.causal for p in prefill)
+    assert {(p.heads, p.n_kv_heads, p.d, p.dtype) for p in problems} == {(32, 8, 128, "bf16")}
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
