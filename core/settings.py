@@ -138,6 +138,13 @@ class Settings(BaseSettings):
         default=False,
         description="fa2tune.torch: log each (shape -> config, source) choice once per process",
     )
+    check_kvcache: bool = Field(
+        default=False,
+        description="fa2tune.torch: attention_with_kvcache checks the values it cannot check "
+        "cheaply (lengths, batch indices, block-table entries) on the device before each call, "
+        "and raises naming the first bad entry (a debug mode: one host sync per call; read "
+        "when a cache shape is first decided; not during CUDA-graph capture)",
+    )
     autotune: Literal["off", "cached", "on_first_call"] = Field(
         default="cached",
         description="fa2tune.torch: stored tuning results serve (cached), and untuned shapes "

@@ -402,8 +402,9 @@ def _decide(
 
 
 class _Decision(NamedTuple):
-    """A cache key's decision: the launcher (or why the call falls back) and what the key's
-    shapes and arguments told once (the capacity, page size, mask and variant)."""
+    """A cache key's decision: the launcher (or why the call falls back), what the key's
+    shapes and arguments told once (the capacity, page size, mask and variant), and whether
+    its calls check the index values first (``Settings.check_kvcache``, read here once)."""
 
     entry: CacheLauncher | str
     capacity: int
@@ -411,6 +412,59 @@ class _Decision(NamedTuple):
     causal: bool
     variant: Variant
     added: int
+    check: bool = False
+
+
+def _first_bad(bad: torch.Tensor) -> int | None:
+    """The first flat index where ``bad`` holds, or None (a host sync)."""
+    where = torch.nonzero(bad.flatten())
+    return int(where[0, 0]) if where.numel() else None
+
+
+def check_cache_values(
+    k_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+    added: int,
+    capacity: int,
+    page: int,
+) -> None:
+    """The debug mode's checks of what lives on the device (``FA2TUNE_CHECK_KVCACHE``): every
+    length in ``[0, capacity - added]``, every batch index a row of the caches (or of the
+    block table), and every block-table entry a sequence reaches (its first
+    ``ceil((length + added) / page)``) a page of the caches. Reads the values on the host.
+
+    Raises:
+        ValueError: naming the first bad entry and the bound it breaks.
+    """
+    lens = cache_seqlens.long()
+    room = capacity - added
+    i = _first_bad((lens < 0) | (lens > room))
+    if i is not None:
+        raise ValueError(f"cache_seqlens[{i}] = {int(lens[i])} is outside [0, {room}] (a "
+                         f"capacity of {capacity} keys, {added} new rows this call)")  # fmt: skip
+    rows = int(page_table.shape[0]) if page_table is not None else int(k_cache.shape[0])
+    index = torch.arange(lens.shape[0], device=lens.device)
+    if cache_batch_idx is not None:
+        index = cache_batch_idx.long()
+        i = _first_bad((index < 0) | (index >= rows))
+        if i is not None:
+            what = "block-table rows" if page_table is not None else "cache rows"
+            raise ValueError(f"cache_batch_idx[{i}] = {int(index[i])} is outside [0, {rows}) "
+                             f"({rows} {what})")  # fmt: skip
+    if page_table is None:
+        return
+    pages = int(k_cache.shape[0])
+    table = page_table.long()[index]  # [batch, max_pages]: each batch row's own table row
+    used = -(-(lens + added) // page)  # pages each sequence reaches
+    reached = torch.arange(table.shape[1], device=table.device).view(1, -1) < used.view(-1, 1)
+    flat = _first_bad(reached & ((table < 0) | (table >= pages)))
+    if flat is not None:
+        b, j = divmod(flat, int(table.shape[1]))
+        raise ValueError(f"page_table[{int(index[b])}, {j}] = {int(table[b, j])} (batch row "
+                         f"{b}'s page {j}) is outside [0, {pages}) ({pages} pages in the "
+                         "caches)")  # fmt: skip
 
 
 def _spec(t: torch.Tensor | None) -> tuple[object, ...] | None:
@@ -463,7 +517,8 @@ def _make_decision(
         table_stride = int(page_table.shape[1] if table_gaps else page_table.stride(0))
     entry = _decide(q, capacity, page, causal, variant, table_stride, added,
                     int(k_cache.shape[2]), table_gaps)  # fmt: skip
-    return _Decision(entry, capacity, page, causal, variant, added)
+    return _Decision(entry, capacity, page, causal, variant, added,
+                     get_settings().check_kvcache)  # fmt: skip
 
 
 def run_with_kvcache(
@@ -520,6 +575,9 @@ def run_with_kvcache(
                 if len(_decisions) >= MAX_DECISIONS:
                     del _decisions[next(iter(_decisions))]
                 _decisions[key] = decision
+    if decision.check and not (q.is_cuda and capturing()):  # values: a capture cannot sync
+        check_cache_values(k_cache, cache_seqlens, page_table, cache_batch_idx, decision.added,
+                           decision.capacity, decision.page or 1)  # fmt: skip
     if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
         sinks = sinks.float().contiguous()
     entry = decision.entry
@@ -683,6 +741,7 @@ __all__ = [
     "attention_with_kvcache",
     "attention_with_kvcache_op",
     "check_cache_args",
+    "check_cache_values",
     "clear_cache_decisions",
     "run_with_kvcache",
 ]

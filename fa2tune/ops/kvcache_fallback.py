@@ -28,11 +28,16 @@ def gathered_cache(
     """The cache as ``[batch, capacity, Hkv, D]``: batch row ``b``'s cache row
     (``cache_batch_idx[b]``, or ``b``), or its pages in block-table order (the table's row
     ``cache_batch_idx[b]``, or ``b``) laid end to end. A copy, except for a contiguous cache
-    without a row map (then the first ``batch`` rows)."""
+    without a row map (then the first ``batch`` rows).
+
+    Entries past a sequence's last page may hold anything (a serving engine leaves unused ones
+    as they were; the kernels never read them): each is clamped to a page of the cache before
+    the gather, and the keys it brings are past the sequence's length, so masked."""
     if page_table is None:
         return cache[cache_batch_idx.long()] if cache_batch_idx is not None else cache[:batch]
     table = page_table[cache_batch_idx.long()] if cache_batch_idx is not None else page_table
-    pages = cache[table[:batch].long()]  # [B, max_pages, page size, Hkv, D]
+    index = table[:batch].long().clamp(0, int(cache.shape[0]) - 1)
+    pages = cache[index]  # [B, max_pages, page size, Hkv, D]
     b, n_pages, size = (int(x) for x in pages.shape[:3])
     return pages.reshape(b, n_pages * size, *pages.shape[3:])
 

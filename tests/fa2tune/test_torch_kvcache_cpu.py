@@ -296,3 +296,92 @@ def test_flash_attn_with_kvcache_refuses_cpu_tensors_without_fallback() -> None:
     a = _args()
     with pytest.raises(NotImplementedError, match="not a CUDA device"):
         flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=3)
+
+
+@pytest.fixture
+def checking() -> Iterator[None]:
+    """The debug mode on (``FA2TUNE_CHECK_KVCACHE``), for this test's decisions only."""
+    from core import settings as settings_module
+    from core.settings import override_settings
+
+    saved = dict(settings_module._overrides)
+    override_settings(check_kvcache=True)
+    yield
+    settings_module._overrides.clear()
+    settings_module._overrides.update(saved)
+
+
+def _paged(lens: list[int], table: list[list[int]], **over: Any) -> dict[str, Any]:
+    """A paged cache of 6 pages of 4 keys, a block table of 3 pages per row, one new key."""
+    base = {"q": torch.randn(2, 1, 4, 8), "k_cache": torch.randn(6, 4, 2, 8),
+            "v_cache": torch.randn(6, 4, 2, 8), "k": torch.randn(2, 1, 2, 8),
+            "v": torch.randn(2, 1, 2, 8), "cache_seqlens": torch.tensor(lens, dtype=torch.int32),
+            "page_table": torch.tensor(table, dtype=torch.int32)}  # fmt: skip
+    base.update(over)
+    return base
+
+
+def _call(a: dict[str, Any]) -> Any:
+    from fa2tune.torch import attention_with_kvcache
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], a.get("k"),
+                                      a.get("v"), cache_seqlens=a["cache_seqlens"],
+                                      page_table=a.get("page_table"),
+                                      cache_batch_idx=a.get("cache_batch_idx"))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("a", "message"),
+    [
+        (_paged([3, 12], [[0, 1, 2], [3, 4, 5]]), r"cache_seqlens\[1\] = 12 is outside \[0, 11\]"),
+        (_paged([-1, 2], [[0, 1, 2], [3, 4, 5]]), r"cache_seqlens\[0\] = -1"),
+        (_paged([3, 5], [[0, 1, 2], [3, 9, 5]]), r"page_table\[1, 1\] = 9 .*\[0, 6\)"),
+        (_paged([4, 5], [[0, -2, 2], [3, 4, 5]]), r"page_table\[0, 1\] = -2"),
+        (
+            _paged(
+                [3, 5],
+                [[0, 1, 2], [3, 4, 5]],
+                cache_batch_idx=torch.tensor([1, 2], dtype=torch.int32),
+            ),
+            r"cache_batch_idx\[1\] = 2 is outside \[0, 2\) \(2 block-table rows\)",
+        ),
+        (
+            {**_args(cache_batch_idx=torch.tensor([0, 5], dtype=torch.int32))},
+            r"cache_batch_idx\[1\] = 5 is outside \[0, 2\) \(2 cache rows\)",
+        ),
+    ],
+)
+def test_the_debug_mode_names_the_first_bad_device_value(
+    checking: None, a: dict[str, Any], message: str
+) -> None:
+    """With FA2TUNE_CHECK_KVCACHE the values the host never reads are checked before the
+    append, so a bad one raises naming it and the caches stay as they were."""
+    before = a["k_cache"].clone(), a["v_cache"].clone()
+    with pytest.raises(ValueError, match=message):
+        _call(a)
+    assert torch.equal(a["k_cache"], before[0]) and torch.equal(a["v_cache"], before[1])
+
+
+def test_the_debug_mode_checks_only_the_pages_a_sequence_reaches(checking: None) -> None:
+    """Entries past a sequence's last page are never read: junk there is no error."""
+    a = _paged([3, 5], [[0, 99, 99], [3, 4, 99]])  # 4 and 6 keys: 1 and 2 pages reached
+    o = _call(a)
+    assert o.shape == a["q"].shape and bool(torch.isfinite(o).all())
+
+
+def test_unreached_junk_entries_are_never_read_without_the_debug_mode() -> None:
+    """The torch path too leaves entries past a sequence's pages alone (clamped, masked): the
+    result is the one with those entries set to real pages."""
+    junk = _paged([3, 5], [[0, 99, -7], [3, 4, 99]])
+    clean = {**junk, "page_table": torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32),
+             "k_cache": junk["k_cache"].clone(), "v_cache": junk["v_cache"].clone()}  # fmt: skip
+    assert torch.equal(_call(junk), _call(clean))
+
+
+def test_without_the_debug_mode_a_long_length_is_clamped_not_refused() -> None:
+    """By default nothing is read on the host: a length past the capacity is clamped (the
+    kernels' rule), as FlashAttention leaves it to the caller."""
+    a = _args(cache_seqlens=torch.tensor([3, 40], dtype=torch.int32))
+    assert _call(a).shape == a["q"].shape
