@@ -285,7 +285,8 @@ def flash_attn_with_kvcache(
     ``[pages, page size, Hkv, D]`` with ``page_table`` (int32 ``[B, max_pages]``), after
     appending ``k``/``v`` ``[B, Nnew, Hkv, D]`` in place at each sequence's length
     (:func:`fa2tune.torch.attention_with_kvcache`). ``cache_seqlens``: int32 ``[B]`` on the
-    device, an int for all, or None (every sequence uses the whole capacity).
+    device, an int for all, or None (every sequence uses the whole capacity; refused with
+    ``k``/``v`` to append, whose place it would leave unsaid).
 
     Returns:
         ``out``, or with ``return_softmax_lse`` ``(out, softmax_lse)`` (``[B, Hq, Nq]``).

@@ -202,13 +202,17 @@ def lengths_tensor(
 ) -> torch.Tensor:
     """``cache_seqlens`` as the op takes it: a tensor as given, an int (every sequence's
     length, checked here: it is on the host) as an int32 ``[B]`` tensor on q's device, None
-    (FlashAttention's "the whole cache") as the capacity less the new rows.
+    (FlashAttention's "the whole cache") as the capacity.
 
     Raises:
-        ValueError: an int length below 0 or leaving no room for the new rows.
+        ValueError: an int length below 0 or leaving no room for the new rows; None with new
+            rows to append (where they go would be a guess).
     """
     if isinstance(cache_seqlens, torch.Tensor):
         return cache_seqlens
+    if cache_seqlens is None and k is not None:
+        raise ValueError("appending k/v needs cache_seqlens: the keys each sequence holds "
+                         "before the new rows, where they are written")  # fmt: skip
     size = int(k_cache.shape[1])
     capacity = int(page_table.shape[1]) * size if page_table is not None else size
     room = capacity - (int(k.shape[1]) if k is not None else 0)

@@ -216,6 +216,26 @@ def test_decided_once_per_cache_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     assert lens.tolist() == [8, 9]
 
 
+def test_appending_without_lengths_is_refused_and_writes_nothing() -> None:
+    """New rows with no cache_seqlens: where they go is unsaid (FlashAttention's "whole
+    cache" leaves no room), so both entry points refuse it before touching the caches."""
+    from fa2tune.flash_attn import flash_attn_with_kvcache
+    from fa2tune.torch import attention_with_kvcache
+
+    a = _args()
+    kn, vn = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8)
+    before = a["k_cache"].clone()
+    with pytest.raises(ValueError, match="appending k/v needs cache_seqlens"):
+        attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], kn, vn, cache_seqlens=None)
+    with pytest.raises(ValueError, match="appending k/v needs cache_seqlens"):
+        flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], kn, vn)
+    assert torch.equal(a["k_cache"], before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the torch path on CPU tensors
+        whole = attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=None)
+    assert whole.shape == a["q"].shape  # no new rows: every sequence the whole cache
+
+
 @pytest.mark.parametrize(
     ("layout", "stride", "gaps"),
     [("rows", 3, False), ("wide", 7, False), ("gaps", 3, True)],
