@@ -357,3 +357,39 @@ def test_append_past_the_capacity_writes_nothing_out_of_bounds(page: int) -> Non
     want, _ = kvcache_fallback(q, k_cache, v_cache, lengths, page_table=table,
                                cache_batch_idx=None, causal=False, scale=scale)  # fmt: skip
     assert (o.float() - want.float()).abs().max().item() <= 2e-2
+
+
+def test_debug_mode_refuses_bad_device_values_and_passes_good_ones() -> None:
+    """FA2TUNE_CHECK_KVCACHE on CUDA tensors: a block-table entry a sequence reaches that is
+    outside the caches raises before the kernels (the caches untouched); good values run
+    the kernels, with the same result as without the checks."""
+    import torch
+
+    from core import settings as settings_module
+    from core.settings import override_settings
+    from fa2tune.torch import attention_with_kvcache, clear_caches
+
+    x = _inputs(Case(page=16, new=1))
+    args = dict(cache_seqlens=x["cache_seqlens"], page_table=x["page_table"], causal=True,
+                fallback=False)  # fmt: skip
+    saved = dict(settings_module._overrides)
+    try:
+        override_settings(check_kvcache=True)
+        clear_caches()  # the setting is read when a cache shape is first decided
+        bad = x["page_table"].clone()
+        bad[1, 0] = int(x["k_cache"].shape[0]) + 5
+        before = x["k_cache"].clone()
+        with pytest.raises(ValueError, match=r"page_table\[1, 0\]"):
+            attention_with_kvcache(x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"],
+                                   **{**args, "page_table": bad})  # fmt: skip
+        torch.cuda.synchronize()
+        assert torch.equal(x["k_cache"], before), "nothing appended before the refusal"
+        kc, vc = x["k_cache"].clone(), x["v_cache"].clone()
+        checked = attention_with_kvcache(x["q"], kc, vc, x["k"], x["v"], **args)
+    finally:
+        settings_module._overrides.clear()
+        settings_module._overrides.update(saved)
+        clear_caches()
+    plain = attention_with_kvcache(x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"], **args)
+    torch.cuda.synchronize()
+    assert torch.equal(checked, plain) and torch.equal(kc, x["k_cache"])
