@@ -126,20 +126,6 @@ def build_cache(k: torch.Tensor, v: torch.Tensor, page: int, seed: int) -> Cache
     return CacheTensors(k_cache, v_cache, table.contiguous(), seqlens, capacity, page)
 
 
-def gather_cache(cache: CacheTensors, nk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``nk`` keys and values of every sequence read back from ``cache`` (through
-    the block table when paged): the inverse of :func:`build_cache`, for tests."""
-    import torch
-
-    if cache.block_table is None:
-        return cache.k_cache[:, :nk], cache.v_cache[:, :nk]
-    b = int(cache.block_table.shape[0])
-    pos = torch.arange(nk, device=cache.k_cache.device)
-    where = cache.block_table.long()[:, pos // cache.page]
-    slot = (pos % cache.page).expand(b, nk)
-    return cache.k_cache[where, slot], cache.v_cache[where, slot]
-
-
 @dataclass(frozen=True)
 class CacheLaunch:
     """A bound cache launch with the tensors and arguments it points into (kept alive)."""

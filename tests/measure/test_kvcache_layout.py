@@ -6,9 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from measure.kvcache import CONTIGUOUS_UNIT, build_cache, cache_capacity, gather_cache
+from measure.kvcache import CONTIGUOUS_UNIT, CacheTensors, build_cache, cache_capacity
 
 torch = pytest.importorskip("torch")
+
+
+def gather_cache(cache: CacheTensors, nk: int) -> tuple[object, object]:
+    """The first ``nk`` keys and values of every sequence read back through the layout, with
+    the op's own reader (fa2tune.ops.kvcache_fallback.gathered_cache)."""
+    from fa2tune.ops.kvcache_fallback import gathered_cache
+
+    b = int(cache.seqlens.shape[0])
+    k = gathered_cache(cache.k_cache, b, cache.block_table, None)[:, :nk]
+    v = gathered_cache(cache.v_cache, b, cache.block_table, None)[:, :nk]
+    return k, v
 
 
 @pytest.mark.parametrize(("nk", "page", "capacity"), [
