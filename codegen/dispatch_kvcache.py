@@ -15,6 +15,12 @@ default, marked as the key's fallback. The C++ side (``kvcache_dispatch.cuh``, w
 is at its top) finds an entry by the picked config's name and the page size, else the key's
 fallback. Each entry points at its cache kernel's launchers and its append kernel's.
 
+Ahead of that rule, as in the op, come the tuned KV-cache problems (``fa2tune tune
+--kv-page``; :class:`CacheTuned`): each winner with the shape it was measured at, for the
+header's page sizes; on the tuned GPU a plain cache call runs the one of its key and page size
+nearest to its shape (the store's distance, of the same phase). Variant cache problems are not
+in the header yet (the op serves them; the header's variant calls keep the rule above).
+
 Rendered apart from the other tables: a header exported without page sizes has none of it
 (the exporter leaves its include empty). This module reads no database and imports nothing of
 the exporter.
@@ -29,10 +35,12 @@ from typing import Any, cast
 from codegen.cpp_text import DATA_DECL, braced, c_string, cpp_bool
 from codegen.dispatch_table import TableKey, config_instantiations
 from codegen.dispatch_variants import VariantKey, with_switches
-from codegen.families import family_of
+from codegen.families import FAMILIES, family_of
 from codegen.families.splitkv.space import MAX_PAGE_SIZE
 from core.elements import element
 from core.family import AnyConfig
+from core.problem import kv_page_of
+from core.shape import Shape
 
 #: What a page size may be, for messages.
 KV_PAGES_RULE = f"0 (a contiguous cache) or a power of two from 1 to {MAX_PAGE_SIZE}"
@@ -70,6 +78,12 @@ def parse_kv_pages(values: Iterable[str]) -> tuple[int, ...]:
             raise ValueError(f"not a page size: {item!r} (each {KV_PAGES_RULE})")
         pages.append(int(item))
     return check_kv_pages(pages)
+
+
+def header_cache_families() -> list[str]:
+    """The families whose cache kernels the header can launch: the store's KV-cache winners
+    are asked for among these."""
+    return [f.name for f in FAMILIES.values() if f.header.caches]
 
 
 def has_cache_launcher(config: AnyConfig) -> bool:
@@ -145,43 +159,95 @@ def cache_bases(
     )
 
 
-def _choice(base: CacheBase, page: int) -> str:
-    """One entry: the base's key, the page size, whether it is the key's fallback, the base's
-    and the twin's names, the twin's launchers and the twin's append launcher."""
-    twin = cache_twin(base.config, page)
+@dataclass(frozen=True)
+class CacheTuned:
+    """A tuned KV-cache problem's winner (``fa2tune tune --kv-page``): a cache kernel, the
+    page size it reads and the shape it was measured at (``nk``: the cache's capacity).
+
+    Sorted by key, page size, then shape: the order of the header's tuned cache entries.
+
+    Raises:
+        ValueError: ``config`` is not a cache kernel of a family with cache kernels in the
+            header, or serves a variant (the header's tuned cache entries are plain).
+    """
+
+    key: VariantKey
+    page: int
+    shape: Shape
+    config: AnyConfig
+
+    @classmethod
+    def of(cls, config: AnyConfig, shape: Shape) -> CacheTuned:
+        page = kv_page_of(config)
+        if page is None or not family_of(config).header.caches:
+            raise ValueError(f"{config.name}: not a KV-cache kernel the header can launch")
+        key = config_key(config)
+        if any(key[3:]):
+            raise ValueError(f"{config.name}: the header's tuned KV-cache entries are plain")
+        return cls(key, page, shape, config)
+
+
+def _entry(base: str, key_config: AnyConfig, page: int, fallback: bool, twin: AnyConfig) -> str:
+    """One KvCacheChoice: the key of ``key_config``, the page size, whether it is the key's
+    fallback, the base's and the cache config's names, the cache config's launchers and its
+    append launcher."""
     part = family_of(twin).header
     alias = f"fa2tune_configs::{twin.name}"
-    d, dtype, causal, local, softcap, sinks = config_key(base.config)
+    d, dtype, causal, local, softcap, sinks = config_key(key_config)
     flags = map(cpp_bool, (causal, local, softcap, sinks))
     return braced(
-        d, element(dtype).header_enum, *flags, page, cpp_bool(base.fallback),
-        c_string(base.name), c_string(twin.name), f"&{part.cache_launcher}<{alias}>",
+        d, element(dtype).header_enum, *flags, page, cpp_bool(fallback),
+        c_string(base), c_string(twin.name), f"&{part.cache_launcher}<{alias}>",
         f"&{part.cache_workspace_launcher}<{alias}>", f"&{part.cache_workspace_size}<{alias}>",
         f"&{part.append_launcher}<{alias}>",
     )  # fmt: skip
 
 
-def render_kvcache_table(bases: Sequence[CacheBase], pages: Sequence[int]) -> str:
+def _choice(base: CacheBase, page: int) -> str:
+    """A base's entry for page size ``page``: its cache twin."""
+    return _entry(base.name, base.config, page, base.fallback, cache_twin(base.config, page))
+
+
+def _tuned(t: CacheTuned) -> str:
+    """A tuned cache entry: its shape, then its config as its own base (never a fallback)."""
+    s = t.shape
+    shape = braced(s.nq, s.nk, s.batch, s.heads, s.kv_heads)
+    return braced(shape, _entry(t.config.name, t.config, t.page, False, t.config))
+
+
+def render_kvcache_table(
+    bases: Sequence[CacheBase], pages: Sequence[int], tuned: Sequence[CacheTuned] = ()
+) -> str:
     """``kvcache_table.inc``: the data kvcache_dispatch.cuh reads (see its contract).
 
     Args:
         bases: :func:`cache_bases`.
         pages: the page sizes (:func:`check_kv_pages`), 0 for contiguous caches.
+        tuned: the tuned cache problems' winners, of page sizes in ``pages`` (each
+            (key, page size, shape) once).
 
     Returns:
-        C++ text: the cache configs' aliases and explicit instantiations, the page sizes and
-        one entry per (base, page size), sorted by base name, then page size.
+        C++ text: the cache configs' aliases and explicit instantiations, the page sizes,
+        one entry per (base, page size), sorted by base name, then page size, and the tuned
+        entries, sorted.
 
     Raises:
-        ValueError: a base whose family has no cache kernels, or no page size.
+        ValueError: a base whose family has no cache kernels, no page size, or a tuned entry
+            of a page size not in ``pages`` or given twice.
     """
     pages = check_kv_pages(pages)
     if not pages:
         raise ValueError("a KV-cache table needs at least one page size")
+    for t in tuned:
+        if t.page not in pages:
+            raise ValueError(f"{t.config.name}: page size {t.page} is not among {pages}")
+    if len({(t.key, t.page, t.shape) for t in tuned}) != len(tuned):
+        raise ValueError("two tuned KV-cache entries of one key, page size and shape")
+    tuned = sorted(tuned, key=lambda t: (t.key, t.page, t.shape))
     twins = [cache_twin(b.config, p) for b in bases for p in pages]
     entries = [f"    {_choice(b, p)}," for b in bases for p in pages]
-    sentinel = "    " + braced(0, 0, *["false"] * 4, 0, "false", *["nullptr"] * 6) + ","
-    out = config_instantiations(twins, cache=True)
+    sentinel = braced(0, 0, *["false"] * 4, 0, "false", *["nullptr"] * 6)
+    out = config_instantiations([*twins, *(t.config for t in tuned)], cache=True)
     out += [
         "",
         "namespace fa2tune_detail {",
@@ -194,7 +260,15 @@ def render_kvcache_table(bases: Sequence[CacheBase], pages: Sequence[int]) -> st
         "// size, whether it is its key's fallback, the picked config's name and its own.",
         f"{DATA_DECL} int kKvCacheCount = {len(entries)};",
         f"{DATA_DECL} KvCacheChoice kKvCache[] = {{",
-        *(entries or [sentinel]),  # C++ has no empty arrays: a sentinel, never read
+        *(entries or [f"    {sentinel},"]),  # C++ has no empty arrays: a sentinel, never read
+        "};",
+        "",
+        "// The tuned KV-cache problems' winners (fa2tune tune --kv-page), each at the shape it",
+        "// was measured at, sorted by key, page size and shape: on the tuned GPU a plain call",
+        "// runs the nearest of its key and page size, ahead of the rule above.",
+        f"{DATA_DECL} int kKvTunedCount = {len(tuned)};",
+        f"{DATA_DECL} KvTunedChoice kKvTuned[] = {{",
+        *([f"    {_tuned(t)}," for t in tuned] or [f"    {{{{0, 0, 0, 0, 0}}, {sentinel}}},"]),
         "};",
         "",
         "}  // namespace fa2tune_detail",

@@ -78,7 +78,13 @@ from codegen.cpp_text import NOT_IN_COMMENT as _NOT_IN_COMMENT
 from codegen.cpp_text import comment_safe as _comment_safe
 from codegen.cpp_text import number as _fmt
 from codegen.cpp_text import seal_comments as _seal_comments
-from codegen.dispatch_kvcache import cache_bases, check_kv_pages, render_kvcache_table
+from codegen.dispatch_kvcache import (
+    CacheTuned,
+    cache_bases,
+    check_kv_pages,
+    config_key,
+    render_kvcache_table,
+)
 from codegen.dispatch_table import TableKey, has_varlen_launcher, render_table, varlen_twin
 from codegen.dispatch_variants import (
     VariantEntry,
@@ -95,7 +101,7 @@ from codegen.targets import TARGETS, compute_capability_of
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
-from core.problem import Problem
+from core.problem import Problem, kv_page_of
 from core.shape import Shape, varlen_shape
 from core.variant import PLAIN, Variant
 from core.version import __version__
@@ -151,11 +157,14 @@ class TunedPoint:
             the longest, ``batch`` their count); None for a dense problem.
         variant: the attention variant the problem was tuned for, in the store's form
             (:func:`core.variant.normalize`); plain by default.
+        kv_page: a KV-cache problem's layout (0 contiguous, P paged: ``config`` is then its
+            cache kernel and ``nk`` the cache's capacity); None for a dense problem.
 
     Raises:
         ValueError: ``seqlens`` given with a config that has no varlen kernel, or a
             ``batch`` that does not count them; a config whose variant switches are not
-            the variant's.
+            the variant's; a ``kv_page`` that is not the config's cache layout, or with
+            ``seqlens``.
     """
 
     d: int
@@ -177,6 +186,7 @@ class TunedPoint:
     kv_heads: int | None = None
     seqlens: tuple[int, ...] | None = None
     variant: Variant = PLAIN
+    kv_page: int | None = None
 
     def __post_init__(self) -> None:
         switches = getattr(self.config, "variant_switches", {})
@@ -184,6 +194,12 @@ class TunedPoint:
             raise ValueError(
                 f"{self.config.name} is not built with the switches of {self.variant.describe()}"
             )
+        if kv_page_of(self.config) != self.kv_page:
+            raise ValueError(
+                f"{self.config.name} is not the cache kernel of layout {self.kv_page} (None: dense)"
+            )
+        if self.kv_page is not None and self.seqlens is not None:
+            raise ValueError("a KV-cache problem is a dense batch: no seqlens")
         if self.seqlens is None:
             return
         if not getattr(self.config, "varlen", False):
@@ -357,7 +373,9 @@ _PREAMBLE = """\
 _KVCACHE = """\
 // KV-cache kernels (fa2tune_forward_kvcache: lengths on the device, an optional append) for
 // page sizes {pages}: the split-KV tile the dispatch picks for a call, else the key's
-// split-KV default, built as its cache twin (see "KV caches" below).
+// split-KV default, built as its cache twin (see "KV caches" below); on the tuned GPU, ahead
+// of that, the nearest tuned KV-cache problem of the call's page size (plain attention):
+{tuned}
 """
 
 
@@ -475,8 +493,20 @@ def render_header(
     packed: dict[TableKey, dict[Shape, TunedPoint]] = {}
     variants: dict[VariantKey, dict[tuple[Shape, int, int, int], TunedPoint]] = {}
     packed_variants: dict[VariantKey, dict[tuple[Shape, int, int, int], TunedPoint]] = {}
+    # KV-cache problems per (key, page size, shape), the first kept; only for the page sizes
+    # asked for (their kernels are built only then).
+    caches: dict[tuple[VariantKey, int, Shape], TunedPoint] = {}
     for p in points:
         if p.d not in ds or p.dtype not in dtypes:
+            continue
+        if p.kv_page is not None:
+            if p.kv_page not in kv_pages:
+                continue
+            if not p.variant.plain:
+                log.warning("KV-cache winner %s of a variant left out of the header: its "
+                            "tuned cache entries are plain", p.config.name)  # fmt: skip
+                continue
+            caches.setdefault((config_key(p.config), p.kv_page, p.shape), p)
             continue
         if not p.variant.plain:
             if not has_variant_launcher(p.config):
@@ -534,8 +564,11 @@ def render_header(
         *(p.config for v in variants.values() for p in v.values()),
     ]
     cache_table, cache_families = _kvcache_part(
-        tuned_dense, decode_defaults, variant_keys, kv_pages
-    )
+        tuned_dense, decode_defaults, variant_keys, kv_pages,
+        [CacheTuned.of(p.config, p.shape) for p in caches.values()],
+    )  # fmt: skip
+    # Listed in the table's order (key, page size, shape).
+    cache_kept = [caches[k] for k in sorted(caches)]
 
     # The families with a config in the header, in registry order (fa2 and split-KV for any
     # head dim split-KV takes: the defaults);
@@ -596,7 +629,12 @@ def render_header(
         if variant_kept
         else "",
         # Only with page sizes, likewise.
-        kvcache=_KVCACHE.format(pages=", ".join(_page_words(kv_pages))) if kv_pages else "",
+        kvcache=_KVCACHE.format(
+            pages=", ".join(_page_words(kv_pages)),
+            tuned="\n".join(_provenance_lines(cache_kept) or ["//   (none)"]),
+        )
+        if kv_pages
+        else "",
     )
     generated = {TABLE_INCLUDE: table, VARIANTS_INCLUDE: variant_table}
     if cache_table is not None:
@@ -616,14 +654,17 @@ def _kvcache_part(
     decode_defaults: Mapping[TableKey, AnyConfig],
     variant_keys: Sequence[VariantKey],
     kv_pages: Sequence[int],
+    caches: Sequence[CacheTuned],
 ) -> tuple[str | None, set[str]]:
     """``kvcache_table.inc`` (None without page sizes) and the families of its configs: the
     cache twins, per page size, of every config the dispatch can pick for a cache call (the
-    dense and variant tuned ones, the decode defaults)."""
+    dense and variant tuned ones, the decode defaults), and the tuned cache problems'
+    winners."""
     if not kv_pages:
         return None, set()
     bases = cache_bases(tuned, decode_defaults, variant_keys)
-    return render_kvcache_table(bases, kv_pages), {b.config.family for b in bases}
+    families = {b.config.family for b in bases} | {c.config.family for c in caches}
+    return render_kvcache_table(bases, kv_pages, caches), families
 
 
 def _page_words(pages: Sequence[int]) -> list[str]:

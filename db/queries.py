@@ -724,13 +724,65 @@ def variant_winners(
         out: list[tuple[BestResult, tuple[int, ...] | None]] = []
         for p in problems:
             lens = parse_seqlens(p.seqlens)
-            wanted = packed_families if lens is not None else families
             needs = row_variant(p).needs
-            only = [Build.family.in_(list(wanted))] if wanted is not None else []
-            rows = s.execute(_verified_by_speed(p.id, *only)).all()
-            fit = next(((m, b) for m, b in rows if build_switches(b.params) == needs), None)
-            if fit is not None:
-                out.append((_best_result(p.gpu, p, fit[1], fit[0], exact=True), lens))
+            wanted = packed_families if lens is not None else families
+            found = _fastest_fitting(s, p, wanted, needs, kv_page=None)
+            if found is not None:
+                out.append((found, lens))
+        return out
+
+
+def _fastest_fitting(
+    s: Session,
+    p: Problem,
+    families: Sequence[str] | None,
+    needs: dict[str, bool],
+    *,
+    kv_page: int | None,
+) -> BestResult | None:
+    """Problem ``p``'s fastest verified measurement by a build of ``families`` (None: any)
+    with the variant switches ``needs`` and the cache layout ``kv_page`` (None: not a cache
+    kernel), as an exact answer; None when none has."""
+    only = [Build.family.in_(list(families))] if families is not None else []
+    rows = s.execute(_verified_by_speed(p.id, *only)).all()
+    fit = next(
+        (
+            (m, b)
+            for m, b in rows
+            if build_switches(b.params) == needs and build_kv_page(b.params) == kv_page
+        ),
+        None,
+    )
+    return None if fit is None else _best_result(p.gpu, p, fit[1], fit[0], exact=True)
+
+
+def cache_winners(
+    engine: Engine, gpu: str, families: Sequence[str] | None = None
+) -> list[BestResult]:
+    """:meth:`db.store.Store.cache_winners`: the fastest verified config of every KV-cache
+    problem (``kv_page`` set) of plain attention and one GPU, among the builds of the
+    problem's cache layout and no variant switch (:func:`candidate_set`'s rule) of
+    ``families`` when given, in problem-id order."""
+    with session_scope(engine) as s:
+        problems = s.scalars(
+            select(Problem)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))
+            .where(
+                Gpu.name_key == normalize_gpu_name(gpu),
+                Problem.seqlens == "",
+                plain_problem(),
+                ~dense_problem(),
+                has_ok_measurement(),
+            )
+            .order_by(Problem.id)
+        ).all()
+        out: list[BestResult] = []
+        for p in problems:
+            page = row_kv_page(p)
+            found = _fastest_fitting(s, p, families, PLAIN.needs, kv_page=page)
+            if found is not None:
+                out.append(found)
         return out
 
 

@@ -305,13 +305,14 @@ class Store:
         packed: bool = False,
         needs: dict[str, bool] | None = None,
         kv_page: int | None = None,
+        family: str | None = None,
     ) -> queries.CandidateSet:
         """Every candidate :meth:`best_match` compares for one group (GPU, D, dtype, the
-        served mask, mode, variant switches, KV-cache layout), read once, to match many
-        shapes in memory (:meth:`db.queries.CandidateSet.match` gives :meth:`best_match`'s
-        answer)."""
+        served mask, mode, variant switches, KV-cache layout; ``family``: only that family's
+        builds), read once, to match many shapes in memory
+        (:meth:`db.queries.CandidateSet.match` gives :meth:`best_match`'s answer)."""
         return queries.candidate_set(self._engine, gpu, d, dtype, served_causal, packed=packed,
-                                     needs=needs, kv_page=kv_page)  # fmt: skip
+                                     family=family, needs=needs, kv_page=kv_page)  # fmt: skip
 
     def best_varlen(
         self,
@@ -382,6 +383,13 @@ class Store:
         the lengths a packed problem was measured on (None: dense), in problem-id order:
         what the exported header's variant tables hold. The results carry their variant."""
         return queries.variant_winners(self._engine, gpu, families, packed_families)
+
+    def cache_winners(self, gpu: str, families: Sequence[str] | None = None) -> list[BestResult]:
+        """The winner of every KV-cache problem (``kv_page`` set: contiguous or paged) of
+        plain attention tuned for ``gpu``, by a build of the problem's cache layout (among
+        ``families`` when given), in problem-id order: what the exported header's tuned
+        KV-cache entries hold. The results carry their ``kv_page``."""
+        return queries.cache_winners(self._engine, gpu, families)
 
     def shape_winners(self) -> list[tuple[BestResult, int]]:
         """The winner of every tuned problem (any shape, any family), each with its GPU's SM

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime
 
-from codegen.dispatch_kvcache import check_kv_pages
+from codegen.dispatch_kvcache import check_kv_pages, header_cache_families
 from codegen.dispatch_table import header_varlen_families
 from codegen.dispatch_variants import header_variant_families
 from codegen.export import TunedPoint, render_header
@@ -160,6 +160,7 @@ def point_from_best(best: BestResult, seqlens: tuple[int, ...] | None = None) ->
         cuda_version=best.cuda_version,
         measured_at=best.measured_at,
         variant=best.variant,
+        kv_page=best.kv_page,
     )
 
 
@@ -228,19 +229,28 @@ def export_header(
             gpu, header_variant_families(), header_variant_families(packed=True)
         )
     ]
+    # The tuned KV-cache problems' winners (of the family with cache kernels in the header),
+    # only when the header has cache kernels; render_header keeps those of its page sizes.
+    caches = (
+        [point_from_best(b) for b in store.cache_winners(gpu, header_cache_families())]
+        if kv_pages
+        else []
+    )
     name = results[0].gpu if results else known[0].name
     log.info(
-        "exporting %d tuned configs, %d varlen and %d attention-variant ones for %s (D=%s, %s)",
+        "exporting %d tuned configs, %d varlen, %d attention-variant and %d KV-cache ones for "
+        "%s (D=%s, %s)",
         len(results),
         len(packed),
         len(variants),
+        len(caches),
         name,
         ",".join(map(str, ds)) if ds else "common and tuned",
         ",".join(dtypes),
     )
     return render_header(
         name,
-        [*(point_from_best(b) for b in results), *packed, *variants],
+        [*(point_from_best(b) for b in results), *packed, *variants, *caches],
         ds=ds,
         dtypes=dtypes,
         generated_at=generated_at,

@@ -6,7 +6,8 @@
 //
 // Which kernel: the rule of fa2tune.torch.attention_with_kvcache (fa2tune/ops/cache_choice.py).
 // A cache call is known on the host by its capacity (FaParams::nk), never by its lengths,
-// which live on the device; so its tile is the one the header's dense dispatch (select; with
+// which live on the device. A tuned KV-cache problem of the call's layout answers first (see
+// kKvTuned below); otherwise its tile is the one the header's dense dispatch (select; with
 // a variant, select_variant) gives the contiguous call of the same shape with nk the capacity,
 // when that pick is a split-KV config, and otherwise the key's split-KV decode default (with
 // the variant's switches), in both cases built as its cache twin for the call's page size
@@ -26,7 +27,16 @@
 //                  (D, dtype, causal) with the key's switches; `base` is the name the
 //                  dispatch's pick has, `fallback` marks each key's split-KV default (one per
 //                  key and page size), and `name` is the cache config's. kKvCacheCount may be
-//                  0 (one sentinel entry then, never read).
+//                  0 (one sentinel entry then, never read);
+//       kKvTuned   kKvTunedCount KvTunedChoice, the tuned KV-cache problems' winners (fa2tune
+//                  tune --kv-page) of plain attention for the page sizes of kKvPages: the
+//                  shape each was measured at (nk its capacity) and its cache config as its
+//                  own base, never a fallback; sorted by key, page size, then shape.
+//                  kKvTunedCount may be 0 (one sentinel entry then, never read).
+//
+// Ahead of the rule above, as the op's rule 1: on the tuned GPU, a plain cache call runs the
+// tuned entry of its key and page size nearest to its shape (fa2tune_shape::nearest, of the
+// same phase: decode or prefill), when there is one.
 #pragma once
 
 #define FA2TUNE_HAS_KVCACHE 1
@@ -56,6 +66,12 @@ struct KvCacheChoice {
   CacheLaunchWorkspaceFn launch_with_workspace;  // the caller's workspace
   WorkspaceSizeFn workspace_size;                // bytes of caller workspace
   AppendLaunchFn append;                         // writes a call's new rows first
+};
+
+// A tuned KV-cache problem's winner and the shape it was measured at.
+struct KvTunedChoice {
+  fa2tune_shape::Shape shape;
+  KvCacheChoice choice;
 };
 
 }  // namespace fa2tune_detail
@@ -125,6 +141,22 @@ inline const KvCacheChoice* find_cache(int head_dim, int dtype, const fa2tune_va
   return fallback;
 }
 
+// The tuned cache entry of (D, dtype, mask, page size) nearest to the call's shape (nk its
+// capacity) on a device of `sms` SMs, or nullptr when none is of the call's phase. Plain
+// attention only (the table holds no variant entry). Host-only: no CUDA call.
+inline const KvCacheChoice* tuned_cache(const FaParams& p, int head_dim, int dtype, bool causal,
+                                        int page, int sms) {
+  const int i = fa2tune_shape::nearest(
+      call_shape(p.nq, p.nk, p.batch, p.q_heads, p.kv_heads), kKvTunedCount, sms,
+      [&](int j) -> const fa2tune_shape::Shape* {
+        const KvCacheChoice& c = kKvTuned[j].choice;
+        const bool mine = c.d == head_dim && c.dtype == dtype && c.causal == causal &&
+                          c.page == page && c.launch != nullptr;
+        return mine ? &kKvTuned[j].shape : nullptr;
+      });
+  return i >= 0 ? &kKvTuned[i].choice : nullptr;
+}
+
 // A cache call's kernel and the FaVariant it is given.
 struct CachePick {
   cudaError_t status;  // cudaSuccess, else why the call is refused
@@ -147,6 +179,14 @@ inline CachePick pick_cache(const FaParams& p, const FaKvCache& kc, const FaKvAp
   const fa2tune_variant::Normal n = packed_variant(v, causal, p.nq, p.nk);
   const char* base = nullptr;
   if (n.plain()) {
+    if (kKvTunedCount > 0 && on_tuned_gpu()) {
+      out.choice = tuned_cache(p, head_dim, dtype, n.causal, page, sm_count());
+      if (out.choice != nullptr) {
+        out.status = cudaSuccess;
+        out.var = kernel_variant(n, v);
+        return out;
+      }
+    }
     const Choice* c = select(p, head_dim, dtype, n.causal);
     if (c == nullptr) return out;  // a head dim or dtype the header was not generated for
     base = c->name;

@@ -34,10 +34,12 @@ import pytest
 
 from codegen.dispatch_kvcache import (
     KV_PAGE_SIZES,
+    CacheTuned,
     cache_bases,
     cache_twin,
     check_kv_pages,
     parse_kv_pages,
+    render_kvcache_table,
 )
 from codegen.dispatch_variants import variant_key, with_switches
 from codegen.export import decode_defaults_for, render_header
@@ -45,6 +47,7 @@ from codegen.families.fa2.space import fa2_default_config
 from core.splitkv_config import SplitKvConfig
 from tests.support.header_probe import PARAMS_CPP
 from tests.support.kvcache_header import (
+    CACHE_WINNERS,
     WHEN,
     WINDOW_WINNER,
     WINNER,
@@ -80,8 +83,8 @@ def generated_before_kvcache(header: str) -> str:
     the comment's lines about page sizes."""
     text = header.split("// ---- begin dispatch_kvcache.inc (rendered) ----")[0]
     text = re.sub(r" --kv-pages [0-9,]+", "", text)
-    return re.sub(r"// KV-cache kernels \(fa2tune_forward_kvcache.*?below\)\.\n", "", text,
-                  flags=re.S)  # fmt: skip
+    return re.sub(r"// KV-cache kernels \(fa2tune_forward_kvcache.*?\(plain attention\):\n"
+                  r"(//   [^\n]*\n)*", "", text, flags=re.S)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ CPU
@@ -122,7 +125,7 @@ def test_page_sizes_only_add_to_the_header() -> None:
 
 
 def test_table_holds_the_twin_of_every_split_kv_pick() -> None:
-    block = kvcache_block(probe_header(NO_GPU, (0, 16)))
+    block = kvcache_block(probe_header(NO_GPU, (0, 16))).split("kKvTunedCount")[0]
     window = SplitKvConfig.from_name(WINDOW_WINNER)
     default_window = with_switches(
         decode_default(False), variant_key(128, "fp16", False, probe_points()[1].variant)
@@ -159,6 +162,70 @@ def test_table_holds_the_twin_of_every_split_kv_pick() -> None:
     keys = [(e[0], e[1], e[2]) for e in entries if e[3] == "true"]
     assert len(keys) == len(set(keys)) == 3 * 2
     assert "fa2_d128" not in block
+
+
+def tuned_entries(header: str) -> list[tuple[str, ...]]:
+    """The kKvTuned entries: (nq, nk, batch, heads, kv_heads, causal, page, fallback, base,
+    name, the names the four launchers point at)."""
+    block = kvcache_block(header).split("kKvTuned[] = {")[1].split("\n};")[0]
+    return re.findall(
+        r"\{\{(\d+), (\d+), (\d+), (\d+), (\d+)\}, \{128, FA2TUNE_FP16, (true|false), false, "
+        r'false, false, (\d+), (true|false), "(\w+)", "(\w+)", '
+        r"&splitkv::launch_cache<fa2tune_configs::(\w+)>, "
+        r"&splitkv::launch_cache_with_workspace<fa2tune_configs::(\w+)>, "
+        r"&splitkv::workspace_size<fa2tune_configs::(\w+)>, "
+        r"&splitkv::launch_append<fa2tune_configs::(\w+)>\}\},",
+        block,
+    )
+
+
+def test_tuned_cache_problems_get_entries_of_the_page_sizes_exported() -> None:
+    header = probe_header(NO_GPU, (0, 16))
+    entries = tuned_entries(header)
+    assert int(re.findall(r"kKvTunedCount = (\d+);", header)[0]) == len(entries) == 2
+    for entry, want in zip(entries, (0, 16), strict=True):
+        shape, (causal, page, fallback, base, name), pointed = entry[:5], entry[5:10], entry[10:]
+        assert shape == ("1", "8192", "8", "32", "8") and causal == "false"
+        assert int(page) == want and fallback == "false"
+        assert base == name == CACHE_WINNERS[want] and set(pointed) == {name}
+        # Compiled once, beside the twins: an alias and its cache and append kernels.
+        assert header.count(f"using {name} = splitkv::CacheTraits<") == 1
+        assert (
+            f"template __global__ void splitkv::append_kernel<fa2tune_configs::{name}>(" in header
+        )
+        assert f"Nk=8192: {name} (family splitkv)" in header  # the comment's provenance
+    # Page size 256 was not asked for: its winner is not in the header at all.
+    assert CACHE_WINNERS[256] not in header
+    assert CACHE_WINNERS[256] in probe_header(NO_GPU, (256,))
+    # Cache problems never enter the dense tables: a header without page sizes is the one
+    # without cache points.
+    plain_points = [p for p in probe_points() if p.kv_page is None]
+    assert probe_header(NO_GPU, ()) == render_header(
+        NO_GPU, plain_points, ds=[128], dtypes=["fp16"], generated_at=WHEN
+    )
+    assert "kKvTunedCount = 0;" in render_header(
+        NO_GPU, plain_points, ds=[128], dtypes=["fp16"], generated_at=WHEN, kv_pages=(0, 16)
+    )
+
+
+def test_a_cache_point_must_be_its_layouts_kernel() -> None:
+    point = probe_points()[-1]
+    with pytest.raises(ValueError, match="not the cache kernel of layout 16"):
+        replace(point, kv_page=16)
+    with pytest.raises(ValueError, match="not the cache kernel of layout None"):
+        replace(point, kv_page=None)
+    with pytest.raises(ValueError, match="two tuned KV-cache entries"):
+        twice = CacheTuned.of(point.config, point.shape)
+        render_kvcache_table([], (256,), [twice, twice])
+
+
+def test_a_variant_cache_winner_is_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    window = probe_points()[1]
+    cached = replace(window, config=cache_twin(window.config, 16), kv_page=16)
+    header = render_header(NO_GPU, [*probe_points(), cached], ds=[128], dtypes=["fp16"],
+                           generated_at=WHEN, kv_pages=(0, 16))  # fmt: skip
+    assert len(tuned_entries(header)) == 2
+    assert "of a variant left out of the header" in caplog.text
 
 
 def test_bases_skip_families_without_cache_kernels() -> None:
@@ -263,6 +330,28 @@ int main() {
                 fa2tune_forward_kvcache(one, none_added, nullptr, page, &cap, 128, FA2TUNE_FP16,
                                         false) == cudaErrorNotSupported);
   }
+  // The tuned cache entries (on the tuned GPU they answer first), asked directly with an
+  // H200's SM count: the nearest of the call's key, page size and phase, else none.
+  for (int page : {0, 16, 256}) {
+    const auto tuned = [page](int nq, int nk, int batch, bool causal) {
+      FaParams p = cache(nq, page);
+      p.nk = nk;
+      p.batch = batch;
+      const fa2tune_detail::KvCacheChoice* c =
+          fa2tune_detail::tuned_cache(p, 128, FA2TUNE_FP16, causal, page, 132);
+      return c ? c->name : "null";
+    };
+    std::printf("tuned-exact %d %s\n", page, tuned(1, 8192, 8, false));
+    std::printf("tuned-nearest %d %s\n", page, tuned(2, 100000, 64, false));
+    std::printf("tuned-prefill %d %s\n", page, tuned(200, 8192, 8, false));
+    std::printf("tuned-causal %d %s\n", page, tuned(2, 8192, 8, true));
+    std::printf("tuned-bf16 %d %s\n", page,
+                [&] {
+                  const fa2tune_detail::KvCacheChoice* c = fa2tune_detail::tuned_cache(
+                      cache(1, page), 128, FA2TUNE_BF16, false, page, 132);
+                  return c ? c->name : "null";
+                }());
+  }
   // A head dim or dtype the header was not generated for.
   std::printf("refused head-dim %d\n",
               int(fa2tune_forward_kvcache(cache(1, 0), kc(0), nullptr, 0, nullptr, 64,
@@ -322,5 +411,11 @@ def test_client_builds_and_picks_the_split_kv_defaults_twins(
         # A long chunk picks fa2's default, which has no twin: the split-KV default's.
         assert got[("prefill", p)] == [full.name + suffix]
         assert got[("softcap", p)] == ["null", "1"]
+    for page in (0, 16):  # the tuned entries: the one of the key and page size, same phase
+        p = str(page)
+        assert got[("tuned-exact", p)] == got[("tuned-nearest", p)] == [CACHE_WINNERS[page]]
+        for other in ("tuned-prefill", "tuned-causal", "tuned-bf16"):
+            assert got[(other, p)] == ["null"], other
+    assert all(got[(w, "256")] == ["null"] for w in ("tuned-exact", "tuned-nearest"))
     refusals = {k[1]: v for k, v in got.items() if k[0] == "refused"}
     assert len(refusals) == 14 and all(v == ["1"] for v in refusals.values()), refusals

@@ -3,9 +3,14 @@ export: D=128 fp16 with one tuned split-KV decode winner (plain, GQA 32:8), one 
 sliding-window split-KV decode winner (window 256 to the left) and one fa2 prefill winner, with
 the KV-cache kernels of the given page sizes.
 
-So a plain decode step on the tuned GPU runs the winner's cache twin, a windowed one the window
-winner's, a causal or longer call the split-KV default's (no split-KV entry answers it), and
-a softcap is refused (not exported). ``python -m tests.support.kvcache_header OUT GPU PAGES``
+Beside them, tuned KV-cache problems (``fa2tune tune --kv-page``) at the decode shape: a
+contiguous-cache winner, a 16-key-page winner and a 256-key-page one (left out of headers
+without page size 256).
+
+So a plain decode step on the tuned GPU runs the tuned cache winner of its page size, a
+windowed one the window winner's twin, a causal or longer call the split-KV default's twin (no
+split-KV entry answers it), and a softcap is refused (not exported); on any other GPU every
+call runs a twin. ``python -m tests.support.kvcache_header OUT GPU PAGES``
 writes it (the bench stage's way in).
 """
 
@@ -26,11 +31,17 @@ WINNER = "splitkv_d128_fp16_full_r16_n32_w4_s2_k8"
 #: The tuned sliding-window decode winner (window_left 256, unmasked decode).
 WINDOW_WINNER = "splitkv_d128_fp16_full_r16_n32_w4_s2_k4_loc"
 WINDOW_LEFT = 256
+#: The tuned KV-cache problems' winners at the decode shape, by page size (0: contiguous).
+CACHE_WINNERS = {
+    0: "splitkv_d128_fp16_full_r32_n16_w4_s2_k4_kvc",
+    16: "splitkv_d128_fp16_full_r16_n16_w2_s2_k4_kvc_pg16",
+    256: "splitkv_d128_fp16_full_r16_n32_w4_s2_k2_kvc_pg256",
+}
 WHEN = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
 def probe_points() -> list[TunedPoint]:
-    """The three tuned problems (see the module docstring)."""
+    """The tuned problems (see the module docstring)."""
     _, window = normalize(False, WINDOW_LEFT, -1, nq=1, nk=8192)
     plain = SplitKvConfig.from_name(WINNER)
     windowed = SplitKvConfig.from_name(WINDOW_WINNER)
@@ -40,6 +51,10 @@ def probe_points() -> list[TunedPoint]:
         decode,
         replace(decode, config=windowed, variant=window, tflops=1.0),
         TunedPoint(128, "fp16", False, 1024, prefill),
+        *(
+            replace(decode, config=SplitKvConfig.from_name(name), kv_page=page)
+            for page, name in CACHE_WINNERS.items()
+        ),
     ]
 
 
