@@ -13,7 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.config import ELEMENT_BYTES
-from core.config_common import FamilyConfigBase, family_config, param, variant_switch
+from core.config_common import (
+    FamilyConfigBase,
+    family_config,
+    kvcache_switch,
+    page_size_param,
+    param,
+    variant_switch,
+)
 
 #: Columns of one 128-byte-swizzled TMA box of 2-byte elements; a tile row of D columns
 #: takes ceil(D / 64) boxes (D=96 zero-fills half of its second box).
@@ -47,6 +54,10 @@ class Fa3Config(FamilyConfigBase):
             name suffix ``_lf`` (codegen/templates/fa3_fwd.cuh, "Launch order").
         local, softcap, sinks: attention-variant switches
             (:func:`~core.config_common.variant_switch`, semantics in :mod:`core.variant`).
+        kvcache: a KV-cache kernel (``_kvc``): dense queries over keys read from a cache,
+            each sequence's length on the device (:func:`~core.config_common.kvcache_switch`;
+            codegen/templates/fa3_fwd.cuh, "KV caches").
+        page: the cache's page size (``_pg<P>``, a power of two), 0 for a contiguous cache.
     """
 
     block_m: int = param("m{}", default=128, search="fa3_block_m")
@@ -66,6 +77,14 @@ class Fa3Config(FamilyConfigBase):
     local: bool = variant_switch("local")
     softcap: bool = variant_switch("softcap")
     sinks: bool = variant_switch("sinks")
+    kvcache: bool = kvcache_switch()
+    page: int = page_size_param()
+
+    @property
+    def kv_box_rows(self) -> int:
+        """Rows of one K/V TMA box (the traits' ``kKVBoxRows``): a tile's, or a page's where
+        a page holds less than a tile (a cache kernel then loads a tile in several boxes)."""
+        return self.page if 0 < self.page < self.block_n else self.block_n
 
     @property
     def consumer_warpgroups(self) -> int:

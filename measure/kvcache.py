@@ -1,8 +1,9 @@
 """Measuring a config for a KV-cache problem: the dense problem's inputs laid out as a cache.
 
-A KV-cache problem (:attr:`core.problem.Problem.kv_page` set) is timed on the split-KV
-family's cache kernels (``_kvc``, ``_kvc_pg<P>``: docs/splitkv_kernel.md, "KV caches"), which
-read K and V from a cache and each sequence's length from the device. Its inputs are the
+A KV-cache problem (:attr:`core.problem.Problem.kv_page` set) is timed on a family's cache
+kernels (``_kvc``, ``_kvc_pg<P>``: split-KV's, docs/splitkv_kernel.md, "KV caches", and the
+Hopper family's, codegen/templates/fa3_fwd.cuh, "KV caches"), which read K and V from a
+cache and each sequence's length from the device. Its inputs are the
 dense problem's (:func:`measure.reference.make_inputset` of the problem without its layout,
 so the float32 reference is the dense one), and :func:`build_cache` copies K and V into
 
@@ -18,7 +19,8 @@ zero weight does not give NaN). Every sequence's length is ``nk`` (int32 on the 
 result equals dense attention over the same keys: the check is the dense problem's, O and LSE
 of every (batch, head) pair the reference covers. The launch takes the arguments of
 ``fa2tune.ops.kvcache.CacheLauncher`` in its order: ``FaParams`` (``nk`` the capacity, K/V
-the cache), the split-KV workspace (sized from the capacity, as the op's), ``FaVariant``,
+the cache), the family's arguments (split-KV's workspace, sized from the capacity as the
+op's; fa3's TMA descriptors over the caches: ``Family.cache_host_prep``), ``FaVariant``,
 ``FaKvCache``; grid from the capacity too. The op's other layouts (batch indices, appends)
 are not part of what is timed.
 
@@ -157,6 +159,7 @@ def bind_cache(
     """
     import torch
 
+    from codegen.families import family_of
     from core.problem import describe_kv_page, kv_page_of
     from measure.loader import extra_args, launch_geometry
     from measure.params import FaKvCache, cache_params, variant_params
@@ -174,10 +177,13 @@ def bind_cache(
     hkv = int(k_b.shape[2])
     params = cache_params(q_b, cache.k_cache, cache.v_cache, o_b, lse, inputs.scale,
                           cache.capacity)  # fmt: skip
-    # The workspace of a launch whose keys are the capacity (its shape is all it reads).
-    rows = torch.empty((1, 1, 1, 1), dtype=k_b.dtype, device=k_b.device)
-    sized = rows.expand(b, cache.capacity, hkv, int(k_b.shape[3]))
-    workspace = extra_args(config, q_b, sized, sized, "bnhd")
+    prep = family_of(config).cache_host_prep
+    if prep is not None:  # arguments over the caches as they are (fa3's TMA descriptors)
+        workspace = prep(config, q_b, cache.k_cache, cache.v_cache, cache.capacity)
+    else:  # the workspace of a launch whose keys are the capacity (its shape is all it reads)
+        rows = torch.empty((1, 1, 1, 1), dtype=k_b.dtype, device=k_b.device)
+        sized = rows.expand(b, cache.capacity, hkv, int(k_b.shape[3]))
+        workspace = extra_args(config, q_b, sized, sized, "bnhd")
     # As the op (fa2tune.ops.kvcache.CacheLauncher): the window for lengths not known on the
     # host (the same here: every sequence holds nk keys, which the variant was normalised on).
     fv = variant_params(problem.variant, inputs.sinks, causal=config.causal, nq=nq, nk=None,

@@ -252,6 +252,11 @@ class Family:
         varlen_host_prep: as ``host_prep`` for a packed (``_vl``) launch, ``(config, q, k,
             v)`` over the packed ``[total, heads, D]`` tensors: the arguments after
             ``FaParams`` and ``FaVarlen``; None when those are all.
+        cache_host_prep: as ``host_prep`` for a KV-cache (``_kvc``) launch, ``(config, q,
+            k_cache, v_cache, capacity)`` over the caches as they are (``[rows, capacity,
+            Hkv, D]`` or pages ``[pages, P, Hkv, D]``): the arguments between ``FaParams``
+            and ``FaVariant``; None: ``host_prep`` over ``[B, capacity, Hkv, D]`` stand-ins
+            (a family whose preparation reads only shapes, as split-KV's workspace).
         header: this family's part of the exported header.
         serves: whether a campaign searches the family on a problem (every family is correct
             on every shape; this only keeps a family off problems it cannot win).
@@ -283,6 +288,7 @@ class Family:
     header: HeaderPart
     host_prep: HostPrep | None = None
     varlen_host_prep: HostPrep | None = None
+    cache_host_prep: HostPrep | None = None
     serves: Callable[[Problem], bool] = lambda problem: True
     head_dims: tuple[int, ...] = HEAD_DIMS
     est_registers: Callable[[AnyConfig], int] = lambda config: 0

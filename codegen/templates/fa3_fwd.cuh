@@ -52,6 +52,7 @@
 #include "fa_mask.cuh"
 #include "fa_params.cuh"
 #include "fa_softmax.cuh"
+#include "kv_append.cuh"  // the cache kernels' append
 
 // The kernels need sm_90a. FA3_TEMPLATES_ONLY (fa3_launch.cuh defines it around this include)
 // says the includer compiles no fa3 kernel body for a target without the sm_90a features, it
@@ -83,11 +84,13 @@ static_assert(sizeof(VarlenArgs) == 24 && alignof(VarlenArgs) == 8, "FaVarlen's 
 
 // Varlen_ and LongestFirst_ come last and default to false, so a config without them spells
 // its Traits as before; after them the attention-variant switches (fa_mask.cuh's policies,
-// the run-time values in FaVariant, the kernel's last argument), off by default likewise.
+// the run-time values in FaVariant, the kernel's last argument), off by default likewise, and
+// the KV-cache layout (Page_: -1 not a cache kernel, 0 a contiguous cache, P pages of P keys;
+// FA3_DEFINE_CACHE_KERNEL below).
 template <int D_, typename Elem_, bool Causal_, int BlockM_, int BlockN_, int Stages_,
           bool PvFromRegs_, bool IntraOverlap_, bool PingPong_, int ConsumerRegs_,
           bool Varlen_ = false, bool LongestFirst_ = false, bool Local_ = false,
-          bool Softcap_ = false, bool Sinks_ = false>
+          bool Softcap_ = false, bool Sinks_ = false, int Page_ = -1>
 struct Traits {
   using Elem = Elem_;
   static constexpr int D = D_;
@@ -106,6 +109,16 @@ struct Traits {
   static constexpr bool Sinks = Sinks_;      // per-head sink logits in the denominator
   // A variant kernel takes FaVariant as its last argument; a plain one does not.
   static constexpr bool kVariant = Local || Softcap || Sinks;
+  // A KV-cache kernel (fwd_body's "KV caches"): dense queries over keys read from a cache,
+  // each sequence's key count read on the device; it takes FaVariant and FaKvCache last.
+  static constexpr bool kCache = Page_ >= 0;
+  static constexpr int kPage = Page_ > 0 ? Page_ : 0;  // 0: a contiguous cache (or none)
+  // Whether a block's key count is bc.nk (packed or cached sequences), not FaParams' nk.
+  static constexpr bool kSeqK = Varlen || kCache;
+  // Rows of one K/V TMA box: a tile's, or a page's where a page holds less than a tile (each
+  // box then lands 8-row aligned in the tile, so the 128-byte swizzle is the whole tile's).
+  static constexpr int kKVBoxRows = (kPage > 0 && kPage < BlockN) ? kPage : BlockN;
+  static constexpr int kKVLoads = BlockN / kKVBoxRows;  // boxes per tile and 64 columns
 
   static constexpr int kConsumerWGs = BlockM / 64;
   static constexpr int kThreads = (kConsumerWGs + 1) * 128;
@@ -152,6 +165,11 @@ struct Traits {
   static_assert(!PingPong || kConsumerWGs == 2, "ping-pong needs exactly 2 consumer warpgroups");
   static_assert(!LongestFirst || (Causal && !Varlen),
                 "longest-first order is for dense causal configs (the only unequal blocks)");
+  static_assert(!kCache || (!Varlen && !LongestFirst), "a cache kernel is dense, tile order");
+  static_assert(Page_ <= 0 || (Page_ & (Page_ - 1)) == 0, "the page size is a power of two");
+  static_assert(kPage == 0 || kPage % BlockN == 0 ||
+                    (BlockN % (kPage > 0 ? kPage : 1) == 0 && kPage >= 8),
+                "a page holds whole key tiles, or whole 8-row swizzle atoms of one");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over 227 KB");
   static_assert(ConsumerRegs % 8 == 0 && ConsumerRegs >= 24 && ConsumerRegs <= 256,
                 "setmaxnreg takes a multiple of 8 in 24..256");
@@ -232,10 +250,44 @@ __device__ __forceinline__ int first_tile(const BlockCoord& bc) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A cache kernel's TMA coordinates (row, batch) of its key `key`: in a contiguous cache row
+// `key` of cache row `cache_row`; in a paged one row key % Page of page table[key / Page] (the
+// K/V descriptors see the pages as the batch: [pages, Page, kv_heads, D]). A box past the
+// sequence's last key reads the last key's page, whose rows there the mask hides.
+template <class T>
+__device__ __forceinline__ void cache_coord(int key, int nk, const int32_t* table, int cache_row,
+                                            int* row, int* batch) {
+  if constexpr (T::kPage > 0) {
+    const int page = table[min(key, nk - 1) / T::kPage];
+    *row = key % T::kPage;
+    *batch = page;
+  } else {
+    *row = key;
+    *batch = cache_row;
+  }
+}
+
+// A cache kernel's K or V tile of stage st: kKVLoads boxes of kKVBoxRows rows per 64 columns.
+template <class T>
+__device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map,
+                                                uint32_t bar, int key0, int kv_head, int nk,
+                                                const int32_t* table, int cache_row) {
+#pragma unroll
+  for (int l = 0; l < T::kKVLoads; ++l) {
+    int row, batch;
+    cache_coord<T>(key0 + l * T::kKVBoxRows, nk, table, cache_row, &row, &batch);
+#pragma unroll
+    for (int b = 0; b < T::kDBoxes; ++b)
+      tma_load_4d(dst + b * T::kKVBoxBytes + l * T::kKVBoxRows * 128, map, bar, b * T::kBoxCols,
+                  row, kv_head, batch);
+  }
+}
+
 template <class T>
 __device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, Bars<T> bars,
                                          const CUtensorMap* tq, const CUtensorMap* tk,
-                                         const CUtensorMap* tv) {
+                                         const CUtensorMap* tv, const int32_t* table = nullptr,
+                                         int cache_row = 0) {
   constexpr int S = T::Stages;
   // Packed tensors are one batch; their sequences start at row offsets instead.
   const int tma_batch = T::Varlen ? 0 : bc.batch;
@@ -253,6 +305,17 @@ __device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, B
     const uint32_t empty_parity = ((j / S) + 1) & 1;  // phase of the release of tile j - S
     // Stages and phases count the block's tiles from 0; the rows are those of the tile's keys.
     const int row = k_row0 + (first_tile<T>(bc) + j) * T::BlockN;
+    if constexpr (T::kCache) {  // the same stages and barriers, the cache's coordinates
+      if (j >= S) mbar_wait(bars.k_empty(st), empty_parity);
+      mbar_arrive_expect_tx(bars.k_full(st), T::kKVBytes);
+      load_cache_tile<T>(sbase + T::kKOff + st * T::kKVBytes, tk, bars.k_full(st), row,
+                         bc.kv_head, bc.nk, table, cache_row);
+      if (j >= S) mbar_wait(bars.v_empty(st), empty_parity);
+      mbar_arrive_expect_tx(bars.v_full(st), T::kKVBytes);
+      load_cache_tile<T>(sbase + T::kVOff + st * T::kKVBytes, tv, bars.v_full(st), row,
+                         bc.kv_head, bc.nk, table, cache_row);
+      continue;
+    }
     if (j >= S) mbar_wait(bars.k_empty(st), empty_parity);
     mbar_arrive_expect_tx(bars.k_full(st), T::kKVBytes);
 #pragma unroll
@@ -350,12 +413,12 @@ __device__ __forceinline__ void mask_scores(float (&s)[T::BlockN / 2], const FaP
     }
   } else {
     const bool need_mask =
-        (n0 + BN > (T::Varlen ? bc.nk : p.nk)) || (n0 + BN - 1 > mask.edge_key(wg_row0));
+        (n0 + BN > (T::kSeqK ? bc.nk : p.nk)) || (n0 + BN - 1 > mask.edge_key(wg_row0));
     if (need_mask) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int limit =  // keys < limit are visible
-            Mask::of_diag(T::Varlen ? bc.nk : p.nk, mask.diag).key_limit(row_g + 8 * h);
+            Mask::of_diag(T::kSeqK ? bc.nk : p.nk, mask.diag).key_limit(row_g + 8 * h);
         const int rel = limit - n0 - 2 * t;  // element (i, e) is masked iff 8i + e >= rel
 #pragma unroll
         for (int i = 0; i < BN / 8; ++i)
@@ -512,7 +575,7 @@ __device__ __forceinline__ void consumer(const FaParams& p, const BlockCoord& bc
   // This sequence's lengths: FaParams' when dense, cu_seqlens' when packed; read where they
   // are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
-  auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
+  auto len_k = [&]() { return T::kSeqK ? bc.nk : p.nk; };
   const Mask mask = variant_mask<T>(len_q(), len_k(), var);
   const Score score(p.softmax_scale, var.softcap);
   const float scale_log2 = score.softmax_scale(p.softmax_scale) * kLog2e;
@@ -718,12 +781,22 @@ __device__ __forceinline__ void block_coord_longest_first(const FaParams& p, Blo
 }
 
 // ---------------------------------------------------------------------------------------------
-// vl is read only by varlen instantiations (T::Varlen), var only by variant ones (T::kVariant).
+// vl is read only by varlen instantiations (T::Varlen), var only by variant and cache ones
+// (T::kVariant, T::kCache), kc only by cache ones.
+//
+// KV caches (T::kCache, the `_kvc` / `_kvc_pg<P>` configs): the queries are dense (FaParams'
+// nq, strides and batch), FaParams' nk is the cache's capacity, and sequence b attends to
+// its first min(kc.seqlens[b] + kc.added, nk) keys, read on the device (causal: bottom-right
+// over its own length, as split-KV's cache kernels and FlashAttention-3 have it). Its keys are
+// those of cache row kc.batch_idx[b] (b when null) of a contiguous cache, or of the pages its
+// block-table row (the same row rule) lists; the K and V descriptors are over the cache as it
+// is ([rows, capacity, kv_heads, D] or [pages, Page, kv_heads, D]).
 template <class T>
 __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* tq,
                                          const CUtensorMap* tk, const CUtensorMap* tv,
                                          const VarlenArgs& vl = VarlenArgs{},
-                                         const FaVariant& var = FaVariant{}) {
+                                         const FaVariant& var = FaVariant{},
+                                         const FaKvCache& kc = FaKvCache{}) {
   using Elem = typename T::Elem;
   constexpr float kNegInf = -__builtin_huge_valf();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -755,9 +828,19 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
     bc.q_row = q_start + bc.m0;
     bc.k_row = k_start;
   }
+  const int32_t* table = nullptr;  // a paged cache: this sequence's block-table row
+  int cache_row = 0;               // a contiguous cache: this sequence's cache row
+  if constexpr (T::kCache) {
+    bc.nk = max(0, min(kc.seqlens[bc.batch] + kc.added, p.nk));
+    const int row = kc.batch_idx != nullptr ? kc.batch_idx[bc.batch] : bc.batch;
+    if constexpr (T::kPage > 0)
+      table = kc.block_table + static_cast<int64_t>(row) * kc.table_stride;
+    else
+      cache_row = row;
+  }
   // Read where they are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
-  auto len_k = [&]() { return T::Varlen ? bc.nk : p.nk; };
+  auto len_k = [&]() { return T::kSeqK ? bc.nk : p.nk; };
   // The mask policy's n_block_max(m0 + BlockM, BlockN), spelled with this association so
   // that the shipped kernels' code stays the same (bench/ptx_identity.py).
   if constexpr (T::Local) {
@@ -817,7 +900,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
   const int wg = tid / 128;
   if (wg == 0) {
     if constexpr (T::kSplitRegs) reg_dealloc<T::kProducerRegs>();
-    if (tid == 0) producer<T>(bc, sbase, bars, tq, tk, tv);
+    if (tid == 0) producer<T>(bc, sbase, bars, tq, tk, tv, table, cache_row);
   } else {
     if constexpr (T::kSplitRegs) reg_alloc<T::ConsumerRegs>();
     consumer<T>(p, bc, sbase, gbase, bars, wg - 1, vl, var);
@@ -878,6 +961,26 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
                   PING_PONG, CONSUMER_REGS, VARLEN, LONGEST_FIRST, LOCAL, SOFTCAP, SINKS>;        \
   static_assert(NAME##_traits::kVariant, "a plain config: FA3_DEFINE_KERNEL");                  \
   FA3_VARIANT_KERNEL_##VARLEN##_(NAME)
+
+// The kernel of a KV-cache config (`_kvc`, `_kvc_pg<P>`; fwd_body's "KV caches"): every
+// Traits argument in order, the variant switches, then the page size (0: a contiguous cache);
+// the kernel takes FaVariant and FaKvCache after the descriptors, and NAME_append
+// (kv_append.cuh) writes a call's new rows into the cache before it. Launch: the dense grid
+// over FaParams' nq; the K and V descriptors' boxes are kKVBoxRows rows.
+#define FA3_DEFINE_CACHE_KERNEL(NAME, D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS,  \
+                                INTRA_OVERLAP, PING_PONG, CONSUMER_REGS, VARLEN, LONGEST_FIRST, \
+                                LOCAL, SOFTCAP, SINKS, PAGE)                                    \
+  using NAME##_traits =                                                                          \
+      fa3::Traits<D, ELEM, CAUSAL, BLOCK_M, BLOCK_N, STAGES, PV_FROM_REGS, INTRA_OVERLAP,        \
+                  PING_PONG, CONSUMER_REGS, VARLEN, LONGEST_FIRST, LOCAL, SOFTCAP, SINKS, PAGE>;  \
+  static_assert(NAME##_traits::kCache, "a cache config has a page size of 0 or more");          \
+  extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                      \
+      NAME(const FaParams p, const __grid_constant__ CUtensorMap tma_q,                         \
+           const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v, \
+           const FaVariant var, const FaKvCache kc) {                                            \
+    fa3::fwd_body<NAME##_traits>(p, &tma_q, &tma_k, &tma_v, fa3::VarlenArgs{}, var, kc);        \
+  }                                                                                              \
+  KVCACHE_DEFINE_APPEND_KERNEL(NAME)
 
 #define FA3_VARIANT_KERNEL_false_(NAME)                                                          \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads, 1)                      \

@@ -41,6 +41,12 @@ from fa2tune.ops.choice import (
 
 log = logging.getLogger(__name__)
 
+#: The family whose cache kernels the op launches (its CacheLauncher's arguments are
+#: split-KV's). The Hopper family's cache kernels (``fa3_..._kvc``) are tuned and answered by
+#: the service, but the op asks the store for split-KV's results only: a faster fa3 result
+#: must not hide the best split-KV one.
+OP_CACHE_FAMILY = "splitkv"
+
 
 def tuned_cache_choice(store: Store | None, call: Call, page: int) -> Choice | None:
     """The config of the tuned cache problem of layout ``page`` that answers ``call`` (exact
@@ -50,7 +56,7 @@ def tuned_cache_choice(store: Store | None, call: Call, page: int) -> Choice | N
     if store is None or call.packed is not None:
         return None
     try:
-        found = candidates_of(store, call, kv_page=page).match(
+        found = candidates_of(store, call, kv_page=page, family=OP_CACHE_FAMILY).match(
             call.gpu, call.causal, call.shape, variant=call.variant, kv_page=page
         )
     except Exception as exc:  # a broken database must not break the model: today's rule

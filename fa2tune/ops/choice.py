@@ -398,21 +398,26 @@ _groups: dict[tuple[object, ...], CandidateSet] = {}
 _groups_lock = threading.Lock()
 
 
-def candidates_of(store: Store, call: Call, kv_page: int | None = None) -> CandidateSet:
+def candidates_of(
+    store: Store, call: Call, kv_page: int | None = None, family: str | None = None
+) -> CandidateSet:
     """The store's candidates for ``call``'s group, read on the group's first call only
-    (``kv_page``: the cache problems of that layout, for a call over a KV cache)."""
+    (``kv_page``: the cache problems of that layout, for a call over a KV cache; ``family``:
+    only that family's builds)."""
     mask = served_mask(call.causal, call.shape, call.packed)
     needs = call.variant.needs
     key = (store, normalize_gpu_name(call.gpu), call.d, call.dtype, mask, call.packed is not None,
-           tuple(sorted(needs.items())), kv_page)  # fmt: skip
+           tuple(sorted(needs.items())), kv_page, family)  # fmt: skip
     group = _groups.get(key)
     if group is None:
         with _groups_lock:  # one read per group, however many threads ask at once
             group = _groups.get(key)
             if group is None:
                 packed = call.packed is not None
-                group = store.candidate_set(call.gpu, call.d, call.dtype, mask, packed=packed,
-                                            needs=needs, kv_page=kv_page)  # fmt: skip
+                group = store.candidate_set(
+                    call.gpu, call.d, call.dtype, mask, packed=packed, needs=needs,
+                    kv_page=kv_page, family=family,
+                )  # fmt: skip
                 _groups[key] = group
     return group
 

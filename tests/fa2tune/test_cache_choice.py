@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from core.fa3_config import Fa3Config
+from core.family import AnyConfig
 from core.problem import Problem
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
@@ -32,14 +34,16 @@ def store(tmp_path: Path) -> Iterator[Store]:
     forget_results()
 
 
-def _record(store: Store, config: SplitKvConfig, shape: Shape, kv_page: int | None) -> None:
+def _record(
+    store: Store, config: AnyConfig, shape: Shape, kv_page: int | None, ms: float = 0.05
+) -> None:
     problem = Problem(gpu=H200.name, d=128, n=shape.nq, nk=shape.nk, batch=shape.batch,
                       heads=shape.heads, kv_heads=shape.kv_heads, dtype="bf16",
                       kv_page=kv_page)  # fmt: skip
     gpu = store.upsert_gpu(H200)
     pid = store.problem_id(problem, gpu)
     build = store.record_build(make_report(config))  # type: ignore[arg-type]
-    store.record_measurement(pid, build, ok_result(0.05, problem), H200)
+    store.record_measurement(pid, build, ok_result(ms, problem), H200)
     forget_results()
 
 
@@ -84,3 +88,16 @@ def test_a_cache_problem_of_another_phase_does_not_answer(store: Store) -> None:
     _record(store, PAGED, Shape(4096, 8192, 8, 32, 8), 16)  # prefill over a paged cache
     choice = cache_choice(store, _call(), 16)
     assert choice.kv_page is None and choice.source == "default"
+
+
+def test_a_faster_hopper_cache_result_does_not_hide_the_split_kv_one(store: Store) -> None:
+    # The op launches split-KV's cache kernels only (OP_CACHE_FAMILY); the service answers
+    # with the fa3 one, the op with the fastest split-KV one.
+    chunk = Shape(2048, 34816, 1, 32, 8)
+    fa3 = Fa3Config(128, "bf16", False, kvcache=True, page=16)
+    skv = dataclasses.replace(PAGED, rows=64)
+    _record(store, skv, chunk, 16, ms=5.0)
+    _record(store, fa3, chunk, 16, ms=1.6)
+    assert store.best_match(H200.name, 128, "bf16", False, chunk, kv_page=16).result.config == fa3
+    choice = cache_choice(store, _call(chunk), 16)
+    assert choice.config == skv and choice.source == "exact" and choice.kv_page == 16

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from codegen.families import declared
 from codegen.families.fa3 import space
-from codegen.families.fa3.host import fa3_tensor_maps, fa3_varlen_tensor_maps
+from codegen.families.fa3.host import (
+    fa3_cache_tensor_maps,
+    fa3_tensor_maps,
+    fa3_varlen_tensor_maps,
+)
 from codegen.families.registry import Family, Grid, HeaderPart
 from core.config import Dtype
 from core.fa3_config import Fa3Config
@@ -56,7 +60,11 @@ FA3 = Family(
     seeds=_seeds,
     default=space.default_config,
     render=lambda config: declared.instantiation(
-        _fa3(config), "fa3_fwd.cuh", "FA3_DEFINE_KERNEL", "FA3_DEFINE_VARIANT_KERNEL"
+        _fa3(config),
+        "fa3_fwd.cuh",
+        "FA3_DEFINE_KERNEL",
+        "FA3_DEFINE_VARIANT_KERNEL",
+        cache_macro="FA3_DEFINE_CACHE_KERNEL",
     ),
     grid=_grid,
     header=HeaderPart(
@@ -90,6 +98,7 @@ FA3 = Family(
     ),
     host_prep=fa3_tensor_maps,  # imports torch / cuda-bindings when called
     varlen_host_prep=fa3_varlen_tensor_maps,
+    cache_host_prep=fa3_cache_tensor_maps,
     head_dims=space.HEAD_DIMS,
     est_registers=lambda config: space.accumulator_regs(_fa3(config)) + space.REG_HEADROOM,
     variant_switches=space.VARIANT_SWITCHES,

@@ -190,6 +190,37 @@ def _tensor_maps(
     )
 
 
+def fa3_cache_tensor_maps(
+    config: AnyConfig,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    capacity: int,
+) -> tuple[TensorMap, TensorMap, TensorMap]:
+    """The descriptors of an fa3 KV-cache launch (``_kvc`` configs): Q ``[B, Nq, Hq, D]`` as
+    a dense launch's, K and V over the caches as they are, ``[rows, capacity, Hkv, D]`` or
+    pages ``[pages, P, Hkv, D]`` (the page is the batch coordinate; codegen/templates/
+    fa3_fwd.cuh, "KV caches"), in boxes of :attr:`~core.fa3_config.Fa3Config.kv_box_rows`
+    rows. ``capacity`` is not read (the kernel's limit is FaParams' nk).
+
+    Raises:
+        TypeError: ``config`` is not an fa3 cache config.
+        ValueError: a tensor's dtype or head dim differs from the config's, or it breaks
+            TMA's alignment rules (see :func:`encode_tensor_map`).
+        CudaError: the driver rejects a descriptor.
+    """
+    if not (isinstance(config, Fa3Config) and config.kvcache):
+        raise TypeError(f"fa3_cache_tensor_maps takes an fa3 _kvc config, got {config.name}")
+    maps = _tensor_maps(config, q, k_cache, v_cache, "bnhd")
+    if config.kv_box_rows == config.block_n:
+        return maps
+    return (
+        maps[0],
+        encode_tensor_map(k_cache, "bnhd", config.kv_box_rows),
+        encode_tensor_map(v_cache, "bnhd", config.kv_box_rows),
+    )
+
+
 def fa3_varlen_tensor_maps(
     config: AnyConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> tuple[TensorMap, TensorMap, TensorMap]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from codegen.families.declared import basic_reasons, outside, variant_reasons
+from codegen.families.splitkv.space import MAX_PAGE_SIZE
 from core.config import Dtype
 from core.fa3_config import Fa3Config
 
@@ -66,6 +67,27 @@ def accumulator_regs(config: Fa3Config) -> int:
     return config.block_n // 2 + config.d // 2 + extra
 
 
+def cache_reasons(config: Fa3Config) -> list[str]:
+    """Why ``config``'s KV-cache parameters are outside the space (fa3_fwd.cuh's "KV caches"):
+    a page size without the switch, or not a power of two up to :data:`MAX_PAGE_SIZE`; a
+    cache kernel that is varlen or longest-first; pages that neither hold whole key tiles nor
+    whole 8-row swizzle atoms of one (the K/V boxes load a tile page by page then)."""
+    c, p = config, config.page
+    why: list[str] = []
+    if p and not c.kvcache:
+        why.append(f"page size {p} is set without the kvcache switch")
+    if not c.kvcache:
+        return why
+    if p < 0 or p > MAX_PAGE_SIZE or p & (p - 1):
+        why.append(f"page size {p} is not a power of two up to {MAX_PAGE_SIZE}")
+    elif p and p % c.block_n and (c.block_n % p or p < 8):
+        why.append(f"pages of {p} keys neither hold whole {c.block_n}-key tiles nor tile them "
+                   "in 8-row steps")  # fmt: skip
+    if c.varlen or c.longest_first:
+        why.append("a KV-cache kernel is dense and in tile order (no _vl, no _lf)")
+    return why
+
+
 def invalid_reasons(config: Fa3Config) -> list[str]:
     """Why ``config`` is outside the space; empty when it is valid."""
     c = config
@@ -78,6 +100,7 @@ def invalid_reasons(config: Fa3Config) -> list[str]:
         why.append("longest-first order is for causal configs (full blocks do equal work)")
     if c.longest_first and c.varlen:
         why.append("longest-first order is for dense configs (a varlen grid is per sequence)")
+    why += cache_reasons(c)
     if c.pingpong and c.consumer_warpgroups != 2:
         why.append("ping-pong needs exactly 2 consumer warpgroups (block_m = 128)")
     if c.smem_bytes > MAX_SMEM_PER_BLOCK:
