@@ -145,6 +145,14 @@ class Settings(BaseSettings):
         "and raises naming the first bad entry (a debug mode: one host sync per call; read "
         "when a cache shape is first decided; not during CUDA-graph capture)",
     )
+    fa3_cache: bool = Field(
+        default=False,
+        description="fa2tune.torch: attention_with_kvcache serves prefill-length calls (more "
+        "than 16 query rows: chunked prefill) on compute capability 9.0 with the Hopper "
+        "family's cache kernels instead of split-KV's (experimental: the kernels passed their "
+        "GPU tier, this op path has not run on a GPU yet; read when a cache shape is first "
+        "decided)",
+    )
     autotune: Literal["off", "cached", "on_first_call"] = Field(
         default="cached",
         description="fa2tune.torch: stored tuning results serve (cached), and untuned shapes "

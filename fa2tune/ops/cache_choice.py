@@ -15,6 +15,13 @@ by its lengths: its shape's key count is the capacity.
    shape (:func:`fa2tune.ops.choice.choose`, split-KV configs only), built as its cache twin:
    ``source`` says where the tile came from and ``kv_page`` is None (not measured as a cache
    kernel).
+
+Both rules take split-KV's cache kernels only, unless ``hopper`` (``Settings.fa3_cache``) is
+set: then a prefill-length call (more than :data:`~core.shape.DECODE_MAX_NQ` query rows) on
+compute capability 9.0 may also take the Hopper family's (``fa3_..._kvc``): a tuned fa3 cache
+result in rule 1, and in rule 2 the dense pick's twin when that pick is a Hopper config whose
+tile the page size suits (:func:`codegen.families.fa3.space.cache_reasons`), else the
+family's default tile's twin (source ``default``), ahead of split-KV's default.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import logging
 from dataclasses import replace
 
 from codegen.families import family, family_of
+from core.fa3_config import Fa3Config
 from core.problem import kv_page_of
+from core.shape import is_decode
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
 from fa2tune.ops.choice import (
@@ -41,22 +50,37 @@ from fa2tune.ops.choice import (
 
 log = logging.getLogger(__name__)
 
-#: The family whose cache kernels the op launches (its CacheLauncher's arguments are
-#: split-KV's). The Hopper family's cache kernels (``fa3_..._kvc``) are tuned and answered by
-#: the service, but the op asks the store for split-KV's results only: a faster fa3 result
-#: must not hide the best split-KV one.
+#: The family whose cache kernels the op launches by default. The Hopper family's cache
+#: kernels (``fa3_..._kvc``) are tuned and answered by the service, but without ``hopper`` the
+#: op asks the store for split-KV's results only: a faster fa3 result must not hide the best
+#: split-KV one.
 OP_CACHE_FAMILY = "splitkv"
+#: The compute capability the Hopper family's kernels run on.
+HOPPER_CC = "9.0"
 
 
-def tuned_cache_choice(store: Store | None, call: Call, page: int) -> Choice | None:
+def hopper_serves(call: Call) -> bool:
+    """Whether a call may run on the Hopper family's cache kernels when ``hopper`` is set: a
+    prefill-length call (chunked prefill) of a head dim the family has, on cc 9.0."""
+    return (
+        not is_decode(call.shape)
+        and call.compute_capability == HOPPER_CC
+        and call.d in family("fa3").head_dims
+    )
+
+
+def tuned_cache_choice(
+    store: Store | None, call: Call, page: int, hopper: bool = False
+) -> Choice | None:
     """The config of the tuned cache problem of layout ``page`` that answers ``call`` (exact
-    shape, else the nearest of its phase), or None when none is tuned, or the answer is not
-    a cache kernel of that layout and the call's variant that builds for its GPU (a store
-    written by hand)."""
+    shape, else the nearest of its phase; split-KV's, or with ``hopper`` any family's where
+    :func:`hopper_serves`), or None when none is tuned, or the answer is not a cache kernel
+    of that layout and the call's variant that builds for its GPU (a store written by hand)."""
     if store is None or call.packed is not None:
         return None
+    only = None if hopper and hopper_serves(call) else OP_CACHE_FAMILY
     try:
-        found = candidates_of(store, call, kv_page=page, family=OP_CACHE_FAMILY).match(
+        found = candidates_of(store, call, kv_page=page, family=only).match(
             call.gpu, call.causal, call.shape, variant=call.variant, kv_page=page
         )
     except Exception as exc:  # a broken database must not break the model: today's rule
@@ -66,7 +90,7 @@ def tuned_cache_choice(store: Store | None, call: Call, page: int) -> Choice | N
         return None
     config = found.result.config
     fits = (
-        isinstance(config, SplitKvConfig)
+        isinstance(config, (SplitKvConfig, Fa3Config))
         and kv_page_of(config) == page
         and serves_variant(config, call.variant)
         and family_of(config).arch_for(call.compute_capability) is not None
@@ -77,21 +101,48 @@ def tuned_cache_choice(store: Store | None, call: Call, page: int) -> Choice | N
     return Choice(config, source, found.measured, kv_page=page)
 
 
-def cache_choice(store: Store | None, call: Call, page: int) -> Choice:
+def hopper_twin(base: Choice, page: int) -> Choice | None:
+    """The Hopper family's cache twin of a dense Hopper pick (tile order, dense queries), or
+    None when the pick is not a Hopper config or its tile does not suit the page size."""
+    if not isinstance(base.config, Fa3Config):
+        return None
+    twin = replace(base.config, kvcache=True, page=page, varlen=False, longest_first=False)
+    if not family_of(twin).check(twin, ANY_SMEM)[0]:  # the tile's shared memory held already
+        return None
+    return Choice(twin, base.source, base.measured)
+
+
+def hopper_default(call: Call, page: int) -> Choice | None:
+    """The Hopper family's default tile for the call's key (with its variant's switches) as
+    its cache twin, or None when the family or the page size cannot take it."""
+    fitted, _ = with_variant(family("fa3").default(call.d, call.dtype, call.causal), call.variant)
+    if fitted is None:
+        return None
+    return hopper_twin(Choice(fitted, "default", None), page)
+
+
+def cache_choice(store: Store | None, call: Call, page: int, hopper: bool = False) -> Choice:
     """The cache config for ``call`` (its shape's ``nk`` the cache's capacity) with page size
-    ``page`` (0: a contiguous cache).
+    ``page`` (0: a contiguous cache); ``hopper``: the Hopper family's cache kernels may serve
+    (see the module docstring).
 
     Raises:
         Unsupported: the head dim, dtype or GPU has no split-KV kernel, or the variant or
             page size is one the cache kernels do not take.
     """
-    tuned = tuned_cache_choice(store, call, page)
+    tuned = tuned_cache_choice(store, call, page, hopper)
     if tuned is not None:
         return tuned
     try:
         base = choose(store, call)
     except Unsupported:
         base = None
+    if hopper and hopper_serves(call):
+        twin = hopper_twin(base, page) if base is not None else None
+        if twin is None:  # the dense pick is another family's, or none: the family default
+            twin = hopper_default(call, page)
+        if twin is not None:
+            return twin
     if base is not None and isinstance(base.config, SplitKvConfig):
         config: SplitKvConfig = base.config
         source, measured = base.source, base.measured

@@ -10,7 +10,8 @@ each sequence's length in an int32 tensor on the GPU. A call here
    host read), then
 2. attends ``q`` (``[B, Nq, Hq, D]``) to each sequence's ``cache_seqlens[b] + Nnew`` keys,
    causal masks and windows bottom-right aligned at that length (FlashAttention's
-   ``flash_attn_with_kvcache`` semantics), on the split-KV family's cache kernels
+   ``flash_attn_with_kvcache`` semantics), on the split-KV family's cache kernels, or with
+   ``Settings.fa3_cache`` a chunked prefill on the Hopper family's
    (:mod:`fa2tune.ops.cache_choice`).
 
 Nothing on the per-call path depends on the lengths' values: the decision is keyed by the
@@ -37,6 +38,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from codegen.families import family_of
 from core.settings import get_settings
 from core.shape import Shape, effective_causal
 from core.variant import Variant
@@ -78,6 +80,8 @@ log = logging.getLogger("fa2tune.torch")
 _FALLBACK = "fa2tune.torch: attention_with_kvcache running on torch instead of a kernel: "
 #: Most cached decisions (a serving process has a few cache shapes per model).
 MAX_DECISIONS = 1024
+#: Bound launches kept per stride pattern of a launcher with TMA descriptors (by pointers).
+_TMA_BOUND = 16
 _decisions: dict[tuple[object, ...], _Decision] = {}
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -246,7 +250,7 @@ class CacheLauncher:
     """
 
     __slots__ = ("_append_grid", "_append_kernel", "_block", "_capacity", "_fv", "_grid",
-                 "_kc", "_lock", "_page", "_patterns", "_smem", "_table_gaps", "_ws",
+                 "_kc", "_lock", "_page", "_patterns", "_prep", "_smem", "_table_gaps", "_ws",
                  "_ws_needed", "config", "kernel", "source")  # fmt: skip
 
     def __init__(self, kernel: LoadedKernel, config: Any, source: str, shape: Shape,
@@ -265,8 +269,12 @@ class CacheLauncher:
         w = launch_variant(config.causal, variant, shape.nq, None)
         self._fv = FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), None)
         self._kc = FaKvCache(None, None, None, table_stride, added)
-        self._ws = SplitKvWorkspace(config, shape)
-        self._ws_needed = self._ws.needed
+        # Split-KV's kernels take a workspace; the Hopper family's take TMA descriptors over
+        # the call's tensors (Family.cache_host_prep), made per pointer triple in __call__.
+        family = family_of(config)
+        self._prep = family.cache_host_prep
+        self._ws = SplitKvWorkspace(config, shape) if family.workspace_sizes else None
+        self._ws_needed = self._ws is not None and self._ws.needed
         self._lock = threading.Lock()
         self._patterns: dict[tuple[object, ...], _Pattern] = {}
         self._append_kernel: LoadedKernel | None = None
@@ -286,13 +294,23 @@ class CacheLauncher:
             self._patterns[key] = pattern
         return pattern
 
-    def _bind(self, pattern: _Pattern, stream: int,
-              ws_ptrs: tuple[int, int]) -> tuple[BoundLaunch, BoundLaunch | None]:  # fmt: skip
+    def _bind(
+        self,
+        pattern: _Pattern,
+        stream: int,
+        ws_ptrs: tuple[int, int],
+        tensors: tuple[torch.Tensor, ...],
+    ) -> tuple[BoundLaunch, BoundLaunch | None]:
         """The attention's and the append's bound launches on ``stream`` with that
-        workspace (the append's None when the call appends nothing)."""
+        workspace, or the descriptors over ``tensors`` (q and the caches) for a family that
+        takes them (the append's None when the call appends nothing)."""
         p = pattern.params
+        if self._prep is not None:
+            extra = tuple(self._prep(self.config, *tensors, self._capacity))  # may raise
+        else:
+            extra = tuple(self._ws.args(*ws_ptrs)) if self._ws is not None else ()
         attend = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
-                                  (*self._ws.args(*ws_ptrs), self._fv, self._kc))  # fmt: skip
+                                  (*extra, self._fv, self._kc))  # fmt: skip
         if pattern.append is None or self._append_kernel is None:
             return attend, None
         add = self._append_kernel.bind(p, self._append_grid, (_APPEND_THREADS, 1, 1), 0, stream,
@@ -342,13 +360,14 @@ class CacheLauncher:
         stream = raw_stream(index) if raw_stream is not None else current_stream(q.device)
         keep: object = None
         captured = capturing()
-        if not self._ws_needed:
+        ws = self._ws
+        if ws is None or not self._ws_needed:
             ws_ptrs: tuple[int, int] = (0, 0)
         elif captured:
-            count_ptr, partials_ptr, keep = self._ws.captured(q.device)
+            count_ptr, partials_ptr, keep = ws.captured(q.device)
             ws_ptrs = (count_ptr, partials_ptr)
         else:
-            ws_ptrs = self._ws.stream_args(index, stream)
+            ws_ptrs = ws.stream_args(index, stream)
         with self._lock:
             p = pattern.params
             p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
@@ -362,11 +381,16 @@ class CacheLauncher:
             append = pattern.append
             if append is not None and k is not None and v is not None:
                 append.k_new, append.v_new = k.data_ptr(), v.data_ptr()
-            bound_key = (stream, *ws_ptrs)
-            launches = None if captured else pattern.bound.get(bound_key)
+            # Descriptors hold q's and the caches' addresses: bound per pointer triple, the
+            # last few kept (no workspace: a captured launch may keep its bound launch too).
+            by_pointers = self._prep is not None
+            bound_key = (stream, qp, kp, vp) if by_pointers else (stream, *ws_ptrs)
+            launches = None if captured and not by_pointers else pattern.bound.get(bound_key)
             if launches is None:
-                launches = self._bind(pattern, stream, ws_ptrs)
-                if not captured:  # a captured launch's workspace belongs to that graph
+                launches = self._bind(pattern, stream, ws_ptrs, (q, k_cache, v_cache))
+                if not captured or by_pointers:  # a captured workspace belongs to that graph
+                    if by_pointers and len(pattern.bound) >= _TMA_BOUND:
+                        del pattern.bound[next(iter(pattern.bound))]
                     pattern.bound[bound_key] = launches
             if launches[1] is not None:
                 launches[1]()  # the append first: the attention reads the new rows
@@ -391,7 +415,8 @@ def _decide(
                 DTYPE_NAMES[name], causal, d, variant=variant)  # fmt: skip
     try:
         off = autotune.current().mode == "off"
-        choice = cache_choice(None if off else open_store(), call, page)
+        choice = cache_choice(None if off else open_store(), call, page,
+                              hopper=get_settings().fa3_cache)  # fmt: skip
         kernel = load_kernel(choice.config, device)
         with torch.cuda.device(device.index):
             launcher = CacheLauncher(kernel, choice.config, choice.source, shape, variant,

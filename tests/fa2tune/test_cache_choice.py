@@ -35,10 +35,15 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def _record(
-    store: Store, config: AnyConfig, shape: Shape, kv_page: int | None, ms: float = 0.05
+    store: Store,
+    config: AnyConfig,
+    shape: Shape,
+    kv_page: int | None,
+    ms: float = 0.05,
+    causal: bool = False,
 ) -> None:
     problem = Problem(gpu=H200.name, d=128, n=shape.nq, nk=shape.nk, batch=shape.batch,
-                      heads=shape.heads, kv_heads=shape.kv_heads, dtype="bf16",
+                      heads=shape.heads, kv_heads=shape.kv_heads, dtype="bf16", causal=causal,
                       kv_page=kv_page)  # fmt: skip
     gpu = store.upsert_gpu(H200)
     pid = store.problem_id(problem, gpu)
@@ -101,3 +106,57 @@ def test_a_faster_hopper_cache_result_does_not_hide_the_split_kv_one(store: Stor
     assert store.best_match(H200.name, 128, "bf16", False, chunk, kv_page=16).result.config == fa3
     choice = cache_choice(store, _call(chunk), 16)
     assert choice.config == skv and choice.source == "exact" and choice.kv_page == 16
+
+
+CHUNK = Shape(2048, 34816, 1, 32, 8)
+HOPPER = Fa3Config(128, "bf16", True, longest_first=True)
+
+
+def _chunk_call(shape: Shape = CHUNK, cc: str = H200.compute_capability) -> Call:
+    return Call(0, H200.name, H200.sm_count, cc, shape, "bf16", True, 128, variant=PLAIN)
+
+
+def _record_dense_hopper(store: Store) -> None:
+    problem = Problem(gpu=H200.name, d=128, n=CHUNK.nq, nk=CHUNK.nk, batch=1, heads=32,
+                      kv_heads=8, dtype="bf16", causal=True)  # fmt: skip
+    pid = store.problem_id(problem, store.upsert_gpu(H200))
+    build = store.record_build(make_report(HOPPER))  # type: ignore[arg-type]
+    store.record_measurement(pid, build, ok_result(1.6, problem), H200)
+    forget_results()
+
+
+def test_with_hopper_a_chunked_prefill_takes_the_dense_hopper_picks_twin(store: Store) -> None:
+    _record_dense_hopper(store)
+    for page in (0, 16, 256):
+        choice = cache_choice(store, _chunk_call(), page, hopper=True)
+        # The twin runs in tile order (no _lf) over the cache; measured as the dense pick.
+        want = dataclasses.replace(HOPPER, longest_first=False, kvcache=True, page=page)
+        assert choice.config == want and choice.source == "exact" and choice.kv_page is None
+    # Without the setting, and where the family cannot serve: split-KV's kernels.
+    assert cache_choice(store, _chunk_call(), 256).config.family == "splitkv"
+    assert cache_choice(store, _chunk_call(), 4, hopper=True).config.family == "splitkv"
+    ampere = cache_choice(store, _chunk_call(cc="8.0"), 256, hopper=True)
+    assert ampere.config.family == "splitkv"
+    decode = cache_choice(store, _chunk_call(Shape(1, 34816, 1, 32, 8)), 256, hopper=True)
+    assert decode.config.family == "splitkv"
+
+
+def test_with_hopper_a_tuned_fa3_cache_result_answers(store: Store) -> None:
+    fa3 = Fa3Config(128, "bf16", True, kvcache=True, page=16)
+    skv = dataclasses.replace(PAGED, rows=64, causal=True)
+    _record(store, skv, CHUNK, 16, ms=5.0, causal=True)
+    _record(store, fa3, CHUNK, 16, ms=1.6, causal=True)
+    hopper = cache_choice(store, _chunk_call(), 16, hopper=True)
+    assert hopper.config == fa3 and hopper.source == "exact" and hopper.kv_page == 16
+    assert cache_choice(store, _chunk_call(), 16).config == skv
+
+
+def test_with_hopper_and_nothing_tuned_the_family_default_serves() -> None:
+    from codegen.families import family
+
+    default = family("fa3").default(128, "bf16", True)
+    for page in (0, 16, 256):
+        choice = cache_choice(None, _chunk_call(), page, hopper=True)
+        assert choice.config == dataclasses.replace(default, kvcache=True, page=page)
+        assert choice.source == "default"
+    assert cache_choice(None, _chunk_call(), 16).config.family == "splitkv"

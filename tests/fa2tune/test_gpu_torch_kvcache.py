@@ -393,3 +393,61 @@ def test_debug_mode_refuses_bad_device_values_and_passes_good_ones() -> None:
     plain = attention_with_kvcache(x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"], **args)
     torch.cuda.synchronize()
     assert torch.equal(checked, plain) and torch.equal(kc, x["k_cache"])
+
+
+#: Chunked prefills for the Hopper family's cache kernels (FA2TUNE_FA3_CACHE): prefill-length
+#: query chunks with an append, over contiguous caches and pages smaller than, equal to and
+#: larger than a 128-key tile, causal and not, a window, a mapped batch.
+HOPPER_CASES = [
+    Case(nq=64, new=64, capacity=1024, heads=16, kv_heads=4),
+    Case(nq=200, new=200, page=16, capacity=1024, heads=16, kv_heads=4),
+    Case(nq=130, new=130, page=128, capacity=1024, causal=False),
+    Case(nq=256, new=256, page=256, capacity=2048, heads=32, kv_heads=8, batch_idx=True),
+    Case(nq=100, new=100, page=64, capacity=1024, window=(300, 0)),
+    Case(nq=96, new=96, page=16, capacity=512, dtype="float16", d=64, heads=8, kv_heads=8),
+]
+
+
+@pytest.mark.parametrize("case", HOPPER_CASES, ids=[c.id() for c in HOPPER_CASES])
+def test_hopper_cache_kernels_match_the_torch_path(case: Case) -> None:
+    """With FA2TUNE_FA3_CACHE on a compute capability 9.0 GPU, a chunked prefill runs the
+    Hopper family's cache kernel (the dense pick's twin) and matches the torch path."""
+    import torch
+
+    from core import settings as settings_module
+    from core.settings import override_settings
+    from fa2tune.ops import kvcache
+    from fa2tune.torch import attention_with_kvcache, clear_caches
+
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip(f"the Hopper family needs compute capability 9.0, not "
+                    f"{torch.cuda.get_device_name(0)}")  # fmt: skip
+    x = _inputs(case)
+    o_ref, lse_ref, kc_ref, vc_ref = _reference(case, x)
+    saved = dict(settings_module._overrides)
+    try:
+        override_settings(fa3_cache=True)
+        clear_caches()  # read when a cache shape is first decided
+        _poison_next_allocations(torch, 4 * x["q"].numel() * 4)
+        o, lse = attention_with_kvcache(
+            x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"],
+            cache_seqlens=x["cache_seqlens"], page_table=x["page_table"],
+            cache_batch_idx=x["cache_batch_idx"], causal=case.causal, window_size=case.window,
+            return_lse=True, fallback=False,
+        )  # fmt: skip
+        torch.cuda.synchronize()
+        entries = [d.entry for d in kvcache._decisions.values()]
+        assert [e.config.family for e in entries if not isinstance(e, str)] == ["fa3"]
+    finally:
+        settings_module._overrides.clear()
+        settings_module._overrides.update(saved)
+        clear_caches()
+    assert torch.equal(x["k_cache"], kc_ref) and torch.equal(x["v_cache"], vc_ref), "append"
+    assert not torch.isnan(o).any(), "rows left unwritten"
+    err = (o.float() - o_ref.float()).abs().max().item()
+    tol = 2e-2 if case.dtype == "bfloat16" else 4e-3
+    assert err <= tol, f"max |O - ref| = {err:.3g} > {tol}"
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite), "rows with no key differ"
+    lse_err = (lse[finite] - lse_ref[finite]).abs().max().item() if finite.any() else 0.0
+    assert lse_err <= 1e-3, f"max |LSE - ref| = {lse_err:.3g}"
