@@ -15,7 +15,9 @@ the cache problems tuned in db/data/h200_results_kvcache.json are re-timed here)
   same columns where they apply (``flex16`` too); bandwidth counts the keys the lengths
   cover;
 * ``chunked``: 2,048 new queries over a 32k cached prefix (34,816 keys, causal bottom-right)
-  from the cache against ``dense`` and SDPA with ``causal_lower_right`` on the same keys.
+  from the cache against ``dense`` and SDPA with ``causal_lower_right`` on the same keys;
+  ``hopper0``/``hopper16``/``hopper256``: the same cache calls with ``FA2TUNE_FA3_CACHE``
+  (the Hopper family's cache kernels).
 
 GPU time per call: CUDA events around one call after an L2 flush, median of ``--reps``.
 Every output is checked first (poisoned allocator, fresh random inputs) against a float32
@@ -213,7 +215,8 @@ def chunked_row(torch: Any, reps: int, flush: Any) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
-    from fa2tune.torch import attention, attention_with_kvcache
+    from core.settings import override_settings
+    from fa2tune.torch import attention, attention_with_kvcache, clear_caches
 
     cache = Cache(torch, 1, CHUNK_KEYS, [CHUNK_KEYS])
     q = torch.randn(1, CHUNK_NEW, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -253,8 +256,27 @@ def chunked_row(torch: Any, reps: int, flush: Any) -> dict[str, Any]:
                                                   page_table=table, fallback=False)  # fmt: skip
 
         calls[f"paged{page}"] = paged
+    # Last (the decisions are cached by shape, so the split-KV columns above are decided
+    # first): the same calls with FA2TUNE_FA3_CACHE, on the Hopper family's cache kernels.
+    for page in (0, 16, 256):
+
+        def hopper(page: int = page) -> Any:
+            override_settings(fa3_cache=True)
+            clear_caches()  # the setting is read when a cache shape is first decided
+            if page == 0:
+                return lambda: attention_with_kvcache(q, cache.k, cache.v, cache_seqlens=lens,
+                                                      causal=True, fallback=False)  # fmt: skip
+            kp, vp, table = cache.paged(page)
+            return lambda: attention_with_kvcache(q, kp, vp, cache_seqlens=lens, causal=True,
+                                                  page_table=table, fallback=False)  # fmt: skip
+
+        calls[f"hopper{page}"] = hopper
     pairs = CHUNK_NEW * (CHUNK_KEYS - CHUNK_NEW) + CHUNK_NEW * (CHUNK_NEW + 1) / 2
-    row = measure(torch, calls, ref, reps, flush, 4.0 * HQ * D * pairs, "tflops")
+    try:
+        row = measure(torch, calls, ref, reps, flush, 4.0 * HQ * D * pairs, "tflops")
+    finally:
+        override_settings(fa3_cache=False)
+        clear_caches()
     row["shape"] = {"batch": 1, "new": CHUNK_NEW, "keys": CHUNK_KEYS}
     for cell in row.values():
         if "us" in cell and "us" in row.get("dense", {}):
