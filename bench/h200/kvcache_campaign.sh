@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Device run: tune the split-KV family's KV-cache kernels (`kv_page` problems) of a workload
-# on a 1xH200 host, resumable across calls: the SQLite file comes back under $OUT and goes in
+# Device run: tune a family's KV-cache kernels (`kv_page` problems) of a workload (FAMILY,
+# default splitkv; fa3 for chunked prefill: bench/h200/chunked_prefill_workload.yaml) on a
+# 1xH200 host, resumable across calls: the SQLite file comes back under $OUT and goes in
 # again as DBIN, and a rerun of the same command continues the studies it holds.
 #
 #   WORKLOAD=examples/workloads/llama3_8b_serving.yaml BUDGET=8m bash bench/h200/kvcache_campaign.sh
@@ -19,7 +20,7 @@ DBFILE=/tmp/kvcache.db; DB=sqlite:///$DBFILE
 [ -n "${DBIN:-}" ] && cp "$DBIN" "$DBFILE"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/env.txt"
 nvcc --version | tail -1 >> "$OUT/env.txt"
-python3 -m fa2tune.cli --db "$DB" tune --family splitkv \
+python3 -m fa2tune.cli --db "$DB" tune --family "${FAMILY:-splitkv}" \
   --workload "${WORKLOAD:-examples/workloads/llama3_8b_serving.yaml}" \
   --trials "${TRIALS:-8}" --time-budget "${BUDGET:-8m}" --summary-json "$OUT/summary.json" \
   > "$OUT/tune.log" 2>&1
