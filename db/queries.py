@@ -672,19 +672,7 @@ def varlen_winners(
     lengths it was measured on, in problem-id order (the order :func:`best_match` breaks
     ties between equal packed shapes in)."""
     with session_scope(engine) as s:
-        rows = s.scalars(
-            select(Problem)
-            .join(Gpu, Gpu.id == Problem.gpu_id)
-            .options(contains_eager(Problem.gpu))
-            .where(
-                Gpu.name_key == normalize_gpu_name(gpu),
-                Problem.seqlens != "",
-                plain_problem(),
-                dense_problem(),
-                has_ok_measurement(),
-            )
-            .order_by(Problem.id)
-        ).all()
+        rows = _tuned_problems(s, gpu, Problem.seqlens != "", plain_problem(), dense_problem())
         out: list[tuple[BestResult, tuple[int, ...]]] = []
         wanted: Sequence[str | None] = list(families) if families else [None]
         for p in rows:
@@ -709,18 +697,8 @@ def variant_winners(
     ``packed_families``: only these families' builds for dense / packed problems (None:
     any)."""
     with session_scope(engine) as s:
-        problems = s.scalars(
-            select(Problem)
-            .join(Gpu, Gpu.id == Problem.gpu_id)
-            .options(contains_eager(Problem.gpu))
-            .where(
-                Gpu.name_key == normalize_gpu_name(gpu),
-                ~plain_problem(),
-                dense_problem(),  # the header's variant tables: no KV-cache problems
-                has_ok_measurement(),
-            )
-            .order_by(Problem.id)
-        ).all()
+        # The header's variant tables: no KV-cache problems.
+        problems = _tuned_problems(s, gpu, ~plain_problem(), dense_problem())
         out: list[tuple[BestResult, tuple[int, ...] | None]] = []
         for p in problems:
             lens = parse_seqlens(p.seqlens)
@@ -730,6 +708,20 @@ def variant_winners(
             if found is not None:
                 out.append((found, lens))
         return out
+
+
+def _tuned_problems(s: Session, gpu: str, *where: ColumnElement[bool]) -> list[Problem]:
+    """The problems of one GPU (by its name key) with a verified, timed measurement that
+    ``where`` keeps, their GPU loaded, in problem-id order."""
+    return list(
+        s.scalars(
+            select(Problem)
+            .join(Gpu, Gpu.id == Problem.gpu_id)
+            .options(contains_eager(Problem.gpu))
+            .where(Gpu.name_key == normalize_gpu_name(gpu), *where, has_ok_measurement())
+            .order_by(Problem.id)
+        ).all()
+    )
 
 
 def _fastest_fitting(
@@ -764,19 +756,8 @@ def cache_winners(
     problem's cache layout and no variant switch (:func:`candidate_set`'s rule) of
     ``families`` when given, in problem-id order."""
     with session_scope(engine) as s:
-        problems = s.scalars(
-            select(Problem)
-            .join(Gpu, Gpu.id == Problem.gpu_id)
-            .options(contains_eager(Problem.gpu))
-            .where(
-                Gpu.name_key == normalize_gpu_name(gpu),
-                Problem.seqlens == "",
-                plain_problem(),
-                ~dense_problem(),
-                has_ok_measurement(),
-            )
-            .order_by(Problem.id)
-        ).all()
+        problems = _tuned_problems(s, gpu, Problem.seqlens == "", plain_problem(),
+                                   ~dense_problem())  # fmt: skip
         out: list[BestResult] = []
         for p in problems:
             page = row_kv_page(p)

@@ -13,33 +13,17 @@ machine: ``pytest -m gpu tests/measure/test_gpu_kvcache.py``.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 
 import pytest
 
 from codegen.families.splitkv.space import cache_twin, seed_configs
 from core.problem import Problem
 from core.records import MeasureStatus
-from core.settings import get_settings
 from core.splitkv_config import SplitKvConfig
 from core.variant import PLAIN, Variant
-from tests.support.gpu import gpu_skip_reason
+from tests.support.gpu import family_skip_reason
 
-
-def _reason() -> str | None:
-    reason = gpu_skip_reason()
-    if reason is not None:
-        return reason
-    import torch
-
-    if shutil.which(get_settings().nvcc) is None:
-        return "nvcc is not on PATH"
-    if torch.cuda.get_device_capability(0) < (8, 0):
-        return f"the splitkv family needs sm_80+, found {torch.cuda.get_device_name(0)}"
-    return None
-
-
-_WHY = _reason()
+_WHY = family_skip_reason("splitkv")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_WHY is not None, reason=f"GPU tests: {_WHY}"),

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import importlib
 import random
-import shutil
 from typing import Any
 
 import pytest
 
 from core.config import Dtype
 from core.records import MeasureStatus
-from core.settings import get_settings
 from core.variant import Variant
 from tests.support.gpu import (
+    family_skip_reason,
     gpu_skip_reason,
     run_configs,
     run_varlen_configs,
@@ -38,24 +37,6 @@ from tests.support.gpu import (
     variant_skip_reason,
     with_switches,
 )
-
-
-def _family_reason(family: str) -> str | None:
-    """Why ``family``'s kernels cannot run here (None: they can)."""
-    reason = gpu_skip_reason()
-    if reason is not None:
-        return reason
-    import torch
-
-    if shutil.which(get_settings().nvcc) is None:
-        return "nvcc is not on PATH"
-    cc = torch.cuda.get_device_capability(0)
-    if family == "fa3" and cc != (9, 0):
-        return f"the fa3 family needs an sm_90 GPU, found {torch.cuda.get_device_name(0)}"
-    if cc < (8, 0):
-        return f"the {family} family needs sm_80+, found {torch.cuda.get_device_name(0)}"
-    return None
-
 
 _GPU = gpu_skip_reason()
 pytestmark = [
@@ -124,7 +105,7 @@ def _space(family: str) -> Any:
 
 
 def _skip_unless(family: str, switch_set: str) -> None:
-    reason = _family_reason(family) or variant_skip_reason(family, SWITCH_SETS[switch_set])
+    reason = family_skip_reason(family) or variant_skip_reason(family, SWITCH_SETS[switch_set])
     if reason is not None:
         pytest.skip(reason)
 

@@ -49,6 +49,29 @@ def gpu_skip_reason() -> str | None:
     return None
 
 
+def family_skip_reason(family: str) -> str | None:
+    """Why ``family``'s kernels cannot be built with nvcc and run here (no GPU, no nvcc, or
+    a compute capability the family does not take: fa3 needs 9.0, the others 8.0+), or None
+    when they can."""
+    reason = gpu_skip_reason()
+    if reason is not None:
+        return reason
+    import shutil
+
+    import torch
+
+    from core.settings import get_settings
+
+    if shutil.which(get_settings().nvcc) is None:
+        return "nvcc is not on PATH"
+    cc = torch.cuda.get_device_capability(0)
+    if family == "fa3" and cc != (9, 0):
+        return f"the fa3 family needs an sm_90 GPU, found {torch.cuda.get_device_name(0)}"
+    if cc < (8, 0):
+        return f"the {family} family needs sm_80+, found {torch.cuda.get_device_name(0)}"
+    return None
+
+
 def compiler_skip_reason() -> str | None:
     """Why the product cannot build kernels here (nvcc not on PATH and NVRTC not loadable),
     or None: the torch op's GPU tests build through either (codegen.compiler)."""

@@ -17,7 +17,6 @@ Not shown here: correctness and speed on a GPU (the measure worker's GPU tier, p
 
 from __future__ import annotations
 
-import logging
 import shutil
 import subprocess
 from dataclasses import replace
@@ -25,17 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import build_configs
 from codegen.families import family_of
 from codegen.families.fa3.space import cache_reasons, enumerate_space
-from core.build_report import BuildStatus
 from core.fa3_config import Fa3Config
 from core.family import config_from_name, config_from_params
 from core.problem import Problem, kv_page_of
 from core.settings import get_settings
+from tests.support.nvcc import build_cache_twins
 from tuner.campaign import with_cache
 
-log = logging.getLogger(__name__)
 NVCC = get_settings().nvcc
 BASE = Fa3Config(128, "bf16", True)  # 128 x 128, RS, overlap, ping-pong
 
@@ -114,27 +111,12 @@ SAMPLE: list[tuple[Fa3Config, list[tuple[int, dict[str, bool]]]]] = [
 @pytest.mark.compile
 @pytest.mark.skipif(shutil.which(NVCC) is None, reason=f"nvcc ({NVCC!r}) is not on PATH")
 def test_cache_kernels_build(tmp_path: Path) -> None:
-    configs: list[Fa3Config] = []
-    for tile, variants in SAMPLE:
-        configs.append(tile)
-        configs += [replace(tile, kvcache=True, page=p, **sw) for p, sw in variants]
-    reports = {r.config.name: r for r in build_configs(configs, "sm_90", cache_dir=tmp_path,
-                                                       jobs=2)}  # fmt: skip
     cuobjdump = shutil.which("cuobjdump")
-    for tile, variants in SAMPLE:
-        base = reports[tile.name]
-        assert base.usable, base.error
-        for page, switches in variants:
-            config = replace(tile, kvcache=True, page=page, **switches)
-            r = reports[config.name]
-            log.info("%s: %s regs, %s B spill stores (plain tile: %s regs, %s B)", config.name,
-                     r.registers, r.spill_stores, base.registers, base.spill_stores)  # fmt: skip
-            assert r.status in (BuildStatus.OK, BuildStatus.SPILLS), f"{config.name}: {r.error}"
-            assert r.usable, config.name
-            if config.kv_box_rows == config.block_n:
-                assert r.spill_stores <= base.spill_stores + 8, config.name
-            if cuobjdump is not None and r.cubin is not None:
-                out = subprocess.run([cuobjdump, "-symbols", str(r.cubin)], capture_output=True,
-                                     text=True, check=True).stdout  # fmt: skip
-                names = set(out.split())
-                assert config.name in names and f"{config.name}_append" in names, out
+    for config, r, base in build_cache_twins(SAMPLE, tmp_path):
+        if config.kv_box_rows == config.block_n:
+            assert r.spill_stores <= base.spill_stores + 8, config.name
+        if cuobjdump is not None and r.cubin is not None:
+            out = subprocess.run([cuobjdump, "-symbols", str(r.cubin)], capture_output=True,
+                                 text=True, check=True).stdout  # fmt: skip
+            names = set(out.split())
+            assert config.name in names and f"{config.name}_append" in names, out

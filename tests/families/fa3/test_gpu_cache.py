@@ -14,7 +14,6 @@ Run on the GPU machine: ``pytest -m gpu tests/families/fa3/test_gpu_cache.py``.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -22,25 +21,10 @@ import pytest
 from core.fa3_config import Fa3Config
 from core.problem import Problem
 from core.records import MeasureStatus
-from core.settings import get_settings
 from core.variant import PLAIN, Variant
-from tests.support.gpu import gpu_skip_reason
+from tests.support.gpu import family_skip_reason
 
-
-def _reason() -> str | None:
-    reason = gpu_skip_reason()
-    if reason is not None:
-        return reason
-    import torch
-
-    if shutil.which(get_settings().nvcc) is None:
-        return "nvcc is not on PATH"
-    if torch.cuda.get_device_capability(0) != (9, 0):
-        return f"the fa3 family needs compute capability 9.0, found {torch.cuda.get_device_name(0)}"
-    return None
-
-
-_WHY = _reason()
+_WHY = family_skip_reason("fa3")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_WHY is not None, reason=f"GPU tests: {_WHY}"),

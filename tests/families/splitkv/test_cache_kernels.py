@@ -15,21 +15,17 @@
 
 from __future__ import annotations
 
-import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from codegen.build import build_configs
 from codegen.families.splitkv import render_instantiation, traits
 from codegen.families.splitkv.space import default_config, invalid_reasons
-from core.build_report import BuildStatus
 from core.settings import get_settings
 from core.splitkv_config import SplitKvConfig
-
-log = logging.getLogger(__name__)
+from tests.support.nvcc import build_cache_twins
 
 NVCC = get_settings().nvcc
 
@@ -95,21 +91,6 @@ SAMPLE: list[tuple[SplitKvConfig, list[tuple[int, dict[str, bool]]]]] = [
 @pytest.mark.compile
 @pytest.mark.skipif(shutil.which(NVCC) is None, reason=f"nvcc ({NVCC!r}) is not on PATH")
 def test_cache_kernels_build(tmp_path: Path) -> None:
-    configs: list[SplitKvConfig] = []
-    for tile, variants in SAMPLE:
-        configs.append(tile)
-        configs += [replace(tile, kvcache=True, page=p, **sw) for p, sw in variants]
-    reports = {r.config.name: r for r in build_configs(configs, "sm_90", cache_dir=tmp_path,
-                                                       jobs=2)}  # fmt: skip
-    for tile, variants in SAMPLE:
-        base = reports[tile.name]
-        assert base.usable, base.error
-        for page, switches in variants:
-            config = replace(tile, kvcache=True, page=page, **switches)
-            r = reports[config.name]
-            log.info("%s: %s regs, %s B spill stores (plain tile: %s regs, %s B)", config.name,
-                     r.registers, r.spill_stores, base.registers, base.spill_stores)  # fmt: skip
-            assert r.status in (BuildStatus.OK, BuildStatus.SPILLS), f"{config.name}: {r.error}"
-            assert r.usable, config.name
-            if page == 0 or page >= tile.block_n:
-                assert r.spill_stores <= base.spill_stores + 8, config.name
+    for config, r, base in build_cache_twins(SAMPLE, tmp_path):
+        if config.page == 0 or config.page >= config.block_n:
+            assert r.spill_stores <= base.spill_stores + 8, config.name
