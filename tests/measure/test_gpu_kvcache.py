@@ -21,7 +21,7 @@ from core.problem import Problem
 from core.records import MeasureStatus
 from core.splitkv_config import SplitKvConfig
 from core.variant import PLAIN, Variant
-from tests.support.gpu import family_skip_reason
+from tests.support.gpu import family_skip_reason, fast_measure_options, measure_cache_jobs
 
 _WHY = family_skip_reason("splitkv")
 pytestmark = [
@@ -39,19 +39,7 @@ CASES = [
 PAGES = (0, 1, 16, 64)
 
 
-def _options():  # type: ignore[no-untyped-def]
-    from measure.jobs import MeasureOptions
-    from measure.timing import TimingOptions
-
-    fast = TimingOptions(warmup=2, target_ms=10.0, min_reps=3, max_reps=30, flush_l2=False)
-    return MeasureOptions(timing=fast, recheck=True)
-
-
 def test_worker_measures_cache_problems_of_every_layout() -> None:
-    from measure.jobs import BenchJob
-    from measure.worker import BenchWorker
-    from tests.support.gpu import build_usable
-
     bases = seed_configs(128, "fp16", False)[:2] + seed_configs(128, "fp16", True)[:2]
     jobs: list[tuple[SplitKvConfig, Problem]] = []
     for nq, nk, b, h, hkv, causal, variant in CASES:
@@ -62,17 +50,7 @@ def test_worker_measures_cache_problems_of_every_layout() -> None:
                 twin = cache_twin(dataclasses.replace(base, **variant.needs), page)
                 assert twin is not None
                 jobs.append((twin, problem))
-    reports = {r.config: r for r in build_usable(sorted({c for c, _ in jobs}))}
-    failures = []
-    with BenchWorker(device=0, job_timeout_s=120, start_timeout_s=300, kill_wait_s=60) as w:
-        for config, problem in jobs:
-            res = w.measure(BenchJob.from_build(reports[config], problem, _options()))
-            if res.status != MeasureStatus.OK:
-                failures.append(f"{config.name} on {problem.study_name}: {res.status} "
-                                f"{res.error}")  # fmt: skip
-                continue
-            assert res.median_ms and res.tflops == problem.tflops(res.median_ms)
-            assert res.extra["kv_page"] == problem.kv_page
+    failures = measure_cache_jobs(jobs)
     assert not failures, "\n".join(failures)
 
 
@@ -89,7 +67,7 @@ def test_worker_refuses_a_config_of_another_layout() -> None:
     dense = dataclasses.replace(problem, kv_page=None)
     with BenchWorker(device=0, job_timeout_s=120, start_timeout_s=300, kill_wait_s=60) as w:
         for config, prob in ((base, problem), (contiguous, problem), (paged, dense)):
-            res = w.measure(BenchJob.from_build(reports[config], prob, _options()))
+            res = w.measure(BenchJob.from_build(reports[config], prob, fast_measure_options()))
             assert res.status == MeasureStatus.SKIPPED and "kv_page" in (res.error or ""), res
-        ok = w.measure(BenchJob.from_build(reports[paged], problem, _options()))
+        ok = w.measure(BenchJob.from_build(reports[paged], problem, fast_measure_options()))
         assert ok.status == MeasureStatus.OK, ok

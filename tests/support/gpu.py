@@ -327,3 +327,38 @@ def run_varlen_configs(
                 finally:
                     kernel.unload()
     return failures
+
+
+def fast_measure_options() -> Any:
+    """MeasureOptions of a short timing (no L2 flush) with the recheck after it: what the
+    GPU tiers measure correctness with, not speed."""
+    from measure.jobs import MeasureOptions
+    from measure.timing import TimingOptions
+
+    fast = TimingOptions(warmup=2, target_ms=10.0, min_reps=3, max_reps=30, flush_l2=False)
+    return MeasureOptions(timing=fast, recheck=True)
+
+
+def measure_cache_jobs(jobs: Sequence[tuple[AnyConfig, Problem]]) -> list[str]:
+    """Build every config of ``jobs`` and measure each (config, KV-cache problem) in one
+    isolated worker, with a short timing and the recheck after it; the failures as lines
+    (empty when every job is OK), each OK result's ``kv_page`` checked to be its problem's."""
+    from core.records import MeasureStatus
+    from measure.jobs import BenchJob
+    from measure.worker import BenchWorker
+
+    options = fast_measure_options()
+    reports = {
+        r.config: r for r in build_usable(sorted({c for c, _ in jobs}, key=lambda c: c.name))
+    }
+    failures = []
+    with BenchWorker(device=0, job_timeout_s=120, start_timeout_s=300, kill_wait_s=60) as w:
+        for config, problem in jobs:
+            res = w.measure(BenchJob.from_build(reports[config], problem, options))
+            if res.status != MeasureStatus.OK:
+                failures.append(f"{config.name} on {problem.study_name}: {res.status} "
+                                f"{res.error}")  # fmt: skip
+                continue
+            assert res.median_ms and res.tflops == problem.tflops(res.median_ms)
+            assert res.extra["kv_page"] == problem.kv_page
+    return failures

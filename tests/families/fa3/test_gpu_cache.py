@@ -20,9 +20,8 @@ import pytest
 
 from core.fa3_config import Fa3Config
 from core.problem import Problem
-from core.records import MeasureStatus
 from core.variant import PLAIN, Variant
-from tests.support.gpu import family_skip_reason
+from tests.support.gpu import family_skip_reason, measure_cache_jobs
 
 _WHY = family_skip_reason("fa3")
 pytestmark = [
@@ -46,19 +45,7 @@ TILES = [
 ]
 
 
-def _options():  # type: ignore[no-untyped-def]
-    from measure.jobs import MeasureOptions
-    from measure.timing import TimingOptions
-
-    fast = TimingOptions(warmup=2, target_ms=10.0, min_reps=3, max_reps=30, flush_l2=False)
-    return MeasureOptions(timing=fast, recheck=True)
-
-
 def test_worker_measures_fa3_cache_kernels_of_every_layout() -> None:
-    from measure.jobs import BenchJob
-    from measure.worker import BenchWorker
-    from tests.support.gpu import build_usable
-
     jobs: list[tuple[Fa3Config, Problem]] = []
     for nq, nk, b, h, hkv, causal, variant in CASES:
         for page in PAGES:
@@ -69,14 +56,5 @@ def test_worker_measures_fa3_cache_kernels_of_every_layout() -> None:
             for tile in TILES:
                 jobs.append((replace(tile, causal=causal, kvcache=True, page=page,
                                      **variant.needs), problem))  # fmt: skip
-    reports = {r.config: r for r in build_usable(sorted({c for c, _ in jobs}))}
-    failures = []
-    with BenchWorker(device=0, job_timeout_s=120, start_timeout_s=300, kill_wait_s=60) as w:
-        for config, problem in jobs:
-            res = w.measure(BenchJob.from_build(reports[config], problem, _options()))
-            if res.status != MeasureStatus.OK:
-                failures.append(f"{config.name} on {problem.study_name}: {res.status} "
-                                f"{res.error}")  # fmt: skip
-                continue
-            assert res.median_ms and res.extra["kv_page"] == problem.kv_page
+    failures = measure_cache_jobs(jobs)
     assert not failures, "\n".join(failures)
