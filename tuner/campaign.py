@@ -53,7 +53,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import zip_longest
-from typing import Any, Final, cast
+from typing import Final
 
 import optuna
 
@@ -73,7 +73,7 @@ from tuner.summary import (
     ProblemSummary,
     TimeSplit,
 )
-from tuner.warm_start import WarmStart, with_warm_start
+from tuner.warm_start import WarmStart, cache_twin, with_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -489,18 +489,16 @@ def takes_cache(family: Family, problem: Problem) -> bool:
 
 def with_cache(configs: Sequence[AnyConfig], problem: Problem, smem_limit: int) -> list[AnyConfig]:
     """The configs built for ``problem``'s KV-cache layout: each one's cache twin
-    (``kvcache=True``, ``page`` the problem's page size, 0 for a contiguous cache), kept only
+    (:func:`tuner.warm_start.cache_twin`: ``kvcache=True``, ``page`` the problem's page size,
+    0 for a contiguous cache, in tile order), kept only
     where its family's rules take it (``Family.check``: for split-KV,
     :func:`codegen.families.splitkv.space.cache_reasons`); as they are for a dense problem."""
     if problem.kv_page is None:
         return list(configs)
     out: list[AnyConfig] = []
     for c in configs:
-        try:
-            twin: AnyConfig = replace(cast(Any, c), kvcache=True, page=problem.kv_page)
-        except TypeError:  # a config type without cache kernels
-            continue
-        if family_of(twin).check(twin, smem_limit)[0]:
+        twin = cache_twin(c, problem.kv_page)  # None: a config type without cache kernels
+        if twin is not None and family_of(twin).check(twin, smem_limit)[0]:
             out.append(twin)
     return list(dict.fromkeys(out))
 

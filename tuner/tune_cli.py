@@ -234,7 +234,8 @@ def tune(
             help=(
                 "a results file (fa2tune dump) whose fastest configs per problem each new "
                 "study measures first, e.g. to re-time earlier winners after the templates "
-                "changed"
+                "changed; a KV-cache problem also starts from the dense shape's winners, as "
+                "their cache twins"
             ),
         ),
     ] = None,

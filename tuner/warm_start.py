@@ -13,6 +13,12 @@ the same shape and mask, their dtype swapped (after its own, when the file has b
 tile that wins one of fp16 and bf16 is a strong first guess for the other (the same MMA
 shapes and shared-memory footprint; on the H200 the two dtypes' picks are mostly the same
 tile), so a problem tuned in one dtype only gets a short campaign in the other.
+
+A KV-cache problem (``kv_page`` set) starts from its own layout's winners, then from the
+dense problem's of the same shape, as their cache twins (``kvcache=True``, the problem's page
+size; a launch order a cache kernel does not take, fa3's longest-first, dropped): the tile
+that wins over dense K/V is a strong first guess over the same keys in a cache. Twins the
+family's space does not take are left out by the campaign, as any seed outside the space.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, cast
 
 from core.config import Dtype
 from core.family import AnyConfig
@@ -53,7 +60,24 @@ class WarmStart:
     configs: dict[ShapeKey, tuple[AnyConfig, ...]]
 
     def configs_for(self, problem: Problem) -> tuple[AnyConfig, ...]:
-        return self.configs.get(shape_key(problem), ())
+        own = self.configs.get(shape_key(problem), ())
+        if problem.kv_page is None:
+            return own
+        dense = self.configs.get(shape_key(replace(problem, kv_page=None)), ())
+        twins = [t for c in dense if (t := cache_twin(c, problem.kv_page)) is not None]
+        return (*own, *[t for t in dict.fromkeys(twins) if t not in own])
+
+
+def cache_twin(config: AnyConfig, page: int) -> AnyConfig | None:
+    """``config``'s KV-cache kernel of layout ``page``, in tile order, or None for a config
+    type without cache kernels."""
+    try:
+        twin: AnyConfig = replace(cast(Any, config), kvcache=True, page=page)
+    except TypeError:  # no kvcache parameter: the family has no cache kernels
+        return None
+    if getattr(twin, "longest_first", False):  # a launch order over dense tiles only
+        twin = replace(cast(Any, twin), longest_first=False)
+    return twin
 
 
 #: Each 16-bit element type and the one whose winners it may start from.
@@ -125,6 +149,7 @@ __all__ = [
     "OTHER_DTYPE",
     "TransferError",
     "WarmStart",
+    "cache_twin",
     "load_warm_start",
     "shape_key",
     "with_warm_start",

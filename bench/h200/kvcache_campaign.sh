@@ -20,7 +20,10 @@ DBFILE=/tmp/kvcache.db; DB=sqlite:///$DBFILE
 [ -n "${DBIN:-}" ] && cp "$DBIN" "$DBFILE"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/env.txt"
 nvcc --version | tail -1 >> "$OUT/env.txt"
-python3 -m fa2tune.cli --db "$DB" tune --family "${FAMILY:-splitkv}" \
+# WARM: a results file to start from (a cache problem also takes the dense shape's winners
+# there as cache twins: for fa3, the shipped prefill results).
+warm=(); [ -n "${WARM:-}" ] && warm=(--warm-start "$WARM")
+python3 -m fa2tune.cli --db "$DB" tune --family "${FAMILY:-splitkv}" "${warm[@]}" \
   --workload "${WORKLOAD:-examples/workloads/llama3_8b_serving.yaml}" \
   --trials "${TRIALS:-8}" --time-budget "${BUDGET:-8m}" --summary-json "$OUT/summary.json" \
   > "$OUT/tune.log" 2>&1

@@ -143,3 +143,26 @@ def test_shipped_results_warm_start(tmp_path: Path) -> None:
     assert len(warm.configs) == 48
     assert all(1 <= len(v) <= 5 for v in warm.configs.values())
     assert all(isinstance(c, Fa2Config) for v in warm.configs.values() for c in v)
+
+
+def test_a_cache_problem_starts_from_its_own_then_the_dense_shapes_winners() -> None:
+    from core.fa3_config import Fa3Config
+    from core.problem import Problem
+    from core.splitkv_config import SplitKvConfig
+
+    dense = Problem(gpu="", d=128, n=2048, nk=34816, batch=1, heads=32, kv_heads=8,
+                    dtype="bf16", causal=True)  # fmt: skip
+    cache = replace(dense, kv_page=256)
+    fa3_lf = Fa3Config(128, "bf16", True, longest_first=True)
+    fa3_tile = Fa3Config(128, "bf16", True, block_n=64)
+    fa2 = tiny_space()[0]  # a family without cache kernels: no twin
+    own = SplitKvConfig(128, "bf16", True, kvcache=True, page=256)
+    warm = WarmStart("test", {shape_key(dense): (fa3_lf, fa2, fa3_tile),
+                              shape_key(cache): (own,)})  # fmt: skip
+    twin = replace(fa3_lf, longest_first=False, kvcache=True, page=256)
+    assert warm.configs_for(cache) == (own, twin, replace(fa3_tile, kvcache=True, page=256))
+    assert warm.configs_for(dense) == (fa3_lf, fa2, fa3_tile)  # a dense problem: its own
+    # Another layout has no winners of its own: the dense ones' twins of that layout.
+    contiguous = warm.configs_for(replace(dense, kv_page=0))
+    assert [c.name for c in contiguous] == [twin.name.removesuffix("_pg256"),
+                                            fa3_tile.name + "_kvc"]  # fmt: skip
