@@ -423,9 +423,10 @@ def _defaults(
     def serving(p: Problem) -> list[Family]:
         # Packed variable-length batches: the families with varlen kernels (fa2 everywhere,
         # fa3 where it runs, as for dense problems); split-KV has none. KV-cache problems: the
-        # families with cache kernels, on every shape.
+        # families with cache kernels that serve the problem's phase (split-KV every shape,
+        # fa3 chunked prefill: Family.serves_cache).
         if p.is_cache:
-            fams = [f for f in taking(p.d) if takes_cache(f, p)]
+            fams = [f for f in taking(p.d) if takes_cache(f, p) and f.serves_cache(p)]
         else:
             fams = [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.varlen)]
         return fams if p.variant.plain else with_switches(p, fams)

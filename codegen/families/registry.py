@@ -260,6 +260,8 @@ class Family:
         header: this family's part of the exported header.
         serves: whether a campaign searches the family on a problem (every family is correct
             on every shape; this only keeps a family off problems it cannot win).
+        serves_cache: the same for a KV-cache problem, among the families with cache kernels
+            (the Hopper family's are for chunked prefill, not decode steps).
         head_dims: the head dims it has instantiations for (its space is empty for others).
         est_registers: the space's register estimate per thread (``fa2tune space``).
         columns: extra columns of ``fa2tune space --json`` for one config.
@@ -290,6 +292,7 @@ class Family:
     varlen_host_prep: HostPrep | None = None
     cache_host_prep: HostPrep | None = None
     serves: Callable[[Problem], bool] = lambda problem: True
+    serves_cache: Callable[[Problem], bool] = lambda problem: True
     head_dims: tuple[int, ...] = HEAD_DIMS
     est_registers: Callable[[AnyConfig], int] = lambda config: 0
     columns: Callable[[AnyConfig], dict[str, object]] = lambda config: {}

@@ -181,3 +181,16 @@ def test_a_replayed_cache_campaign_answers_cache_lookups_only(tmp_path: Path) ->
     other = CliRunner().invoke(app, ["--db", url, "tune", "--replay", str(table), "--kv-page",
                                      "0"])  # fmt: skip
     assert other.exit_code == 2 and "no problem of the table" in other.output
+
+
+def test_a_chunked_prefill_cache_problem_also_searches_the_hopper_twins() -> None:
+    space_fn, seeds_fn, _ = _defaults("sm_90", GPU, None, None, None)
+    chunk = Problem(gpu=GPU.name, d=128, n=2048, nk=34816, batch=1, heads=32, kv_heads=8,
+                    dtype="bf16", causal=True, kv_page=256)  # fmt: skip
+    configs = list(space_fn(chunk))
+    families = {c.family for c in configs}
+    assert families == {"splitkv", "fa3"}
+    fa3 = [c for c in configs if c.family == "fa3"]
+    assert all(c.kvcache and c.page == 256 and not c.longest_first for c in fa3)
+    assert {c.block_n for c in fa3} == {64, 128}  # the tiles a 256-key page holds whole
+    assert {c.family for c in seeds_fn(chunk)} == {"splitkv", "fa3"}

@@ -20,7 +20,7 @@ from codegen.families.registry import Family, Grid, HeaderPart
 from core.config import Dtype
 from core.fa3_config import Fa3Config
 from core.family import AnyConfig
-from core.shape import Shape
+from core.shape import DECODE_MAX_NQ, Shape
 
 
 def _fa3(config: AnyConfig) -> Fa3Config:
@@ -99,6 +99,8 @@ FA3 = Family(
     host_prep=fa3_tensor_maps,  # imports torch / cuda-bindings when called
     varlen_host_prep=fa3_varlen_tensor_maps,
     cache_host_prep=fa3_cache_tensor_maps,
+    # Chunked prefill: a decode step's few query rows would fill a 64-row warpgroup tile.
+    serves_cache=lambda problem: problem.n > DECODE_MAX_NQ,
     head_dims=space.HEAD_DIMS,
     est_registers=lambda config: space.accumulator_regs(_fa3(config)) + space.REG_HEADROOM,
     variant_switches=space.VARIANT_SWITCHES,
