@@ -29,6 +29,7 @@ from db.store import Store
 from service.header import UnknownGpuError, export_header, tuned_results, tuned_shape_results
 from tests.support.factories import H200, make_config, make_report, ok_result
 from tests.support.header_probe import PARAMS_CPP
+from tests.support.nvcc import build_host_probe
 from tests.support.service_data import A100, H200_NS, Seeded, make_store, seed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -248,11 +249,7 @@ needs_template = pytest.mark.skipif(
 
 def nvcc(*args: str, cwd: Path) -> None:
     assert NVCC is not None
-    proc = subprocess.run(
-        [NVCC, "-std=c++17", *args], cwd=cwd, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "warning" not in proc.stderr.lower(), proc.stderr
+    build_host_probe(cwd, *args)
 
 
 @pytest.mark.slow

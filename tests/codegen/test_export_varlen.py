@@ -40,6 +40,7 @@ from db.shipped import load_shipped_results
 from db.store import Store
 from service.header import export_header
 from tests.support.factories import H200, make_config, make_report, ok_result
+from tests.support.nvcc import build_host_probe
 from tests.support.service_data import make_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -385,12 +386,7 @@ def run_probe(header: str, tmp_path: Path, targets: tuple[str, ...], units: list
     (tmp_path / "fa2_tuned.cuh").write_text(header)
     (tmp_path / "probe.cu").write_text(PROBE)
     (tmp_path / "other.cu").write_text('#include "fa2_tuned.cuh"\n')
-    proc = subprocess.run(
-        [NVCC, "-std=c++17", *targets, *units, "-o", "probe"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "warning" not in proc.stderr.lower(), proc.stderr
+    build_host_probe(tmp_path, *targets, *units, "-o", "probe")
     args = [str(x) for pair in ASKED for x in pair]
     out = subprocess.run(
         [str(tmp_path / "probe"), *args], capture_output=True, text=True, timeout=60
@@ -553,12 +549,7 @@ def run_fa3_probe(
     (tmp_path / "fa2_tuned.cuh").write_text(header)
     (tmp_path / "probe.cu").write_text(FA3_PROBE.replace("FA3_VL_NAME", fa3_names[0]))
     (tmp_path / "other.cu").write_text('#include "fa2_tuned.cuh"\n')
-    proc = subprocess.run(
-        [NVCC, "-std=c++17", *targets, *units, "-o", "probe"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "warning" not in proc.stderr.lower(), proc.stderr
+    build_host_probe(tmp_path, *targets, *units, "-o", "probe")
     cases = [packed_view_line(c) for c in PACKED_VIEWS]
     out = subprocess.run(
         [str(tmp_path / "probe"), *(["stub"] if stub else [])],

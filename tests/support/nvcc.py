@@ -58,3 +58,15 @@ def build_cache_twins(sample: CacheSample, cache_dir: Path) -> list[tuple[Any, A
         assert r.usable, config.name
         out.append((config, r, base))
     return out
+
+
+def build_host_probe(cwd: Path, *args: str) -> None:
+    """Build a header's client program with nvcc (``-std=c++17``, device code unoptimised:
+    ``-Xcicc -O0``; these programs check what compiles and what the host-side dispatch picks,
+    the kernels' optimised builds are the families' compile tests'), failing on an error or a
+    warning."""
+    nvcc = get_settings().nvcc
+    proc = subprocess.run([nvcc, "-std=c++17", "-Xcicc", "-O0", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "warning" not in proc.stderr.lower(), proc.stderr

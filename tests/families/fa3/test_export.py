@@ -31,6 +31,7 @@ from core.records import MeasureStatus
 from db.store import Store
 from service.header import export_header
 from tests.support.factories import H200, failed_result, make_config, make_report, ok_result
+from tests.support.nvcc import build_host_probe
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "fa2_example.cu"
@@ -184,14 +185,10 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH")
 
 
 def nvcc(*args: str, cwd: Path) -> float:
-    """Run nvcc; the seconds it took."""
+    """Build with nvcc (:func:`tests.support.nvcc.build_host_probe`); the seconds it took."""
     assert NVCC is not None
     start = time.monotonic()
-    proc = subprocess.run(
-        [NVCC, "-std=c++17", *args], cwd=cwd, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "warning" not in proc.stderr.lower(), proc.stderr
+    build_host_probe(cwd, *args)
     return time.monotonic() - start
 
 

@@ -31,6 +31,7 @@ from core.splitkv_config import SplitKvConfig
 from db.store import Store
 from service.header import export_header
 from tests.support.factories import H200, make_config, make_report, ok_result
+from tests.support.nvcc import build_host_probe
 from tests.support.service_data import make_store
 
 WHEN = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -203,12 +204,7 @@ def run_probe(header: str, tmp_path: Path, targets: tuple[str, ...], units: list
     (tmp_path / "fa2_tuned.cuh").write_text(header)
     (tmp_path / "probe.cu").write_text(PROBE.replace("SPLIT_NAME", SPLIT.name))
     (tmp_path / "other.cu").write_text('#include "fa2_tuned.cuh"\n')
-    proc = subprocess.run(
-        [NVCC, "-std=c++17", *targets, *units, "-o", "probe"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"nvcc failed:\n{proc.stdout}\n{proc.stderr}"
-    assert "warning" not in proc.stderr.lower(), proc.stderr
+    build_host_probe(tmp_path, *targets, *units, "-o", "probe")
     args = [str(x) for s, _ in ASKED for x in (s.nq, s.nk, s.batch, s.heads, s.kv_heads)]
     out = subprocess.run(
         [str(tmp_path / "probe"), *args], capture_output=True, text=True, timeout=60
