@@ -12,8 +12,8 @@ templates, space rules, launch geometry and header parts of a family are registe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
-from typing import Any, Protocol, TypeAlias, TypeVar
+from dataclasses import fields, replace
+from typing import Any, Protocol, TypeAlias, TypeVar, cast
 
 from core.config import Dtype
 from core.fa2_config import Fa2Config
@@ -165,3 +165,16 @@ def config_from_params(
     if missing:
         raise ValueError(f"{family} config parameters missing: {', '.join(missing)}")
     return cls.from_dict({"d": d, "dtype": dtype, "causal": causal, **params})
+
+
+def cache_twin(config: AnyConfig, page: int) -> AnyConfig | None:
+    """``config``'s KV-cache kernel of layout ``page`` (``kvcache=True``; 0: a contiguous
+    cache) in tile order, or None for a config type without cache kernels. Not checked
+    against its family's space (``Family.check`` says whether it is in it)."""
+    try:
+        twin: AnyConfig = replace(cast(Any, config), kvcache=True, page=page)
+    except TypeError:  # no kvcache parameter: the family has no cache kernels
+        return None
+    if getattr(twin, "longest_first", False):  # a launch order over dense tiles only
+        twin = replace(cast(Any, twin), longest_first=False)
+    return twin

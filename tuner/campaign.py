@@ -59,7 +59,7 @@ import optuna
 
 from codegen.families import Family, families_for, family_of
 from core.build_report import BuildReport
-from core.family import AnyConfig
+from core.family import AnyConfig, cache_twin
 from core.problem import Problem
 from core.records import GpuInfo
 from db.store import Store
@@ -73,7 +73,7 @@ from tuner.summary import (
     ProblemSummary,
     TimeSplit,
 )
-from tuner.warm_start import WarmStart, cache_twin, with_warm_start
+from tuner.warm_start import WarmStart, with_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -426,7 +426,7 @@ def _defaults(
         # families with cache kernels that serve the problem's phase (split-KV every shape,
         # fa3 chunked prefill: Family.serves_cache).
         if p.is_cache:
-            fams = [f for f in taking(p.d) if takes_cache(f, p) and f.serves_cache(p)]
+            fams = [f for f in taking(p.d) if takes_cache(f, p) and f.serves_cache(p.n)]
         else:
             fams = [f for f in taking(p.d) if f.serves(p) and (not p.is_varlen or f.varlen)]
         return fams if p.variant.plain else with_switches(p, fams)
@@ -490,7 +490,7 @@ def takes_cache(family: Family, problem: Problem) -> bool:
 
 def with_cache(configs: Sequence[AnyConfig], problem: Problem, smem_limit: int) -> list[AnyConfig]:
     """The configs built for ``problem``'s KV-cache layout: each one's cache twin
-    (:func:`tuner.warm_start.cache_twin`: ``kvcache=True``, ``page`` the problem's page size,
+    (:func:`core.family.cache_twin`: ``kvcache=True``, ``page`` the problem's page size,
     0 for a contiguous cache, in tile order), kept only
     where its family's rules take it (``Family.check``: for split-KV,
     :func:`codegen.families.splitkv.space.cache_reasons`); as they are for a dense problem."""

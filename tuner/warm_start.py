@@ -27,10 +27,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
 
 from core.config import Dtype
-from core.family import AnyConfig
+from core.family import AnyConfig, cache_twin
 from core.problem import Problem, kv_page_text
 from core.records import MeasureStatus
 from db.dump_format import TransferError, load_dump
@@ -66,18 +65,6 @@ class WarmStart:
         dense = self.configs.get(shape_key(replace(problem, kv_page=None)), ())
         twins = [t for c in dense if (t := cache_twin(c, problem.kv_page)) is not None]
         return (*own, *[t for t in dict.fromkeys(twins) if t not in own])
-
-
-def cache_twin(config: AnyConfig, page: int) -> AnyConfig | None:
-    """``config``'s KV-cache kernel of layout ``page``, in tile order, or None for a config
-    type without cache kernels."""
-    try:
-        twin: AnyConfig = replace(cast(Any, config), kvcache=True, page=page)
-    except TypeError:  # no kvcache parameter: the family has no cache kernels
-        return None
-    if getattr(twin, "longest_first", False):  # a launch order over dense tiles only
-        twin = replace(cast(Any, twin), longest_first=False)
-    return twin
 
 
 #: Each 16-bit element type and the one whose winners it may start from.
@@ -149,7 +136,6 @@ __all__ = [
     "OTHER_DTYPE",
     "TransferError",
     "WarmStart",
-    "cache_twin",
     "load_warm_start",
     "shape_key",
     "with_warm_start",

@@ -260,8 +260,9 @@ class Family:
         header: this family's part of the exported header.
         serves: whether a campaign searches the family on a problem (every family is correct
             on every shape; this only keeps a family off problems it cannot win).
-        serves_cache: the same for a KV-cache problem, among the families with cache kernels
-            (the Hopper family's are for chunked prefill, not decode steps).
+        serves_cache: whether its cache kernels serve a KV-cache call or problem of this many
+            query rows (the Hopper family's are for chunked prefill, not decode steps): the
+            campaign and the op ask it.
         head_dims: the head dims it has instantiations for (its space is empty for others).
         est_registers: the space's register estimate per thread (``fa2tune space``).
         columns: extra columns of ``fa2tune space --json`` for one config.
@@ -292,7 +293,7 @@ class Family:
     varlen_host_prep: HostPrep | None = None
     cache_host_prep: HostPrep | None = None
     serves: Callable[[Problem], bool] = lambda problem: True
-    serves_cache: Callable[[Problem], bool] = lambda problem: True
+    serves_cache: Callable[[int], bool] = lambda nq: True
     head_dims: tuple[int, ...] = HEAD_DIMS
     est_registers: Callable[[AnyConfig], int] = lambda config: 0
     columns: Callable[[AnyConfig], dict[str, object]] = lambda config: {}

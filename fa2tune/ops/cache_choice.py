@@ -29,10 +29,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from codegen.families import family, family_of
-from core.fa3_config import Fa3Config
+from codegen.families import FAMILIES, family, family_of
+from core.family import cache_twin
 from core.problem import kv_page_of
-from core.shape import is_decode
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
 from fa2tune.ops.choice import (
@@ -55,18 +54,19 @@ log = logging.getLogger(__name__)
 #: op asks the store for split-KV's results only: a faster fa3 result must not hide the best
 #: split-KV one.
 OP_CACHE_FAMILY = "splitkv"
-#: The compute capability the Hopper family's kernels run on.
-HOPPER_CC = "9.0"
 
 
-def hopper_serves(call: Call) -> bool:
-    """Whether a call may run on the Hopper family's cache kernels when ``hopper`` is set: a
-    prefill-length call (chunked prefill) of a head dim the family has, on cc 9.0."""
-    return (
-        not is_decode(call.shape)
-        and call.compute_capability == HOPPER_CC
-        and call.d in family("fa3").head_dims
-    )
+def op_cache_families(call: Call, hopper: bool) -> list[str]:
+    """The families whose cache kernels may serve ``call``: split-KV's, and with ``hopper``
+    first every other family whose cache kernels the op can bind (``Family.cache_host_prep``)
+    and that takes the call's GPU, head dim and phase (``Family.serves_cache``)."""
+    others = [
+        f.name for f in FAMILIES.values()
+        if hopper and f.name != OP_CACHE_FAMILY and f.cache_host_prep is not None
+        and f.arch_for(call.compute_capability) is not None and call.d in f.head_dims
+        and f.serves_cache(call.shape.nq)
+    ]  # fmt: skip
+    return [*others, OP_CACHE_FAMILY]
 
 
 def tuned_cache_choice(
@@ -74,11 +74,12 @@ def tuned_cache_choice(
 ) -> Choice | None:
     """The config of the tuned cache problem of layout ``page`` that answers ``call`` (exact
     shape, else the nearest of its phase; split-KV's, or with ``hopper`` any family's where
-    :func:`hopper_serves`), or None when none is tuned, or the answer is not a cache kernel
+    :func:`op_cache_families`), or None when none is tuned, or the answer is not a cache kernel
     of that layout and the call's variant that builds for its GPU (a store written by hand)."""
     if store is None or call.packed is not None:
         return None
-    only = None if hopper and hopper_serves(call) else OP_CACHE_FAMILY
+    families = op_cache_families(call, hopper)
+    only = None if len(families) > 1 else OP_CACHE_FAMILY
     try:
         found = candidates_of(store, call, kv_page=page, family=only).match(
             call.gpu, call.causal, call.shape, variant=call.variant, kv_page=page
@@ -90,7 +91,7 @@ def tuned_cache_choice(
         return None
     config = found.result.config
     fits = (
-        isinstance(config, (SplitKvConfig, Fa3Config))
+        config.family in families
         and kv_page_of(config) == page
         and serves_variant(config, call.variant)
         and family_of(config).arch_for(call.compute_capability) is not None
@@ -101,24 +102,20 @@ def tuned_cache_choice(
     return Choice(config, source, found.measured, kv_page=page)
 
 
-def hopper_twin(base: Choice, page: int) -> Choice | None:
-    """The Hopper family's cache twin of a dense Hopper pick (tile order, dense queries), or
-    None when the pick is not a Hopper config or its tile does not suit the page size."""
-    if not isinstance(base.config, Fa3Config):
-        return None
-    twin = replace(base.config, kvcache=True, page=page, varlen=False, longest_first=False)
-    if not family_of(twin).check(twin, ANY_SMEM)[0]:  # the tile's shared memory held already
+def twin_choice(base: Choice, page: int) -> Choice | None:
+    """A choice's config as its cache twin of layout ``page`` (tile order), or None when its
+    family has no cache kernels or its space does not take the twin."""
+    twin = cache_twin(base.config, page)
+    if twin is None or not family_of(twin).check(twin, ANY_SMEM)[0]:  # smem held already
         return None
     return Choice(twin, base.source, base.measured)
 
 
-def hopper_default(call: Call, page: int) -> Choice | None:
-    """The Hopper family's default tile for the call's key (with its variant's switches) as
-    its cache twin, or None when the family or the page size cannot take it."""
-    fitted, _ = with_variant(family("fa3").default(call.d, call.dtype, call.causal), call.variant)
-    if fitted is None:
-        return None
-    return hopper_twin(Choice(fitted, "default", None), page)
+def family_default_twin(name: str, call: Call, page: int) -> Choice | None:
+    """Family ``name``'s default tile for the call's key (with its variant's switches) as its
+    cache twin, or None when the family or the page size cannot take it."""
+    fitted, _ = with_variant(family(name).default(call.d, call.dtype, call.causal), call.variant)
+    return None if fitted is None else twin_choice(Choice(fitted, "default", None), page)
 
 
 def cache_choice(store: Store | None, call: Call, page: int, hopper: bool = False) -> Choice:
@@ -137,10 +134,13 @@ def cache_choice(store: Store | None, call: Call, page: int, hopper: bool = Fals
         base = choose(store, call)
     except Unsupported:
         base = None
-    if hopper and hopper_serves(call):
-        twin = hopper_twin(base, page) if base is not None else None
-        if twin is None:  # the dense pick is another family's, or none: the family default
-            twin = hopper_default(call, page)
+    others = op_cache_families(call, hopper)[:-1]
+    if base is not None and base.config.family in others:
+        twin = twin_choice(base, page)
+        if twin is not None:
+            return twin
+    for name in others:  # the dense pick is another family's, or none: a family default
+        twin = family_default_twin(name, call, page)
         if twin is not None:
             return twin
     if base is not None and isinstance(base.config, SplitKvConfig):

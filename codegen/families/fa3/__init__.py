@@ -100,7 +100,7 @@ FA3 = Family(
     varlen_host_prep=fa3_varlen_tensor_maps,
     cache_host_prep=fa3_cache_tensor_maps,
     # Chunked prefill: a decode step's few query rows would fill a 64-row warpgroup tile.
-    serves_cache=lambda problem: problem.n > DECODE_MAX_NQ,
+    serves_cache=lambda nq: nq > DECODE_MAX_NQ,
     head_dims=space.HEAD_DIMS,
     est_registers=lambda config: space.accumulator_regs(_fa3(config)) + space.REG_HEADROOM,
     variant_switches=space.VARIANT_SWITCHES,
