@@ -146,11 +146,12 @@ class Settings(BaseSettings):
         "when a cache shape is first decided; not during CUDA-graph capture)",
     )
     fa3_cache: bool = Field(
-        default=False,
+        default=True,
         description="fa2tune.torch: attention_with_kvcache serves prefill-length calls (more "
         "than 16 query rows: chunked prefill) on compute capability 9.0 with the Hopper "
-        "family's cache kernels instead of split-KV's (experimental: the kernels passed their "
-        "GPU tier, this op path has not run on a GPU yet; read when a cache shape is first "
+        "family's cache kernels ahead of split-KV's (H200, 2k new over 32k cached: 0.74-1.01x "
+        "the dense kernel's rate from pages of 16 to a contiguous cache, against 0.16-0.32x on "
+        "split-KV's; off: split-KV's cache kernels only; read when a cache shape is first "
         "decided)",
     )
     autotune: Literal["off", "cached", "on_first_call"] = Field(

@@ -30,10 +30,22 @@ from tuner.summary import CampaignSummary, ProblemSummary, TrialEvent
 
 
 def problem_label(problem: Problem) -> str:
-    """Short human label, e.g. ``d128 n4096 fp16 causal``."""
+    """Short human label, e.g. ``d128 n4096 fp16 causal b2 h16``; every part of the key that
+    tells two problems of one campaign apart is in it (keys, KV heads, varlen, variant, cache
+    layout), as in ``d128 n2048 nk34816 bf16 causal b1 h32:8 pg16``."""
     mask = "causal" if problem.causal else "full"
-    extra = f" b{problem.batch} h{problem.heads}"
-    return f"d{problem.d} n{problem.n} {problem.dtype} {mask}{extra}"
+    keys = f" nk{problem.nk}" if problem.nk is not None and problem.nk != problem.n else ""
+    heads = f"h{problem.heads}"
+    if problem.n_kv_heads != problem.heads:
+        heads += f":{problem.n_kv_heads}"
+    parts = [f"d{problem.d} n{problem.n}{keys} {problem.dtype} {mask} b{problem.batch} {heads}"]
+    if problem.seqlens is not None:
+        parts.append(f"varlen {min(problem.seqlens)}-{max(problem.seqlens)}")
+    if not problem.variant.plain:
+        parts.append(problem.variant.describe())
+    if problem.kv_page is not None:
+        parts.append(f"pg{problem.kv_page}" if problem.kv_page else "kvc")
+    return " ".join(parts)
 
 
 def _fmt_ms(ms: float | None) -> str:

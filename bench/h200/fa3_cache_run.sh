@@ -19,10 +19,13 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FA2TUNE_CACHE_DIR=/tmp/fa2ca
 DBFILE=/tmp/fa3_cache.db; DB=sqlite:///$DBFILE
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > "$OUT/env.txt"
 git rev-parse HEAD >> "$OUT/env.txt" 2>/dev/null
+# TIERS=0 skips step 1 (when an earlier call of the same session ran the tiers).
+if [ "${TIERS:-1}" != 0 ]; then
 timeout "${TIER_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu -rfEs \
   tests/families/fa3/test_gpu_cache.py tests/fa2tune/test_gpu_torch_kvcache.py -k "fa3 or hopper" \
   > "$OUT/tiers.log" 2>&1
 echo "tiers: $(tail -1 "$OUT/tiers.log")" | tee -a "$OUT/env.txt"
+fi
 python3 -m fa2tune.cli --db "$DB" tune --family fa3 \
   --workload bench/h200/chunked_prefill_workload.yaml --trials "${TRIALS:-8}" \
   --time-budget "${BUDGET:-5m}" --summary-json "$OUT/summary.json" > "$OUT/tune.log" 2>&1

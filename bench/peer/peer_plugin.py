@@ -16,8 +16,12 @@ it changes no test, only which run and how their outcomes are counted:
 * a test whose call raised NotImplementedError is counted ``unsupported`` (fa2tune.flash_attn
   refusing an argument or a call its kernels do not serve), with the message as its reason;
   other failures and errors are ``failed``;
+* which of fa2tune's kernel families served each item: every item decides its calls afresh
+  (``fa2tune.torch.clear_caches`` before it) and the choices fa2tune logs
+  (``FA2TUNE_PRINT_CHOICE``, which the runner sets) name the configs; an item counts once for
+  every family it ran (``none``: no kernel decided, e.g. a skip or a refusal);
 * at the end a summary per test function (selected, passed, failed, skipped, unsupported)
-  and the most common unsupported reasons and failures, written as ``summary.json`` and
+  and the most common unsupported reasons and failures, the items per kernel family, written as ``summary.json`` and
   ``summary.txt`` into ``FA2TUNE_PEER_OUT`` (default ``peer-results``) and printed; the
   session's exit status is 0 when nothing failed (unsupported tests are expected: they are
   what the interface says it does not run), 1 otherwise.
@@ -26,6 +30,7 @@ it changes no test, only which run and how their outcomes are counted:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections import Counter, defaultdict
@@ -41,6 +46,24 @@ NOT_APPLICABLE: dict[str, str] = {
 }
 
 _PROPERTY = "fa2tune_unsupported"
+_KERNELS = "fa2tune_kernels"
+
+#: A config name in a choice line: its family is the name's first part.
+_CONFIG = re.compile(r"\b(fa2|fa3|splitkv)_d\d+_\w+")
+
+
+class _ChoiceLog(logging.Handler):
+    """The kernel families fa2tune's choice lines of the running item name."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.families: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.families.update(m.group(1) for m in _CONFIG.finditer(record.getMessage()))
+
+
+_choices = _ChoiceLog()
 
 
 def _function(nodeid: str) -> str:
@@ -102,6 +125,7 @@ class _Summary:
         self.not_applicable: dict[str, str] = {}
         self.outcome: dict[str, str] = {}
         self.reason: dict[str, str] = {}
+        self.kernels: dict[str, list[str]] = {}
 
     def record(self, report: pytest.TestReport) -> None:
         if report.when != "call" and report.passed:
@@ -118,6 +142,9 @@ class _Summary:
         else:
             outcome = "passed"
         self.outcome[report.nodeid] = outcome
+        kernels = dict(report.user_properties).get(_KERNELS)
+        if report.when == "call" and kernels is not None:
+            self.kernels[report.nodeid] = str(kernels).split(",") if kernels else []
 
     def table(self) -> dict[str, Any]:
         by_fn: dict[str, Counter[str]] = defaultdict(Counter)
@@ -131,6 +158,9 @@ class _Summary:
                               if o == "unsupported")  # fmt: skip
         failures = Counter(_shape(self.reason[n]) for n, o in self.outcome.items()
                            if o == "failed")  # fmt: skip
+        kernels: dict[str, Counter[str]] = defaultdict(Counter)
+        for nodeid, families in self.kernels.items():
+            kernels[_function(nodeid)].update(families or ["none"])
         total: Counter[str] = Counter()
         for counts in by_fn.values():
             total.update({k: v for k, v in counts.items() if k != "collected"})
@@ -138,6 +168,7 @@ class _Summary:
             "functions": {fn: dict(c) for fn, c in sorted(by_fn.items())},
             "total": dict(total),
             "not_applicable": dict(self.not_applicable),
+            "kernels": {fn: dict(sorted(c.items())) for fn, c in sorted(kernels.items())},
             "unsupported_reasons": unsupported.most_common(20),
             "failures": failures.most_common(20),
             "failed_tests": sorted(n for n, o in self.outcome.items() if o == "failed")[:200],
@@ -177,6 +208,10 @@ def render(table: dict[str, Any]) -> str:
         f"{total.get(c, 0) if c != 'collected' else '':>11}" for c in COLUMNS))  # fmt: skip
     for name, why in table["not_applicable"].items():
         lines.append(f"not applicable: {name}: {why}")
+    if table.get("kernels"):
+        lines.append("items per kernel family that served them:")
+        lines += [f"  {fn.split('::')[-1]}: " + ", ".join(f"{k} {n}" for k, n in c.items())
+                  for fn, c in table["kernels"].items()]  # fmt: skip
     if table["unsupported_reasons"]:
         lines.append("unsupported (NotImplementedError), most common reasons:")
         lines += [f"  {n:>6}  {reason}" for reason, n in table["unsupported_reasons"]]
@@ -220,10 +255,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item, k in zip(applicable, keep, strict=True) if k]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    logger = logging.getLogger("fa2tune")
+    logger.addHandler(_choices)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)  # the dense op's choice lines are INFO records
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _choices.families.clear()
+    try:
+        from fa2tune.torch import clear_caches
+    except ImportError:  # without torch the tests cannot import the interface either
+        return
+    clear_caches()  # so this item's calls are decided (and their choices logged) again
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     outcome = yield
     report = outcome.get_result()
+    if call.when == "call":
+        report.user_properties.append((_KERNELS, ",".join(sorted(_choices.families))))
     if call.excinfo is not None and call.excinfo.errisinstance(NotImplementedError):
         # Carried on the report (user_properties travel from xdist workers to the
         # controller, the exception itself does not).

@@ -53,6 +53,8 @@ export FLASH_ATTENTION_DISABLE_BACKWARD=TRUE
 export FLASH_ATTENTION_DISABLE_PAGEDKV="${FLASH_ATTENTION_DISABLE_PAGEDKV:-FALSE}"
 export FLASH_ATTENTION_DISABLE_APPENDKV="${FLASH_ATTENTION_DISABLE_APPENDKV:-FALSE}"
 export FLASH_ATTENTION_DISABLE_FP8=TRUE
+# fa2tune logs each choice it makes (the plugin counts the kernel families that ran).
+export FA2TUNE_PRINT_CHOICE=1
 
 export PYTHONPATH="$root/bench/peer/alias:$root/bench/peer:$root${PYTHONPATH:+:$PYTHONPATH}"
 

@@ -16,8 +16,8 @@ by its lengths: its shape's key count is the capacity.
    ``source`` says where the tile came from and ``kv_page`` is None (not measured as a cache
    kernel).
 
-Both rules take split-KV's cache kernels only, unless ``hopper`` (``Settings.fa3_cache``) is
-set: then a prefill-length call (more than :data:`~core.shape.DECODE_MAX_NQ` query rows) on
+Both rules take split-KV's cache kernels only, unless ``hopper`` (``Settings.fa3_cache``, on
+by default) is set: then a prefill-length call (more than :data:`~core.shape.DECODE_MAX_NQ` query rows) on
 compute capability 9.0 may also take the Hopper family's (``fa3_..._kvc``): a tuned fa3 cache
 result in rule 1, and in rule 2 the dense pick's twin when that pick is a Hopper config whose
 tile the page size suits (:func:`codegen.families.fa3.space.cache_reasons`), else the
@@ -49,10 +49,9 @@ from fa2tune.ops.choice import (
 
 log = logging.getLogger(__name__)
 
-#: The family whose cache kernels the op launches by default. The Hopper family's cache
-#: kernels (``fa3_..._kvc``) are tuned and answered by the service, but without ``hopper`` the
-#: op asks the store for split-KV's results only: a faster fa3 result must not hide the best
-#: split-KV one.
+#: The family whose cache kernels serve every cache call the others do not take (decode, GPUs
+#: other than Hopper). Without ``hopper`` the op asks the store for its results only: a faster
+#: fa3 result must not hide the best split-KV one.
 OP_CACHE_FAMILY = "splitkv"
 
 

@@ -10,9 +10,9 @@ each sequence's length in an int32 tensor on the GPU. A call here
    host read), then
 2. attends ``q`` (``[B, Nq, Hq, D]``) to each sequence's ``cache_seqlens[b] + Nnew`` keys,
    causal masks and windows bottom-right aligned at that length (FlashAttention's
-   ``flash_attn_with_kvcache`` semantics), on the split-KV family's cache kernels, or with
-   ``Settings.fa3_cache`` a chunked prefill on the Hopper family's
-   (:mod:`fa2tune.ops.cache_choice`).
+   ``flash_attn_with_kvcache`` semantics), on the split-KV family's cache kernels, a
+   chunked prefill on an H100/H200 on the Hopper family's (``Settings.fa3_cache``, on by
+   default; :mod:`fa2tune.ops.cache_choice`).
 
 Nothing on the per-call path depends on the lengths' values: the decision is keyed by the
 shapes (capacity, page size, batch, heads, head dim, new rows), dtype, mask and variant, made

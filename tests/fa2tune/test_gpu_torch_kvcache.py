@@ -1,8 +1,9 @@
 """KV-cache attention through fa2tune.torch and fa2tune.flash_attn on a real GPU (marker
 ``gpu``).
 
-First-use tuning is off: every call gets the split-KV cache kernel of its default tile
-(``_kvc``, paged ``_kvc_pg<P>``), with ``fallback=False``. Each case draws random caches,
+First-use tuning is off and ``Settings.fa3_cache`` too: every call gets the split-KV cache
+kernel of its default tile (``_kvc``, paged ``_kvc_pg<P>``), with ``fallback=False``, but in
+the Hopper family's test, which turns it on. Each case draws random caches,
 lengths (0, 1, a full cache and values between), new keys to append and queries, runs the
 kernel and the op's torch implementation (:mod:`fa2tune.ops.kvcache_fallback`, float32
 maths; checked against brute force on CPU in test_torch_kvcache_cpu.py) on copies of the
@@ -36,13 +37,22 @@ pytestmark = [
 
 @pytest.fixture(autouse=True)
 def _defaults_only() -> Iterator[None]:
+    """Family defaults only, and split-KV's cache kernels only (``fa3_cache`` off: a chunked
+    prefill case on an H200 would otherwise run the Hopper family's, which
+    :func:`test_hopper_cache_kernels_match_the_torch_path` checks with it on)."""
+    from core import settings as settings_module
+    from core.settings import override_settings
     from fa2tune.torch import autotune, clear_caches
 
+    saved = dict(settings_module._overrides)
+    override_settings(fa3_cache=False)
     autotune("off")
     clear_caches()
     yield
     clear_caches()
     autotune("cached")
+    settings_module._overrides.clear()
+    settings_module._overrides.update(saved)
 
 
 @dataclass(frozen=True)

@@ -147,3 +147,39 @@ def test_sample_is_per_function_and_deterministic() -> None:
     assert sample(ids, 2, 0) == [True, False, True, False, True, True, True, False, True]
     assert sample(ids, 2, 1) == [False, True, False, True, False, False, False, True, False]
     assert sample(ids, 1, 0) == [True] * len(ids)
+
+
+CHOICE_TESTS = """
+import logging
+
+import pytest
+import torch
+from flash_attn_interface import flash_attn_func
+
+FAMILIES = {0: ["fa3"], 1: ["splitkv"], 2: ["fa3", "splitkv"], 3: []}
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_logs_choices(i):
+    # what fa2tune's choice lines look like (FA2TUNE_PRINT_CHOICE): one per decided call
+    for family in FAMILIES[i]:
+        logging.getLogger("fa2tune.ops.kvcache").warning(
+            "fa2tune.torch: kvcache %s_d128_bf16_causal_m128_n128_kvc (tuned) for B=1", family)
+    assert logging.getLogger("fa2tune").getEffectiveLevel() <= logging.INFO
+
+
+def test_refused():
+    q = torch.randn(1, 4, 2, 64)
+    flash_attn_func(q, q, q)  # CPU tensors: NotImplementedError, no kernel decided
+"""
+
+
+def test_runner_counts_the_kernel_families_each_item_ran(peer: Path) -> None:
+    (peer / "test_flash_attn.py").write_text(CHOICE_TESTS)
+    code, summary, log = _run(peer, every=1)
+    assert code == 0, log
+    kernels = {name.split("::")[-1]: c for name, c in summary["kernels"].items()}
+    assert kernels == {"test_logs_choices": {"fa3": 2, "none": 1, "splitkv": 2},
+                       "test_refused": {"none": 1}}  # fmt: skip
+    text = (peer.parent / "out" / "summary.txt").read_text()
+    assert "test_logs_choices: fa3 2, none 1, splitkv 2" in text
