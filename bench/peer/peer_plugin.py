@@ -20,11 +20,11 @@ it changes no test, only which run and how their outcomes are counted:
   (``fa2tune.torch.clear_caches`` before it) and the choices fa2tune logs
   (``FA2TUNE_PRINT_CHOICE``, which the runner sets) name the configs; an item counts once for
   every family it ran (``none``: no kernel decided, e.g. a skip or a refusal);
-* at the end a summary per test function (selected, passed, failed, skipped, unsupported)
-  and the most common unsupported reasons and failures, the items per kernel family, written as ``summary.json`` and
-  ``summary.txt`` into ``FA2TUNE_PEER_OUT`` (default ``peer-results``) and printed; the
-  session's exit status is 0 when nothing failed (unsupported tests are expected: they are
-  what the interface says it does not run), 1 otherwise.
+* at the end a summary per test function (selected, passed, failed, skipped, unsupported), the most
+  common unsupported reasons and failures and the items per kernel family, written as
+  ``summary.json`` and ``summary.txt`` into ``FA2TUNE_PEER_OUT`` (default ``peer-results``) and
+  printed; the session's exit status is 0 when nothing failed (unsupported tests are expected: they
+  are what the interface says it does not run), 1 otherwise.
 """
 
 from __future__ import annotations

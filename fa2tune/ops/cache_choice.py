@@ -16,12 +16,12 @@ by its lengths: its shape's key count is the capacity.
    ``source`` says where the tile came from and ``kv_page`` is None (not measured as a cache
    kernel).
 
-Both rules take split-KV's cache kernels only, unless ``hopper`` (``Settings.fa3_cache``, on
-by default) is set: then a prefill-length call (more than :data:`~core.shape.DECODE_MAX_NQ` query rows) on
-compute capability 9.0 may also take the Hopper family's (``fa3_..._kvc``): a tuned fa3 cache
-result in rule 1, and in rule 2 the dense pick's twin when that pick is a Hopper config whose
-tile the page size suits (:func:`codegen.families.fa3.space.cache_reasons`), else the
-family's default tile's twin (source ``default``), ahead of split-KV's default.
+Both rules take split-KV's cache kernels only, unless ``hopper`` (``Settings.fa3_cache``, on by
+default) is set: then a prefill-length call (more than :data:`~core.shape.DECODE_MAX_NQ` query rows)
+on compute capability 9.0 may also take the Hopper family's (``fa3_..._kvc``): a tuned fa3 cache
+result in rule 1, and in rule 2 the dense pick's twin when that pick is a Hopper config whose tile
+the page size suits (:func:`codegen.families.fa3.space.cache_reasons`), else the family's default
+tile's twin (source ``default``), ahead of split-KV's default.
 """
 
 from __future__ import annotations
