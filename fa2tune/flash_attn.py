@@ -286,15 +286,18 @@ def flash_attn_with_kvcache(
     appending ``k``/``v`` ``[B, Nnew, Hkv, D]`` in place at each sequence's length
     (:func:`fa2tune.torch.attention_with_kvcache`). ``cache_seqlens``: int32 ``[B]`` on the
     device, an int for all, or None (every sequence uses the whole capacity; refused with
-    ``k``/``v`` to append, whose place it would leave unsaid).
+    ``k``/``v`` to append, whose place it would leave unsaid). ``cache_leftpad``: int32
+    ``[B]``, sequence ``b``'s first key in a contiguous cache (a paged cache with left padding
+    is refused, as FlashAttention-2 refuses it).
 
     Returns:
         ``out``, or with ``return_softmax_lse`` ``(out, softmax_lse)`` (``[B, Hq, Nq]``).
 
     Raises:
-        NotImplementedError: rotary embedding, left padding, packed queries or new keys
-            (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``), another refused
-            argument (named), or a call the kernels cannot serve (with the reason).
+        NotImplementedError: rotary embedding, left padding over a paged cache, packed
+            queries or new keys (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``),
+            another refused argument (named), or a call the kernels cannot serve (with the
+            reason).
         ValueError: bad arguments.
     """
     del rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin  # hints
@@ -303,7 +306,6 @@ def flash_attn_with_kvcache(
         "rotary_sin (rotary embedding)": rotary_sin,
         # rotary_seqlens only matters with rotary_cos (FlashAttention-3 ignores it without)
         "rotary_seqlens (rotary embedding)": rotary_seqlens if rotary_cos is not None else None,
-        "cache_leftpad (left-padded caches)": cache_leftpad,
         "cu_seqlens_q (packed queries over a cache)": cu_seqlens_q,
         "cu_seqlens_k_new (packed new keys)": cu_seqlens_k_new,
         "max_seqlen_q (packed queries over a cache)": max_seqlen_q,
@@ -319,7 +321,7 @@ def flash_attn_with_kvcache(
         out, lse = run_with_kvcache(
             _last_dim_contiguous(q), k_cache, v_cache, k, v,
             lengths_tensor(cache_seqlens, q, k_cache, k, page_table), page_table,
-            cache_batch_idx, bool(causal), float(scale), _window(window_size),
+            cache_batch_idx, cache_leftpad, bool(causal), float(scale), _window(window_size),
             int(attention_chunk), float(softcap), sinks, return_softmax_lse, False,
         )  # fmt: skip
     except Unsupported as exc:

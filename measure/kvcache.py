@@ -191,7 +191,7 @@ def bind_cache(
     table = cache.block_table
     kc = FaKvCache(cache.seqlens.data_ptr(), None,
                    table.data_ptr() if table is not None else None,
-                   int(table.stride(0)) if table is not None else 0, 0)  # fmt: skip
+                   int(table.stride(0)) if table is not None else 0, 0, None)  # fmt: skip
     grid, block = launch_geometry(config, nq, hq, b, nk=cache.capacity, kv_heads=hkv)
     bound = kernel.bind(params, grid, block, config.smem_bytes, stream, (*workspace, fv, kc))
     return CacheLaunch(bound, cache, (workspace, fv, kc, inputs.sinks, q_b, o_b))

@@ -373,7 +373,8 @@ def variant_params(
 class FaKvCache(ctypes.Structure):
     """A KV-cache kernel's last argument (``codegen/templates/fa_params.cuh``): device
     pointers to each sequence's cached length, the batch-to-cache-row map and the block
-    table, the table's row stride and the keys this call appended."""
+    table, the table's row stride, the keys this call appended, and each sequence's first key
+    in a left-padded contiguous cache (null: 0)."""
 
     _fields_ = [
         ("seqlens", ctypes.c_void_p),
@@ -381,11 +382,13 @@ class FaKvCache(ctypes.Structure):
         ("block_table", ctypes.c_void_p),
         ("table_stride", ctypes.c_int32),
         ("added", ctypes.c_int32),
+        ("leftpad", ctypes.c_void_p),
     ]
 
 
-assert ctypes.sizeof(FaKvCache) == 32 and ctypes.alignment(FaKvCache) == 8
+assert ctypes.sizeof(FaKvCache) == 40 and ctypes.alignment(FaKvCache) == 8
 assert FaKvCache.table_stride.offset == 24 and FaKvCache.added.offset == 28
+assert FaKvCache.leftpad.offset == 32
 
 
 def cache_params(

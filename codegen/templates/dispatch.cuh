@@ -206,9 +206,12 @@
 //     values: seqlens [batch], the keys each sequence has before this call; batch_idx
 //     [batch] or nullptr, the cache row (paged: block-table row) of each batch row;
 //     block_table [rows, table_stride] (paged only, nullptr for a contiguous cache), the
-//     page of each page_size keys; table_stride; added, the new rows of this call.
+//     page of each page_size keys; table_stride; added, the new rows of this call; leftpad
+//     [batch] or nullptr (contiguous caches only), each sequence's first key.
 //     Sequence b attends to L = min(seqlens[b] + added, nk) keys, causal masks and windows
-//     bottom-right aligned at L (query i sees key j iff j <= i + L - nq).
+//     bottom-right aligned at L (query i sees key j iff j <= i + L - nq); with leftpad to
+//     keys [leftpad[b], L), counted from leftpad[b] (L - leftpad[b] keys, as FlashAttention's
+//     cache_leftpad).
 //     append (nullptr: none) gives the new rows, FaKvAppend (kv_append.cuh, inlined below):
 //     k_new, v_new [batch, rows, kv_heads, D] with their batch, row and head strides
 //     (elements, multiples of 8; 16-byte aligned pointers) and rows == kc.added; its
@@ -225,7 +228,8 @@
 //     Returns cudaErrorInvalidValue for what fa2tune_forward refuses (p checked with nk the
 //     capacity, which must be >= 1), a page size this header has no kernels for (not a power
 //     of two, or not exported: fa2tune_kvcache_has_page_size), null or misaligned seqlens,
-//     batch_idx or (paged) block_table, a block table given for a contiguous cache,
+//     batch_idx, leftpad or (paged) block_table, a block table given for a contiguous cache,
+//     leftpad given for a paged one,
 //     table_stride < ceil(nk / page_size) for a paged one, added < 0 or > nk, an append whose
 //     rows are not kc.added or whose pointers or strides are misaligned, a bad variant value;
 //     cudaErrorNotSupported for a variant whose switches the header has no kernels of (as

@@ -251,18 +251,18 @@ __device__ __forceinline__ int first_tile(const BlockCoord& bc) {
 
 // ---------------------------------------------------------------------------------------------
 // A cache kernel's TMA coordinates (row, batch) of its key `key`: in a contiguous cache row
-// `key` of cache row `cache_row`; in a paged one row key % Page of page table[key / Page] (the
+// `first + key` of cache row `cache_row` (first: the sequence's left padding); in a paged one row key % Page of page table[key / Page] (the
 // K/V descriptors see the pages as the batch: [pages, Page, kv_heads, D]). A box past the
 // sequence's last key reads the last key's page, whose rows there the mask hides.
 template <class T>
 __device__ __forceinline__ void cache_coord(int key, int nk, const int32_t* table, int cache_row,
-                                            int* row, int* batch) {
+                                            int first, int* row, int* batch) {
   if constexpr (T::kPage > 0) {
     const int page = table[min(key, nk - 1) / T::kPage];
     *row = key % T::kPage;
     *batch = page;
   } else {
-    *row = key;
+    *row = first + key;
     *batch = cache_row;
   }
 }
@@ -271,11 +271,12 @@ __device__ __forceinline__ void cache_coord(int key, int nk, const int32_t* tabl
 template <class T>
 __device__ __forceinline__ void load_cache_tile(uint32_t dst, const CUtensorMap* map,
                                                 uint32_t bar, int key0, int kv_head, int nk,
-                                                const int32_t* table, int cache_row) {
+                                                const int32_t* table, int cache_row,
+                                                int first) {
 #pragma unroll
   for (int l = 0; l < T::kKVLoads; ++l) {
     int row, batch;
-    cache_coord<T>(key0 + l * T::kKVBoxRows, nk, table, cache_row, &row, &batch);
+    cache_coord<T>(key0 + l * T::kKVBoxRows, nk, table, cache_row, first, &row, &batch);
 #pragma unroll
     for (int b = 0; b < T::kDBoxes; ++b)
       tma_load_4d(dst + b * T::kKVBoxBytes + l * T::kKVBoxRows * 128, map, bar, b * T::kBoxCols,
@@ -287,7 +288,7 @@ template <class T>
 __device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, Bars<T> bars,
                                          const CUtensorMap* tq, const CUtensorMap* tk,
                                          const CUtensorMap* tv, const int32_t* table = nullptr,
-                                         int cache_row = 0) {
+                                         int cache_row = 0, int first = 0) {
   constexpr int S = T::Stages;
   // Packed tensors are one batch; their sequences start at row offsets instead.
   const int tma_batch = T::Varlen ? 0 : bc.batch;
@@ -309,11 +310,11 @@ __device__ __forceinline__ void producer(const BlockCoord& bc, uint32_t sbase, B
       if (j >= S) mbar_wait(bars.k_empty(st), empty_parity);
       mbar_arrive_expect_tx(bars.k_full(st), T::kKVBytes);
       load_cache_tile<T>(sbase + T::kKOff + st * T::kKVBytes, tk, bars.k_full(st), row,
-                         bc.kv_head, bc.nk, table, cache_row);
+                         bc.kv_head, bc.nk, table, cache_row, first);
       if (j >= S) mbar_wait(bars.v_empty(st), empty_parity);
       mbar_arrive_expect_tx(bars.v_full(st), T::kKVBytes);
       load_cache_tile<T>(sbase + T::kVOff + st * T::kKVBytes, tv, bars.v_full(st), row,
-                         bc.kv_head, bc.nk, table, cache_row);
+                         bc.kv_head, bc.nk, table, cache_row, first);
       continue;
     }
     if (j >= S) mbar_wait(bars.k_empty(st), empty_parity);
@@ -787,7 +788,8 @@ __device__ __forceinline__ void block_coord_longest_first(const FaParams& p, Blo
 // KV caches (T::kCache, the `_kvc` / `_kvc_pg<P>` configs): the queries are dense (FaParams'
 // nq, strides and batch), FaParams' nk is the cache's capacity, and sequence b attends to
 // its first min(kc.seqlens[b] + kc.added, nk) keys, read on the device (causal: bottom-right
-// over its own length, as split-KV's cache kernels and FlashAttention-3 have it). Its keys are
+// over its own length, as split-KV's cache kernels and FlashAttention-3 have it), from key
+// kc.leftpad[b] on in a left-padded contiguous cache. Its keys are
 // those of cache row kc.batch_idx[b] (b when null) of a contiguous cache, or of the pages its
 // block-table row (the same row rule) lists; the K and V descriptors are over the cache as it
 // is ([rows, capacity, kv_heads, D] or [pages, Page, kv_heads, D]).
@@ -830,13 +832,18 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
   }
   const int32_t* table = nullptr;  // a paged cache: this sequence's block-table row
   int cache_row = 0;               // a contiguous cache: this sequence's cache row
+  int first = 0;                   // ... and its first key (left padding before it)
   if constexpr (T::kCache) {
-    bc.nk = max(0, min(kc.seqlens[bc.batch] + kc.added, p.nk));
+    const int length = max(0, min(kc.seqlens[bc.batch] + kc.added, p.nk));
+    bc.nk = length;
     const int row = kc.batch_idx != nullptr ? kc.batch_idx[bc.batch] : bc.batch;
-    if constexpr (T::kPage > 0)
+    if constexpr (T::kPage > 0) {
       table = kc.block_table + static_cast<int64_t>(row) * kc.table_stride;
-    else
+    } else {
       cache_row = row;
+      if (kc.leftpad != nullptr) first = min(max(kc.leftpad[bc.batch], 0), length);
+      bc.nk = length - first;
+    }
   }
   // Read where they are used, as the dense kernel always has (its code stays the same).
   auto len_q = [&]() { return T::Varlen ? bc.nq : p.nq; };
@@ -900,7 +907,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, const CUtensorMap* t
   const int wg = tid / 128;
   if (wg == 0) {
     if constexpr (T::kSplitRegs) reg_dealloc<T::kProducerRegs>();
-    if (tid == 0) producer<T>(bc, sbase, bars, tq, tk, tv, table, cache_row);
+    if (tid == 0) producer<T>(bc, sbase, bars, tq, tk, tv, table, cache_row, first);
   } else {
     if constexpr (T::kSplitRegs) reg_alloc<T::ConsumerRegs>();
     consumer<T>(p, bc, sbase, gbase, bars, wg - 1, vl, var);

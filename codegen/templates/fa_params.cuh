@@ -57,15 +57,19 @@ static_assert(sizeof(FaVariant) == 24 && alignof(FaVariant) == 8, "FaVariant is 
 // [pages, page size, kv_heads, D], sequence b's key j in page
 // block_table[row * table_stride + j / page size] with row = batch_idx[b] (or b); FaParams'
 // k/v batch strides are then the page strides and nk the capacity (table_stride * page
-// size). Lengths past nk are clamped to it.
+// size). Lengths past nk are clamped to it. A left-padded contiguous cache (leftpad, as
+// FlashAttention's cache_leftpad) starts sequence b at key leftpad[b]: it attends to keys
+// [leftpad[b], length), counted from there (its masks align at length - leftpad[b]); paged
+// caches take no leftpad (the host refuses it; their kernels ignore the field).
 struct FaKvCache {
   const int32_t* seqlens;      // [batch] keys cached before this call's appended ones
   const int32_t* batch_idx;    // [batch] cache (or block-table) row of each batch row, or null
   const int32_t* block_table;  // [batch, table_stride] page of each page-sized key block
   int32_t table_stride;        // entries between two sequences' rows of block_table
   int32_t added;               // keys appended by this call, counted into every length
+  const int32_t* leftpad;      // [batch] first key of each sequence (a contiguous cache), or null
 };
-static_assert(sizeof(FaKvCache) == 32 && alignof(FaKvCache) == 8, "FaKvCache is part of the ABI");
+static_assert(sizeof(FaKvCache) == 40 && alignof(FaKvCache) == 8, "FaKvCache is part of the ABI");
 
 static_assert(sizeof(FaParams) == 160, "FaParams layout is part of the ABI");
 static_assert(alignof(FaParams) == 8, "FaParams alignment is part of the ABI");
@@ -88,6 +92,7 @@ static_assert(offsetof(FaParams, batch) == 136 && offsetof(FaParams, q_heads) ==
               "scalar offsets");
 static_assert(offsetof(FaVariant, softcap) == 12 && offsetof(FaVariant, sinks) == 16,
               "FaVariant offsets");
-static_assert(offsetof(FaKvCache, table_stride) == 24 && offsetof(FaKvCache, added) == 28,
+static_assert(offsetof(FaKvCache, table_stride) == 24 && offsetof(FaKvCache, added) == 28 &&
+                  offsetof(FaKvCache, leftpad) == 32,
               "FaKvCache offsets");
 #endif  // __CUDACC_RTC__

@@ -93,13 +93,15 @@ inline bool aligned4(const void* ptr) {
 
 // What the host can check of a cache call (the ABI's rules for p, with nk the capacity; the
 // page size built; the length and table pointers given and aligned for int32; room in each
-// block-table row for every page of a capacity-long sequence). The values behind the device
-// pointers (lengths, batch indices, page numbers) cannot be checked here.
+// block-table row for every page of a capacity-long sequence; left padding in a contiguous
+// cache only). The values behind the device pointers (lengths, batch indices, page numbers,
+// left padding) cannot be checked here.
 inline bool valid_cache(const FaParams& p, const FaKvCache& kc, int page) {
   if (!valid(p) || p.nk < 1 || !page_built(page)) return false;
   if (kc.seqlens == nullptr || !aligned4(kc.seqlens) || !aligned4(kc.batch_idx)) return false;
-  if (kc.added < 0 || kc.added > p.nk) return false;
+  if (kc.added < 0 || kc.added > p.nk || !aligned4(kc.leftpad)) return false;
   if (page == 0) return kc.block_table == nullptr;  // a table here means a paged cache
+  if (kc.leftpad != nullptr) return false;          // the paged kernels take no left padding
   if (kc.block_table == nullptr || !aligned4(kc.block_table)) return false;
   return kc.table_stride >= (static_cast<int64_t>(p.nk) + page - 1) / page;
 }

@@ -758,7 +758,9 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
 }
 // A cache kernel's: the sequence's length read from the device (clamped to the capacity nk)
 // and its cache row (a contiguous cache) or block-table row (a paged one); the body then
-// runs on that length, reading kc.block_table as the sequence's own row of pages.
+// runs on that length, reading kc.block_table as the sequence's own row of pages. A
+// left-padded contiguous cache starts the sequence at key kc.leftpad[b]: K and V move there
+// and the length shrinks by it, so masks and the split partition follow the keys it has.
 template <class T>
 __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count,
@@ -769,13 +771,16 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   const int m_tiles = ((p.q_heads / p.kv_heads) * p.nq + T::Rows - 1) / T::Rows;
   const int batch = blockIdx.x / m_tiles / p.kv_heads;
   FaParams pc = p;
-  pc.nk = max(0, min(kc.seqlens[batch] + kc.added, p.nk));
+  const int length = min(kc.seqlens[batch] + kc.added, p.nk);
+  pc.nk = max(0, length);
   FaKvCache kb = kc;
   const int row = kc.batch_idx != nullptr ? kc.batch_idx[batch] : batch;
   if constexpr (T::kPage == 0) {  // batch row b reads cache row batch_idx[b]
+    const int first = kc.leftpad != nullptr ? min(max(kc.leftpad[batch], 0), pc.nk) : 0;
+    pc.nk = max(0, length - first);
     const int64_t shift = row - batch;
-    pc.k = static_cast<const Elem*>(p.k) + shift * p.k_batch_stride;
-    pc.v = static_cast<const Elem*>(p.v) + shift * p.v_batch_stride;
+    pc.k = static_cast<const Elem*>(p.k) + shift * p.k_batch_stride + first * p.k_row_stride;
+    pc.v = static_cast<const Elem*>(p.v) + shift * p.v_batch_stride + first * p.v_row_stride;
   } else {  // ... or block-table row batch_idx[b] (FlashAttention-3's rule for paged caches)
     kb.block_table = kc.block_table + static_cast<int64_t>(row) * kc.table_stride;
   }

@@ -110,6 +110,7 @@ def check_cache_args(
     cache_seqlens: torch.Tensor,
     page_table: torch.Tensor | None,
     cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None = None,
 ) -> tuple[int, int]:
     """``(capacity, page size)`` of a cache call (page size 0: contiguous), after refusing
     arguments no implementation takes. Reads shapes only, never the tensors' values.
@@ -134,6 +135,9 @@ def check_cache_args(
     _index_tensor("cache_seqlens", cache_seqlens, q, 1)
     _index_tensor("page_table", page_table, q, 2)
     _index_tensor("cache_batch_idx", cache_batch_idx, q, 1)
+    _index_tensor("cache_leftpad", cache_leftpad, q, 1)
+    if cache_leftpad is not None and int(cache_leftpad.shape[0]) != b:
+        raise ValueError(f"cache_leftpad has {cache_leftpad.shape[0]} entries for a batch of {b}")
     if int(cache_seqlens.shape[0]) != b:
         n = cache_seqlens.shape[0]
         raise ValueError(f"cache_seqlens has {n} entries for a batch of {b}")
@@ -268,7 +272,7 @@ class CacheLauncher:
         self._capacity, self._page = shape.nk, page
         w = launch_variant(config.causal, variant, shape.nq, None)
         self._fv = FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), None)
-        self._kc = FaKvCache(None, None, None, table_stride, added)
+        self._kc = FaKvCache(None, None, None, table_stride, added, None)
         # Split-KV's kernels take a workspace; the Hopper family's take TMA descriptors over
         # the call's tensors (Family.cache_host_prep), made per pointer triple in __call__.
         family = family_of(config)
@@ -330,6 +334,7 @@ class CacheLauncher:
         cache_seqlens: torch.Tensor,
         page_table: torch.Tensor | None,
         cache_batch_idx: torch.Tensor | None,
+        cache_leftpad: torch.Tensor | None,
         sinks: torch.Tensor | None,
         index: int,
     ) -> None:
@@ -345,6 +350,9 @@ class CacheLauncher:
         if cache_batch_idx is not None and (cache_batch_idx.dtype is not _INT32
                                             or not cache_batch_idx.is_contiguous()):  # fmt: skip
             cache_batch_idx = cache_batch_idx.to(_INT32).contiguous()
+        if cache_leftpad is not None and (cache_leftpad.dtype is not _INT32
+                                          or not cache_leftpad.is_contiguous()):  # fmt: skip
+            cache_leftpad = cache_leftpad.to(_INT32).contiguous()
         if page_table is not None and self._table_gaps:
             page_table = page_table.contiguous()
         qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
@@ -377,6 +385,7 @@ class CacheLauncher:
             fv.sinks = sinks.data_ptr() if sinks is not None else None
             kc.seqlens = cache_seqlens.data_ptr()
             kc.batch_idx = cache_batch_idx.data_ptr() if cache_batch_idx is not None else None
+            kc.leftpad = cache_leftpad.data_ptr() if cache_leftpad is not None else None
             kc.block_table = page_table.data_ptr() if page_table is not None else None
             append = pattern.append
             if append is not None and k is not None and v is not None:
@@ -400,9 +409,14 @@ class CacheLauncher:
 
 def _decide(
     q: torch.Tensor, capacity: int, page: int, causal: bool, variant: Variant,
-    table_stride: int, added: int, kv_heads: int, table_gaps: bool,
+    table_stride: int, added: int, kv_heads: int, table_gaps: bool, leftpad: bool = False,
 ) -> CacheLauncher | str:  # fmt: skip
     """The launcher of a cache decision, or why it falls back (its key's first call)."""
+    if leftpad and page:
+        return (
+            "cache_leftpad over a paged cache (the kernels take left padding in a "
+            "contiguous cache only)"
+        )
     if q.device.type != "cuda":
         return f"tensors on {q.device.type}, not a CUDA device"
     name = str(q.dtype).removeprefix("torch.")
@@ -458,11 +472,13 @@ def check_cache_values(
     added: int,
     capacity: int,
     page: int,
+    cache_leftpad: torch.Tensor | None = None,
 ) -> None:
     """The debug mode's checks of what lives on the device (``FA2TUNE_CHECK_KVCACHE``): every
-    length in ``[0, capacity - added]``, every batch index a row of the caches (or of the
-    block table), and every block-table entry a sequence reaches (its first
-    ``ceil((length + added) / page)``) a page of the caches. Reads the values on the host.
+    length in ``[0, capacity - added]``, every left padding in ``[0, length]``, every batch
+    index a row of the caches (or of the block table), and every block-table entry a
+    sequence reaches (its first ``ceil((length + added) / page)``) a page of the caches.
+    Reads the values on the host.
 
     Raises:
         ValueError: naming the first bad entry and the bound it breaks.
@@ -473,6 +489,12 @@ def check_cache_values(
     if i is not None:
         raise ValueError(f"cache_seqlens[{i}] = {int(lens[i])} is outside [0, {room}] (a "
                          f"capacity of {capacity} keys, {added} new rows this call)")  # fmt: skip
+    if cache_leftpad is not None:
+        pad = cache_leftpad.long()
+        i = _first_bad((pad < 0) | (pad > lens))
+        if i is not None:
+            raise ValueError(f"cache_leftpad[{i}] = {int(pad[i])} is outside [0, {int(lens[i])}]"
+                             " (its sequence's cached length)")  # fmt: skip
     rows = int(page_table.shape[0]) if page_table is not None else int(k_cache.shape[0])
     index = torch.arange(lens.shape[0], device=lens.device)
     if cache_batch_idx is not None:
@@ -517,6 +539,7 @@ def _make_decision(
     cache_seqlens: torch.Tensor,
     page_table: torch.Tensor | None,
     cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
     causal: bool,
     window: tuple[int, int],
     chunk: int,
@@ -526,7 +549,7 @@ def _make_decision(
     """A key's first call: the argument checks that depend on shapes alone, the variant
     normalised, the decision (raises ValueError on bad arguments)."""
     capacity, page = check_cache_args(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                                      cache_batch_idx)  # fmt: skip
+                                      cache_batch_idx, cache_leftpad)  # fmt: skip
     nq, hq = int(q.shape[1]), int(q.shape[2])
     if sinks is not None:
         check_sinks(sinks, q, hq)
@@ -545,7 +568,7 @@ def _make_decision(
     if page_table is not None:
         table_stride = int(page_table.shape[1] if table_gaps else page_table.stride(0))
     entry = _decide(q, capacity, page, causal, variant, table_stride, added,
-                    int(k_cache.shape[2]), table_gaps)  # fmt: skip
+                    int(k_cache.shape[2]), table_gaps, cache_leftpad is not None)  # fmt: skip
     return _Decision(entry, capacity, page, causal, variant, added,
                      get_settings().check_kvcache)  # fmt: skip
 
@@ -559,6 +582,7 @@ def run_with_kvcache(
     cache_seqlens: torch.Tensor,
     page_table: torch.Tensor | None,
     cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
     causal: bool,
     scale: float,
     window: tuple[int, int],
@@ -591,22 +615,22 @@ def run_with_kvcache(
     if page_table is not None:  # _spec inline: a paged decode step passes one every call
         key += ("paged", page_table.shape, page_table.dtype, page_table.get_device(),
                 page_table.stride())  # fmt: skip
-    if cache_batch_idx is not None or sinks is not None:
-        key += ("mapped", _spec(cache_batch_idx), _spec(sinks))
+    if cache_batch_idx is not None or sinks is not None or cache_leftpad is not None:
+        key += ("mapped", _spec(cache_batch_idx), _spec(sinks), _spec(cache_leftpad))
     decision = _decisions.get(key)
     if decision is None:
         with _lock:
             decision = _decisions.get(key)
             if decision is None:
                 decision = _make_decision(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                                          cache_batch_idx, causal, window, chunk, softcap,
-                                          sinks)  # fmt: skip
+                                          cache_batch_idx, cache_leftpad, causal, window, chunk,
+                                          softcap, sinks)  # fmt: skip
                 if len(_decisions) >= MAX_DECISIONS:
                     del _decisions[next(iter(_decisions))]
                 _decisions[key] = decision
     if decision.check and not (q.is_cuda and capturing()):  # values: a capture cannot sync
         check_cache_values(k_cache, cache_seqlens, page_table, cache_batch_idx, decision.added,
-                           decision.capacity, decision.page or 1)  # fmt: skip
+                           decision.capacity, decision.page or 1, cache_leftpad)  # fmt: skip
     if sinks is not None and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
         sinks = sinks.float().contiguous()
     entry = decision.entry
@@ -621,11 +645,11 @@ def run_with_kvcache(
         try:
             if index == current_device_index():
                 entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
-                      cache_batch_idx, sinks, index)  # fmt: skip
+                      cache_batch_idx, cache_leftpad, sinks, index)  # fmt: skip
             else:  # the kernels live in that device's context
                 with torch.cuda.device(index):
                     entry(q, k_cache, v_cache, k, v, o, lse, scale, cache_seqlens, page_table,
-                          cache_batch_idx, sinks, index)  # fmt: skip
+                          cache_batch_idx, cache_leftpad, sinks, index)  # fmt: skip
             return o, lse
         except ValueError as exc:
             entry = f"tensor layout the kernels do not take ({exc})"
@@ -637,7 +661,8 @@ def run_with_kvcache(
     lengths = sequence_lengths(cache_seqlens, decision.added, decision.capacity)
     o, lse = kvcache_fallback(q, k_cache, v_cache, lengths, page_table=page_table,
                               cache_batch_idx=cache_batch_idx, causal=decision.causal,
-                              scale=scale, variant=decision.variant, sinks=sinks)  # fmt: skip
+                              scale=scale, variant=decision.variant, sinks=sinks,
+                              leftpad=cache_leftpad)  # fmt: skip
     return o, (lse if return_lse else None)
 
 
@@ -653,6 +678,7 @@ def attention_with_kvcache_op(
     cache_seqlens: torch.Tensor,
     page_table: torch.Tensor | None,
     cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
     causal: bool,
     scale: float,
     window_left: int,
@@ -665,8 +691,9 @@ def attention_with_kvcache_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.fa2tune.attention_with_kvcache``: :func:`run_with_kvcache`."""
     o, lse = run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                              cache_batch_idx, causal, scale, (window_left, window_right), chunk,
-                              softcap, sinks, return_lse, fallback)  # fmt: skip
+                              cache_batch_idx, cache_leftpad, causal, scale,
+                              (window_left, window_right), chunk, softcap, sinks, return_lse,
+                              fallback)  # fmt: skip
     return o, (lse if lse is not None else no_lse(q))  # an op returns a tensor in its place
 
 
@@ -674,9 +701,9 @@ def attention_with_kvcache_op(
 def _attention_with_kvcache_fake(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
     v: torch.Tensor | None, cache_seqlens: torch.Tensor, page_table: torch.Tensor | None,
-    cache_batch_idx: torch.Tensor | None, causal: bool, scale: float, window_left: int,
-    window_right: int, chunk: int, softcap: float, sinks: torch.Tensor | None,
-    return_lse: bool, fallback: bool,
+    cache_batch_idx: torch.Tensor | None, cache_leftpad: torch.Tensor | None, causal: bool,
+    scale: float, window_left: int, window_right: int, chunk: int, softcap: float,
+    sinks: torch.Tensor | None, return_lse: bool, fallback: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     b, nq, hq, _ = q.shape
     lse = q.new_empty((b, hq, nq), dtype=torch.float32) if return_lse else no_lse(q)
@@ -693,6 +720,7 @@ def attention_with_kvcache(
     cache_seqlens: torch.Tensor | int,
     page_table: torch.Tensor | None = None,
     cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
     window_size: tuple[int, int] = NO_WINDOW,
@@ -718,6 +746,10 @@ def attention_with_kvcache(
             ``page_table[b, j // page size]``; pages may come in any order and be shared.
         cache_batch_idx: int32 ``[B]``: batch row ``b`` uses cache row (or, paged, block-table
             row) ``cache_batch_idx[b]``; default ``b``.
+        cache_leftpad: int32 ``[B]``: sequence ``b``'s keys start at ``cache_leftpad[b]`` of
+            a contiguous cache (the keys before it are padding, never seen; positions, masks
+            and windows count from it, as FlashAttention's ``cache_leftpad``); a paged cache
+            with it runs on torch (``fallback``) or raises.
         causal: bottom-right aligned at each sequence's length (query ``i`` sees key ``j``
             iff ``j <= i + len - Nq``).
         scale: softmax scale, ``1 / sqrt(D)`` by default.
@@ -742,15 +774,16 @@ def attention_with_kvcache(
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
         # Traced (torch.compile) or a tensor subclass (FakeTensor): through the dispatcher.
         o, lse = torch.ops.fa2tune.attention_with_kvcache(
-            q, k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx, causal,
-            float(scale), left, right, attention_chunk, float(softcap), sinks, return_lse,
-            fallback,
+            q, k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx,
+            cache_leftpad, causal, float(scale), left, right, attention_chunk, float(softcap),
+            sinks, return_lse, fallback,
         )  # fmt: skip
     else:  # eager: the dispatcher's custom-op machinery costs more than the launch
         o, lse_or_none = run_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens,
-                                          page_table, cache_batch_idx, causal, float(scale),
-                                          (left, right), attention_chunk, float(softcap), sinks,
-                                          return_lse, fallback)  # fmt: skip
+                                          page_table, cache_batch_idx, cache_leftpad, causal,
+                                          float(scale), (left, right), attention_chunk,
+                                          float(softcap), sinks, return_lse,
+                                          fallback)  # fmt: skip
         if not return_lse:
             return o
         lse = lse_or_none if lse_or_none is not None else no_lse(q)

@@ -49,17 +49,29 @@ def sequence_lengths(cache_seqlens: torch.Tensor, added: int, capacity: int) -> 
 
 
 def cache_visible(
-    nq: int, capacity: int, lengths: torch.Tensor, causal: bool, variant: Variant = PLAIN
+    nq: int,
+    capacity: int,
+    lengths: torch.Tensor,
+    causal: bool,
+    variant: Variant = PLAIN,
+    leftpad: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B, 1, nq, capacity]`` bool: True where query ``i`` of sequence ``b`` sees key ``j``
     (``j < lengths[b]``, then causality, window and chunk at key position
-    ``i + lengths[b] - nq``)."""
+    ``i + lengths[b] - nq``). With ``leftpad`` (a left-padded cache) sequence ``b``'s keys
+    start at ``leftpad[b]`` (clamped to ``[0, lengths[b]]``, as the kernels clamp it): keys
+    before it are not seen, and positions count from it (``lengths[b] - leftpad[b]`` keys)."""
     device = lengths.device
     length = lengths.view(-1, 1, 1)
     j = torch.arange(capacity, device=device).view(1, 1, capacity)
-    pos = torch.arange(nq, device=device).view(1, nq, 1) + (length - nq)
-    seen = (j < length).expand(-1, nq, -1).clone()
-    return mask_keys(seen, pos, j, causal, variant).unsqueeze(1)
+    if leftpad is None:
+        first: torch.Tensor | int = 0
+    else:
+        first = torch.minimum(leftpad.long().view(-1, 1, 1).clamp(min=0), length)
+    rel = j - first  # key positions counted from the sequence's first key
+    pos = torch.arange(nq, device=device).view(1, nq, 1) + (length - first - nq)
+    seen = ((j < length) & (rel >= 0)).expand(-1, nq, -1).clone()
+    return mask_keys(seen, pos, rel, causal, variant).unsqueeze(1)
 
 
 def kvcache_fallback(
@@ -74,10 +86,12 @@ def kvcache_fallback(
     scale: float,
     variant: Variant = PLAIN,
     sinks: torch.Tensor | None = None,
+    leftpad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(O, LSE)`` of a KV-cache call in float32 maths: O ``[B, Nq, Hq, D]`` in q's dtype,
-    LSE ``[B, Hq, Nq]`` float32 (``lengths``: :func:`sequence_lengths`). Rows that see no key
-    get O = 0 and LSE = -inf (their head's sink logit with sinks)."""
+    LSE ``[B, Hq, Nq]`` float32 (``lengths``: :func:`sequence_lengths`; ``leftpad``: each
+    sequence's first key, :func:`cache_visible`). Rows that see no key get O = 0 and LSE =
+    -inf (their head's sink logit with sinks)."""
     b, nq, hq, _ = (int(x) for x in q.shape)
     k = gathered_cache(k_cache, b, page_table, cache_batch_idx)
     v = gathered_cache(v_cache, b, page_table, cache_batch_idx)
@@ -85,6 +99,6 @@ def kvcache_fallback(
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if hq != hkv:
         kh, vh = kh.repeat_interleave(hq // hkv, dim=1), vh.repeat_interleave(hq // hkv, dim=1)
-    visible = cache_visible(nq, capacity, lengths, causal, variant)
+    visible = cache_visible(nq, capacity, lengths, causal, variant, leftpad)
     o, lse = float_attention(qh, kh, vh, scale, visible, variant, sinks)
     return o.to(q.dtype).transpose(1, 2).contiguous(), lse.contiguous()

@@ -284,6 +284,8 @@ int main() {
   FaKvCache odd = kc(16); odd.seqlens = reinterpret_cast<const int32_t*>(
       reinterpret_cast<const char*>(kLens) + 2);
   FaKvCache too_many = kc(0, 4097);
+  FaKvCache padded_pages = kc(16); padded_pages.leftpad = kLens;
+  FaKvCache odd_pad = kc(0); odd_pad.leftpad = odd.seqlens;
   FaKvAppend short_rows = a; short_rows.rows = 3;
   FaKvAppend misaligned = a; misaligned.k_row_stride = 8 * 128 + 4;
   FaParams empty = cache(1, 0); empty.nk = 0;
@@ -296,6 +298,8 @@ int main() {
       {"table-for-contiguous", cache(1, 0), kc(16), nullptr, 0},
       {"misaligned-lengths", cache(1, 16), odd, nullptr, 16},
       {"added-past-capacity", cache(1, 0), too_many, nullptr, 0},
+      {"leftpad-over-pages", cache(1, 16), padded_pages, nullptr, 16},
+      {"misaligned-leftpad", cache(1, 0), odd_pad, nullptr, 0},
       {"append-rows-not-added", cache(4, 16), kc(16, 4), &short_rows, 16},
       {"append-stride", cache(4, 16), kc(16, 4), &misaligned, 16},
       {"no-capacity", empty, kc(0), nullptr, 0},
@@ -418,4 +422,4 @@ def test_client_builds_and_picks_the_split_kv_defaults_twins(
             assert got[(other, p)] == ["null"], other
     assert all(got[(w, "256")] == ["null"] for w in ("tuned-exact", "tuned-nearest"))
     refusals = {k[1]: v for k, v in got.items() if k[0] == "refused"}
-    assert len(refusals) == 14 and all(v == ["1"] for v in refusals.values()), refusals
+    assert len(refusals) == 16 and all(v == ["1"] for v in refusals.values()), refusals

@@ -67,6 +67,7 @@ class Case:
     new: int = 0
     causal: bool = True
     batch_idx: bool = False
+    leftpad: bool = False  # cache_leftpad (contiguous caches): 0, the whole length, random
     window: tuple[int, int] = (-1, -1)
     chunk: int = 0
     softcap: float = 0.0
@@ -82,6 +83,8 @@ class Case:
                  "causal" if self.causal else "full"]  # fmt: skip
         if self.batch_idx:
             parts.append("idx")
+        if self.leftpad:
+            parts.append("lp")
         if self.window != (-1, -1):
             parts.append(f"w{self.window[0]}_{self.window[1]}")
         if self.chunk:
@@ -120,6 +123,9 @@ CASES = [
     Case(page=4, nq=2, new=2, causal=False, sinks=True, softcap=20.0),
     Case(page=16, new=1, table="wide"),
     Case(page=16, new=1, table="gaps", batch_idx=True),
+    Case(leftpad=True, new=1, batch=5),
+    Case(leftpad=True, batch_idx=True, nq=4, new=4, window=(64, 0), batch=5),
+    Case(leftpad=True, nq=8, new=8, chunk=96, batch=5, d=64, dtype="float16"),
 ]
 
 
@@ -164,6 +170,12 @@ def _inputs(case: Case) -> dict[str, Any]:
         torch.randperm(rows, device=dev)[:b].to(torch.int32) if case.batch_idx else None
     )
     out["cache_seqlens"] = _lengths(case, torch).to(dev)
+    out["cache_leftpad"] = None
+    if case.leftpad:  # first keys: 0, a whole cached length (nothing left but the new rows)
+        lens = out["cache_seqlens"].cpu()
+        pad = (torch.rand(b) * (lens + 1).float()).long().clamp(max=lens)
+        pad[0], pad[-1] = 0, lens[-1]
+        out["cache_leftpad"] = pad.to(torch.int32).to(dev)
     if case.new:
         out["k"] = torch.randn(b, case.new, hkv, d, device=dev, dtype=dt)
         out["v"] = torch.randn(b, case.new, hkv, d, device=dev, dtype=dt)
@@ -189,7 +201,7 @@ def _reference(case: Case, x: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     o, lse = kvcache_fallback(x["q"], kc, vc, lengths, page_table=x["page_table"],
                               cache_batch_idx=x["cache_batch_idx"], causal=causal,
                               scale=1.0 / math.sqrt(case.d), variant=variant,
-                              sinks=x["sinks"])  # fmt: skip
+                              sinks=x["sinks"], leftpad=x["cache_leftpad"])  # fmt: skip
     return o, lse, kc, vc
 
 
@@ -230,9 +242,10 @@ def test_kvcache_matches_the_torch_path(case: Case) -> None:
     _poison_next_allocations(torch, 4 * x["q"].numel() * 4)
     o, lse = attention_with_kvcache(
         x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"], cache_seqlens=x["cache_seqlens"],
-        page_table=x["page_table"], cache_batch_idx=x["cache_batch_idx"], causal=case.causal,
-        window_size=case.window, attention_chunk=case.chunk, softcap=case.softcap,
-        sinks=x["sinks"], return_lse=True, fallback=False,
+        page_table=x["page_table"], cache_batch_idx=x["cache_batch_idx"],
+        cache_leftpad=x["cache_leftpad"], causal=case.causal, window_size=case.window,
+        attention_chunk=case.chunk, softcap=case.softcap, sinks=x["sinks"], return_lse=True,
+        fallback=False,
     )  # fmt: skip
     torch.cuda.synchronize()
     _assert_matches(case, x, (o, lse), (o_ref, lse_ref, kc_ref, vc_ref))
@@ -426,6 +439,8 @@ HOPPER_CASES = [
     Case(nq=256, new=256, page=256, capacity=2048, heads=32, kv_heads=8, batch_idx=True),
     Case(nq=100, new=100, page=64, capacity=1024, window=(300, 0)),
     Case(nq=96, new=96, page=16, capacity=512, dtype="float16", d=64, heads=8, kv_heads=8),
+    Case(nq=160, new=160, capacity=1024, heads=16, kv_heads=4, leftpad=True, batch=5),
+    Case(nq=64, new=64, capacity=1024, leftpad=True, batch_idx=True, window=(200, 0), batch=5),
 ]
 
 
@@ -453,7 +468,8 @@ def test_hopper_cache_kernels_match_the_torch_path(case: Case) -> None:
         o, lse = attention_with_kvcache(
             x["q"], x["k_cache"], x["v_cache"], x["k"], x["v"],
             cache_seqlens=x["cache_seqlens"], page_table=x["page_table"],
-            cache_batch_idx=x["cache_batch_idx"], causal=case.causal, window_size=case.window,
+            cache_batch_idx=x["cache_batch_idx"], cache_leftpad=x["cache_leftpad"],
+            causal=case.causal, window_size=case.window,
             return_lse=True, fallback=False,
         )  # fmt: skip
         torch.cuda.synchronize()

@@ -298,8 +298,8 @@ def test_compile_fullgraph_traces_one_op() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "name"),
-    [({"rotary_cos": torch.zeros(1)}, "rotary_cos"), ({"cache_leftpad": torch.zeros(2)},
-     "cache_leftpad"), ({"cu_seqlens_q": torch.zeros(3)}, "cu_seqlens_q")],
+    [({"rotary_cos": torch.zeros(1)}, "rotary_cos"),
+     ({"cu_seqlens_q": torch.zeros(3)}, "cu_seqlens_q")],
 )  # fmt: skip
 def test_flash_attn_with_kvcache_refuses_what_it_does_not_run(kwargs: dict[str, Any],
                                                               name: str) -> None:  # fmt: skip
@@ -405,3 +405,87 @@ def test_without_the_debug_mode_a_long_length_is_clamped_not_refused() -> None:
     kernels' rule), as FlashAttention leaves it to the caller."""
     a = _args(cache_seqlens=torch.tensor([3, 40], dtype=torch.int32))
     assert _call(a).shape == a["q"].shape
+
+
+LEFTPAD_CASES = [
+    # (page, new, causal, variant, nq)
+    (0, 0, True, PLAIN, 1),
+    (0, 2, True, PLAIN, 3),
+    (0, 1, False, Variant(4, 1), 2),
+    (0, 0, True, Variant(chunk=5), 4),
+    (4, 2, True, Variant(6, 0), 2),  # paged: the torch path takes it (the kernels do not)
+]
+
+
+@pytest.mark.parametrize(("page", "new", "causal", "variant", "nq"), LEFTPAD_CASES)
+def test_left_padded_caches_start_each_sequence_at_its_padding(
+    page: int, new: int, causal: bool, variant: Variant, nq: int
+) -> None:
+    """With ``cache_leftpad`` sequence b is the cache's keys [leftpad[b], length): brute force
+    on that slice (positions, masks and chunks counted from its first key)."""
+    from fa2tune.torch import attention_with_kvcache
+
+    torch.manual_seed(7 + page + new + nq)
+    b, hq, hkv, d, cap = 4, 4, 2, 8, 24
+    q = torch.randn(b, nq, hq, d)
+    lens = torch.tensor([0, 3, cap - new, 11], dtype=torch.int32)
+    pad = torch.tensor([0, 3, 5, 2], dtype=torch.int32)  # 3: a sequence that is all padding
+    table = None
+    if page:
+        kc, vc = _dense_cache(b * (cap // page), page, hkv, d)
+        table = torch.randperm(b * (cap // page)).view(b, cap // page).to(torch.int32)
+    else:
+        kc, vc = _dense_cache(b, cap, hkv, d)
+    kn, vn = (torch.randn(b, new, hkv, d), torch.randn(b, new, hkv, d)) if new else (None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o, lse = attention_with_kvcache(
+            q, kc, vc, kn, vn, cache_seqlens=lens, page_table=table, cache_leftpad=pad,
+            causal=causal, window_size=(variant.window_left, variant.window_right),
+            attention_chunk=variant.chunk, return_lse=True,
+        )  # fmt: skip
+    keys, values = [], []
+    for bi in range(b):
+        if table is not None:
+            order = table[bi].long()
+            k_seq, v_seq = kc[order].reshape(-1, hkv, d), vc[order].reshape(-1, hkv, d)
+        else:
+            k_seq, v_seq = kc[bi], vc[bi]
+        length = int(lens[bi]) + new
+        if new:  # appended at the cached length, padding or not
+            assert torch.equal(k_seq[int(lens[bi]) : length], kn[bi])
+        keys.append(k_seq[int(pad[bi]) : length])
+        values.append(v_seq[int(pad[bi]) : length])
+    want_o, want_lse = _brute(q, keys, values, causal, variant, None, 1 / math.sqrt(d))
+    assert torch.allclose(o.double(), want_o, atol=1e-5)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    finite = torch.isfinite(want_lse)
+    assert torch.allclose(lse.double()[finite], want_lse[finite], atol=1e-5)
+
+
+def test_left_padding_is_checked_and_refused_over_pages_without_fallback() -> None:
+    from fa2tune.flash_attn import flash_attn_with_kvcache
+    from fa2tune.torch import attention_with_kvcache
+
+    a = _args()
+    with pytest.raises(ValueError, match="cache_leftpad must be an int32"):
+        attention_with_kvcache(**a, cache_leftpad=torch.zeros(2))
+    with pytest.raises(ValueError, match="cache_leftpad has 3 entries"):
+        attention_with_kvcache(**a, cache_leftpad=torch.zeros(3, dtype=torch.int32))
+    kp, vp = torch.randn(8, 4, 2, 8), torch.randn(8, 4, 2, 8)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    pad = torch.tensor([1, 2], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="cache_leftpad over a paged cache"):
+        flash_attn_with_kvcache(a["q"], kp, vp, cache_seqlens=a["cache_seqlens"],
+                                page_table=table, cache_leftpad=pad)  # fmt: skip
+    with pytest.raises(Unsupported, match="cache_leftpad over a paged cache"):
+        attention_with_kvcache(a["q"], kp, vp, cache_seqlens=a["cache_seqlens"],
+                               page_table=table, cache_leftpad=pad, fallback=False)  # fmt: skip
+
+
+def test_the_debug_mode_checks_the_left_padding(checking: None) -> None:
+    from fa2tune.torch import attention_with_kvcache
+
+    a = _args()
+    with pytest.raises(ValueError, match=r"cache_leftpad\[1\] = 5 is outside \[0, 4\]"):
+        attention_with_kvcache(**a, cache_leftpad=torch.tensor([0, 5], dtype=torch.int32))
