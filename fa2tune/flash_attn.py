@@ -42,7 +42,7 @@ import torch
 
 from fa2tune.ops.choice import Unsupported
 from fa2tune.ops.kernels import CuSeqlens
-from fa2tune.ops.kvcache import lengths_tensor, run_with_kvcache
+from fa2tune.ops.kvcache_varlen import run_packed_with_kvcache
 from fa2tune.ops.torch_op import run
 
 __all__ = [
@@ -288,16 +288,17 @@ def flash_attn_with_kvcache(
     device, an int for all, or None (every sequence uses the whole capacity; refused with
     ``k``/``v`` to append, whose place it would leave unsaid). ``cache_leftpad``: int32
     ``[B]``, sequence ``b``'s first key in a contiguous cache (a paged cache with left padding
-    is refused, as FlashAttention-2 refuses it).
+    is refused, as FlashAttention-2 refuses it). Packed queries (``cu_seqlens_q`` with
+    ``max_seqlen_q``: ``q`` ``[total_q, Hq, D]``, ``out`` alike, LSE ``[Hq, total_q]``) and packed
+    new keys (``cu_seqlens_k_new``: ``k``/``v`` ``[total_new, Hkv, D]``) run on the dense cache
+    kernels through right-aligned padding (:mod:`fa2tune.ops.kvcache_varlen`).
 
     Returns:
         ``out``, or with ``return_softmax_lse`` ``(out, softmax_lse)`` (``[B, Hq, Nq]``).
 
     Raises:
-        NotImplementedError: rotary embedding, left padding over a paged cache, packed
-            queries or new keys (``cu_seqlens_q``, ``cu_seqlens_k_new``, ``max_seqlen_q``),
-            another refused argument (named), or a call the kernels cannot serve (with the
-            reason).
+        NotImplementedError: rotary embedding, left padding over a paged cache, another
+            refused argument (named), or a call the kernels cannot serve (with the reason).
         ValueError: bad arguments.
     """
     del rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin  # hints
@@ -306,9 +307,6 @@ def flash_attn_with_kvcache(
         "rotary_sin (rotary embedding)": rotary_sin,
         # rotary_seqlens only matters with rotary_cos (FlashAttention-3 ignores it without)
         "rotary_seqlens (rotary embedding)": rotary_seqlens if rotary_cos is not None else None,
-        "cu_seqlens_q (packed queries over a cache)": cu_seqlens_q,
-        "cu_seqlens_k_new (packed new keys)": cu_seqlens_k_new,
-        "max_seqlen_q (packed queries over a cache)": max_seqlen_q,
     }
     for what, value in refused.items():
         if value is not None:
@@ -318,11 +316,11 @@ def flash_attn_with_kvcache(
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, sinks)):
         raise _refuse("gradients through flash_attn_with_kvcache (forward only)")
     try:
-        out, lse = run_with_kvcache(
-            _last_dim_contiguous(q), k_cache, v_cache, k, v,
-            lengths_tensor(cache_seqlens, q, k_cache, k, page_table), page_table,
-            cache_batch_idx, cache_leftpad, bool(causal), float(scale), _window(window_size),
-            int(attention_chunk), float(softcap), sinks, return_softmax_lse, False,
+        out, lse = run_packed_with_kvcache(
+            _last_dim_contiguous(q), k_cache, v_cache, k, v, cache_seqlens, page_table,
+            cache_batch_idx, cache_leftpad, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new,
+            bool(causal), float(scale), _window(window_size), int(attention_chunk),
+            float(softcap), sinks, return_softmax_lse, False,
         )  # fmt: skip
     except Unsupported as exc:
         raise NotImplementedError(f"fa2tune does not run this call: {exc.reason}") from exc

@@ -603,31 +603,10 @@ def run_with_kvcache(
         ValueError: bad arguments (:func:`check_cache_args`, a variant argument, sinks).
         Unsupported: the kernels cannot serve the call and ``fallback`` is False.
     """
-    # Flat, and the devices as indices: this is most of a steady call's host work.
     index = q.get_device()
-    key: tuple[object, ...] = (
-        q.shape, q.dtype, index, k_cache.shape, k_cache.dtype, k_cache.get_device(),
-        v_cache.shape, v_cache.dtype, v_cache.get_device(), cache_seqlens.shape,
-        cache_seqlens.dtype, cache_seqlens.get_device(), causal, window, chunk, softcap,
-    )  # fmt: skip
-    if k is not None or v is not None:
-        key += ("new", _spec(k), _spec(v))
-    if page_table is not None:  # _spec inline: a paged decode step passes one every call
-        key += ("paged", page_table.shape, page_table.dtype, page_table.get_device(),
-                page_table.stride())  # fmt: skip
-    if cache_batch_idx is not None or sinks is not None or cache_leftpad is not None:
-        key += ("mapped", _spec(cache_batch_idx), _spec(sinks), _spec(cache_leftpad))
-    decision = _decisions.get(key)
-    if decision is None:
-        with _lock:
-            decision = _decisions.get(key)
-            if decision is None:
-                decision = _make_decision(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                                          cache_batch_idx, cache_leftpad, causal, window, chunk,
-                                          softcap, sinks)  # fmt: skip
-                if len(_decisions) >= MAX_DECISIONS:
-                    del _decisions[next(iter(_decisions))]
-                _decisions[key] = decision
+    decision = _decision_for(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                             cache_batch_idx, cache_leftpad, causal, window, chunk, softcap,
+                             sinks)  # fmt: skip
     if decision.check and not (q.is_cuda and capturing()):  # values: a capture cannot sync
         check_cache_values(k_cache, cache_seqlens, page_table, cache_batch_idx, decision.added,
                            decision.capacity, decision.page or 1, cache_leftpad)  # fmt: skip
@@ -664,6 +643,81 @@ def run_with_kvcache(
                               scale=scale, variant=decision.variant, sinks=sinks,
                               leftpad=cache_leftpad)  # fmt: skip
     return o, (lse if return_lse else None)
+
+
+def cache_refusal(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
+    causal: bool,
+    window: tuple[int, int],
+    chunk: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> str | None:
+    """Why the kernels would not serve this cache call without new rows (its key's decision,
+    made now when it is new), or None: a caller that writes the caches itself first asks
+    this, so a refused call leaves them as they were.
+
+    Raises:
+        ValueError: bad arguments, as :func:`run_with_kvcache`.
+    """
+    entry = _decision_for(q, k_cache, v_cache, None, None, cache_seqlens, page_table,
+                          cache_batch_idx, cache_leftpad, causal, window, chunk, softcap,
+                          sinks).entry  # fmt: skip
+    return entry if isinstance(entry, str) else None
+
+
+def _decision_for(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor | None,
+    causal: bool,
+    window: tuple[int, int],
+    chunk: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+) -> _Decision:
+    """The call's key's decision, made on its first call (:func:`_make_decision`).
+
+    The key holds every tensor argument's shape, dtype and device and the scalar arguments,
+    so what the checks and the decision found is known for every later call of the key."""
+    # Flat, and the devices as indices: this is most of a steady call's host work.
+    index = q.get_device()
+    key: tuple[object, ...] = (
+        q.shape, q.dtype, index, k_cache.shape, k_cache.dtype, k_cache.get_device(),
+        v_cache.shape, v_cache.dtype, v_cache.get_device(), cache_seqlens.shape,
+        cache_seqlens.dtype, cache_seqlens.get_device(), causal, window, chunk, softcap,
+    )  # fmt: skip
+    if k is not None or v is not None:
+        key += ("new", _spec(k), _spec(v))
+    if page_table is not None:  # _spec inline: a paged decode step passes one every call
+        key += ("paged", page_table.shape, page_table.dtype, page_table.get_device(),
+                page_table.stride())  # fmt: skip
+    if cache_batch_idx is not None or sinks is not None or cache_leftpad is not None:
+        key += ("mapped", _spec(cache_batch_idx), _spec(sinks), _spec(cache_leftpad))
+    decision = _decisions.get(key)
+    if decision is None:
+        with _lock:
+            decision = _decisions.get(key)
+            if decision is None:
+                decision = _make_decision(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                          cache_batch_idx, cache_leftpad, causal, window, chunk,
+                                          softcap, sinks)  # fmt: skip
+                if len(_decisions) >= MAX_DECISIONS:
+                    del _decisions[next(iter(_decisions))]
+                _decisions[key] = decision
+    return decision
 
 
 @torch.library.custom_op(  # type: ignore[untyped-decorator,unused-ignore]
@@ -802,6 +856,7 @@ __all__ = [
     "append_kv",
     "attention_with_kvcache",
     "attention_with_kvcache_op",
+    "cache_refusal",
     "check_cache_args",
     "check_cache_values",
     "clear_cache_decisions",

@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 
 from core.variant import PLAIN, Variant  # noqa: E402
 from fa2tune.ops.choice import Unsupported  # noqa: E402
+from tests.support.kvcache_brute import brute_attention as _brute  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -34,51 +35,6 @@ def _fresh() -> Iterator[None]:
     clear_caches()
     yield
     clear_caches()
-
-
-def _sees(i: int, j: int, nq: int, length: int, causal: bool, v: Variant) -> bool:
-    """The rule for one (query, key) pair of a sequence with ``length`` keys, written out."""
-    if j >= length:
-        return False
-    pos = i + length - nq
-    if causal and j > pos:
-        return False
-    if v.window_right >= 0 and j > pos + v.window_right:
-        return False
-    if v.window_left >= 0 and j < pos - v.window_left:
-        return False
-    if v.chunk > 0:
-        start = pos - pos % v.chunk  # Python's % rounds down, as the kernels' remainder
-        if not start <= j < start + v.chunk:
-            return False
-    return True
-
-
-def _brute(q: Any, keys: list[Any], values: list[Any], causal: bool, v: Variant,
-           sinks: Any, scale: float) -> tuple[Any, Any]:  # fmt: skip
-    """O and LSE one (batch, head, row) at a time; ``keys[b]``: sequence b's keys [L, Hkv, D]."""
-    b_n, nq, hq, d = q.shape
-    o = torch.zeros(b_n, nq, hq, d, dtype=torch.float64)
-    lse = torch.full((b_n, hq, nq), float("-inf"), dtype=torch.float64)
-    for b in range(b_n):
-        k_b, v_b = keys[b].double(), values[b].double()
-        length, hkv = int(k_b.shape[0]), int(k_b.shape[1])
-        for h in range(hq):
-            kh = h // (hq // hkv)
-            for i in range(nq):
-                seen = [j for j in range(length) if _sees(i, j, nq, length, causal, v)]
-                logits = [float(q[b, i, h].double() @ k_b[j, kh]) * scale for j in seen]
-                if v.softcap > 0:
-                    logits = [v.softcap * math.tanh(s / v.softcap) for s in logits]
-                extra = [float(sinks[h])] if sinks is not None else []
-                if not logits and not extra:
-                    continue
-                m = max(logits + extra)
-                total = sum(math.exp(s - m) for s in logits + extra)
-                lse[b, h, i] = m + math.log(total)
-                for s, j in zip(logits, seen, strict=True):
-                    o[b, i, h] += math.exp(s - m) / total * v_b[j, kh]
-    return o, lse
 
 
 def _dense_cache(rows: int, cap: int, hkv: int, d: int) -> tuple[Any, Any]:
@@ -299,7 +255,7 @@ def test_compile_fullgraph_traces_one_op() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [({"rotary_cos": torch.zeros(1)}, "rotary_cos"),
-     ({"cu_seqlens_q": torch.zeros(3)}, "cu_seqlens_q")],
+     ({"rotary_sin": torch.zeros(1)}, "rotary_sin")],
 )  # fmt: skip
 def test_flash_attn_with_kvcache_refuses_what_it_does_not_run(kwargs: dict[str, Any],
                                                               name: str) -> None:  # fmt: skip
