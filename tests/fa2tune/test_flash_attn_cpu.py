@@ -240,7 +240,6 @@ def test_forward_only_autograd(recorder: Recorder) -> None:
 
 @pytest.mark.parametrize(("kwargs", "words"), [
     ({"rotary_cos": torch.zeros(8, 16), "rotary_sin": torch.zeros(8, 16)}, "rotary"),
-    ({"cu_seqlens_q": torch.tensor([0, 8], dtype=torch.int32)}, "cu_seqlens_q"),
     ({"qv": torch.zeros(2, 8, 4, 64)}, "qv"),
     ({"k_descale": torch.ones(2, 2)}, "k_descale"),
 ])  # fmt: skip
