@@ -530,49 +530,6 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, FallbackWarning, stacklevel=4)
 
 
-def _make_decision(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k: torch.Tensor | None,
-    v: torch.Tensor | None,
-    cache_seqlens: torch.Tensor,
-    page_table: torch.Tensor | None,
-    cache_batch_idx: torch.Tensor | None,
-    cache_leftpad: torch.Tensor | None,
-    causal: bool,
-    window: tuple[int, int],
-    chunk: int,
-    softcap: float,
-    sinks: torch.Tensor | None,
-) -> _Decision:
-    """A key's first call: the argument checks that depend on shapes alone, the variant
-    normalised, the decision (raises ValueError on bad arguments)."""
-    capacity, page = check_cache_args(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                                      cache_batch_idx, cache_leftpad)  # fmt: skip
-    nq, hq = int(q.shape[1]), int(q.shape[2])
-    if sinks is not None:
-        check_sinks(sinks, q, hq)
-    # Lengths are not known on the host: normalised as a packed batch's variant is (on the
-    # longest length, here the capacity: a bound past every key a sequence can have is none,
-    # and a chunk stays, since a sequence may have fewer keys than queries).
-    causal, variant = normalize_call(causal, window[0], window[1], chunk, float(softcap),
-                                     sinks is not None, nq, capacity, True)  # fmt: skip
-    if variant.plain:
-        causal = effective_causal(causal, nq)  # one query row sees every key either way
-    added = int(k.shape[1]) if k is not None else 0
-    # A block table whose rows have gaps is copied contiguous per call: its rows are then
-    # max_pages entries apart, whatever the given table's row stride.
-    table_gaps = page_table is not None and int(page_table.stride(1)) != 1
-    table_stride = 0
-    if page_table is not None:
-        table_stride = int(page_table.shape[1] if table_gaps else page_table.stride(0))
-    entry = _decide(q, capacity, page, causal, variant, table_stride, added,
-                    int(k_cache.shape[2]), table_gaps, cache_leftpad is not None)  # fmt: skip
-    return _Decision(entry, capacity, page, causal, variant, added,
-                     get_settings().check_kvcache)  # fmt: skip
-
-
 def run_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -688,7 +645,7 @@ def _decision_for(
     softcap: float,
     sinks: torch.Tensor | None,
 ) -> _Decision:
-    """The call's key's decision, made on its first call (:func:`_make_decision`).
+    """The call's key's decision, made on its first call.
 
     The key holds every tensor argument's shape, dtype and device and the scalar arguments,
     so what the checks and the decision found is known for every later call of the key."""
@@ -707,17 +664,41 @@ def _decision_for(
     if cache_batch_idx is not None or sinks is not None or cache_leftpad is not None:
         key += ("mapped", _spec(cache_batch_idx), _spec(sinks), _spec(cache_leftpad))
     decision = _decisions.get(key)
-    if decision is None:
-        with _lock:
-            decision = _decisions.get(key)
-            if decision is None:
-                decision = _make_decision(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
-                                          cache_batch_idx, cache_leftpad, causal, window, chunk,
-                                          softcap, sinks)  # fmt: skip
-                if len(_decisions) >= MAX_DECISIONS:
-                    del _decisions[next(iter(_decisions))]
-                _decisions[key] = decision
-    return decision
+    if decision is not None:
+        return decision
+    with _lock:
+        found = _decisions.get(key)
+        if found is not None:
+            return found
+        # The key's first call: the argument checks that depend on shapes alone, the variant
+        # normalised, the decision (raises ValueError on bad arguments).
+        capacity, page = check_cache_args(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                                          cache_batch_idx, cache_leftpad)  # fmt: skip
+        nq, hq = int(q.shape[1]), int(q.shape[2])
+        if sinks is not None:
+            check_sinks(sinks, q, hq)
+        # Lengths are not known on the host: normalised as a packed batch's variant is (on the
+        # longest length, here the capacity: a bound past every key a sequence can have is none,
+        # and a chunk stays, since a sequence may have fewer keys than queries).
+        causal, variant = normalize_call(causal, window[0], window[1], chunk, float(softcap),
+                                         sinks is not None, nq, capacity, True)  # fmt: skip
+        if variant.plain:
+            causal = effective_causal(causal, nq)  # one query row sees every key either way
+        added = int(k.shape[1]) if k is not None else 0
+        # A block table whose rows have gaps is copied contiguous per call: its rows are then
+        # max_pages entries apart, whatever the given table's row stride.
+        table_gaps = page_table is not None and int(page_table.stride(1)) != 1
+        table_stride = 0
+        if page_table is not None:
+            table_stride = int(page_table.shape[1] if table_gaps else page_table.stride(0))
+        entry = _decide(q, capacity, page, causal, variant, table_stride, added,
+                        int(k_cache.shape[2]), table_gaps, cache_leftpad is not None)  # fmt: skip
+        decision = _Decision(entry, capacity, page, causal, variant, added,
+                             get_settings().check_kvcache)  # fmt: skip
+        if len(_decisions) >= MAX_DECISIONS:
+            del _decisions[next(iter(_decisions))]
+        _decisions[key] = decision
+        return decision
 
 
 @torch.library.custom_op(  # type: ignore[untyped-decorator,unused-ignore]
