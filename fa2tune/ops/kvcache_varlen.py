@@ -12,8 +12,10 @@ call on right-aligned padding, its padding rows computed and dropped. Packed new
 attention reads become ``cache_seqlens + new_b``.
 
 Everything here is index arithmetic on the device (no ``.item()``), so a packed call is
-captured in a CUDA graph as a dense one is. The padding costs the rows it adds: a batch of
-very uneven query counts pays for ``B * max_seqlen_q`` rows.
+captured in a CUDA graph as a dense one is, and traced by ``torch.compile(fullgraph=True)``
+(the attention then goes through the ``fa2tune::attention_with_kvcache`` op). The padding
+costs the rows it adds: a batch of very uneven query counts pays for ``B * max_seqlen_q``
+rows.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def run_packed_with_kvcache(
         check_cache_args(dense_q, k_cache, v_cache, k.unsqueeze(0).expand(batch, -1, -1, -1),
                          v.unsqueeze(0).expand(batch, -1, -1, -1), lens, page_table,
                          cache_batch_idx, cache_leftpad)  # fmt: skip
-        if not fallback:
+        if not fallback and not torch.compiler.is_compiling():  # traced: the op decides later
             reason = cache_refusal(dense_q, k_cache, v_cache, lens, page_table, cache_batch_idx,
                                    cache_leftpad, causal, window, chunk, softcap,
                                    sinks)  # fmt: skip
@@ -182,9 +184,17 @@ def run_packed_with_kvcache(
         lens = append_packed(k_cache, v_cache, k, v, cu_seqlens_k_new, lens, page_table,
                              cache_batch_idx)  # fmt: skip
         k = v = None
-    o, lse = run_with_kvcache(dense_q, k_cache, v_cache, k, v, lens, page_table, cache_batch_idx,
-                              cache_leftpad, causal, scale, window, chunk, softcap, sinks,
-                              return_lse, fallback)  # fmt: skip
+    if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
+        o, traced_lse = torch.ops.fa2tune.attention_with_kvcache(
+            dense_q, k_cache, v_cache, k, v, lens, page_table, cache_batch_idx, cache_leftpad,
+            causal, float(scale), window[0], window[1], chunk, float(softcap), sinks, return_lse,
+            fallback,
+        )  # fmt: skip
+        lse: torch.Tensor | None = traced_lse if return_lse else None
+    else:
+        o, lse = run_with_kvcache(dense_q, k_cache, v_cache, k, v, lens, page_table,
+                                  cache_batch_idx, cache_leftpad, causal, scale, window, chunk,
+                                  softcap, sinks, return_lse, fallback)  # fmt: skip
     if rows is None:
         return o, lse
     return unpad(o, lse, rows)

@@ -183,3 +183,25 @@ def test_flash_attn_with_kvcache_takes_packed_queries() -> None:
                                 max_seqlen_q=2, cu_seqlens_k_new=a["cu_seqlens_k_new"],
                                 causal=True)  # fmt: skip
     assert torch.equal(a["k_cache"], kc)
+
+
+def test_torch_compile_traces_a_packed_append_and_attend() -> None:
+    """fullgraph: the padding, the packed append (a mutation of the caches) and the op."""
+    a = _packed_args()
+    kc2, vc2 = a["k_cache"].clone(), a["v_cache"].clone()
+
+    def step(q: Any, kc: Any, vc: Any) -> Any:
+        o, _ = run_packed_with_kvcache(
+            q * 2.0, kc, vc, a["k"], a["v"], a["cache_seqlens"], None, None, None,
+            a["cu_seqlens_q"], a["max_seqlen_q"], a["cu_seqlens_k_new"], True, 0.3, (-1, -1), 0,
+            0.0, None, False, True,
+        )  # fmt: skip
+        return o
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = torch.compile(step, fullgraph=True, backend="aot_eager")(a["q"], a["k_cache"],
+                                                                       a["v_cache"])  # fmt: skip
+        want = step(a["q"], kc2, vc2)
+    assert torch.equal(a["k_cache"], kc2) and torch.equal(a["v_cache"], vc2)  # appended too
+    assert got.shape == (5, HQ, D) and torch.allclose(got, want)
