@@ -287,8 +287,8 @@ def flash_attn_with_kvcache(
     (:func:`fa2tune.torch.attention_with_kvcache`). ``cache_seqlens``: int32 ``[B]`` on the
     device, an int for all, or None (every sequence uses the whole capacity; refused with
     ``k``/``v`` to append, whose place it would leave unsaid). ``cache_leftpad``: int32
-    ``[B]``, sequence ``b``'s first key in a contiguous cache (a paged cache with left padding
-    is refused, as FlashAttention-2 refuses it). Packed queries (``cu_seqlens_q`` with
+    ``[B]``, sequence ``b``'s first key (over a paged cache, on a gathered contiguous copy of
+    its pages). Packed queries (``cu_seqlens_q`` with
     ``max_seqlen_q``: ``q`` ``[total_q, Hq, D]``, ``out`` alike, LSE ``[Hq, total_q]``) and packed
     new keys (``cu_seqlens_k_new``: ``k``/``v`` ``[total_new, Hkv, D]``) run on the dense cache
     kernels through right-aligned padding (:mod:`fa2tune.ops.kvcache_varlen`).
@@ -297,8 +297,8 @@ def flash_attn_with_kvcache(
         ``out``, or with ``return_softmax_lse`` ``(out, softmax_lse)`` (``[B, Hq, Nq]``).
 
     Raises:
-        NotImplementedError: rotary embedding, left padding over a paged cache, another
-            refused argument (named), or a call the kernels cannot serve (with the reason).
+        NotImplementedError: rotary embedding, another refused argument (named), or a call
+            the kernels cannot serve (with the reason).
         ValueError: bad arguments.
     """
     del rotary_interleaved, scheduler_metadata, num_splits, pack_gqa, sm_margin  # hints

@@ -60,7 +60,7 @@ from fa2tune.ops.kernels import (
     load_kernel,
     raw_stream,
 )
-from fa2tune.ops.kvcache_fallback import kvcache_fallback, sequence_lengths
+from fa2tune.ops.kvcache_fallback import gathered_cache, kvcache_fallback, sequence_lengths
 from fa2tune.ops.torch_op import NO_WINDOW, check_sinks, current_device_index, window_pair
 from fa2tune.ops.workspace import SplitKvWorkspace
 from measure.loader import BoundLaunch, CudaError, LoadedKernel, launch_geometry
@@ -409,14 +409,9 @@ class CacheLauncher:
 
 def _decide(
     q: torch.Tensor, capacity: int, page: int, causal: bool, variant: Variant,
-    table_stride: int, added: int, kv_heads: int, table_gaps: bool, leftpad: bool = False,
+    table_stride: int, added: int, kv_heads: int, table_gaps: bool,
 ) -> CacheLauncher | str:  # fmt: skip
     """The launcher of a cache decision, or why it falls back (its key's first call)."""
-    if leftpad and page:
-        return (
-            "cache_leftpad over a paged cache (the kernels take left padding in a "
-            "contiguous cache only)"
-        )
     if q.device.type != "cuda":
         return f"tensors on {q.device.type}, not a CUDA device"
     name = str(q.dtype).removeprefix("torch.")
@@ -560,6 +555,10 @@ def run_with_kvcache(
         ValueError: bad arguments (:func:`check_cache_args`, a variant argument, sinks).
         Unsupported: the kernels cannot serve the call and ``fallback`` is False.
     """
+    if page_table is not None and cache_leftpad is not None:
+        return _padded_pages(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
+                             cache_batch_idx, cache_leftpad, causal, scale, window, chunk,
+                             softcap, sinks, return_lse, fallback)  # fmt: skip
     index = q.get_device()
     decision = _decision_for(q, k_cache, v_cache, k, v, cache_seqlens, page_table,
                              cache_batch_idx, cache_leftpad, causal, window, chunk, softcap,
@@ -623,10 +622,86 @@ def cache_refusal(
     Raises:
         ValueError: bad arguments, as :func:`run_with_kvcache`.
     """
+    if page_table is not None and cache_leftpad is not None:  # as _padded_pages decides
+        k_cache, v_cache = _contiguous_views(k_cache, v_cache, int(q.shape[0]), page_table)
+        page_table = cache_batch_idx = None
     entry = _decision_for(q, k_cache, v_cache, None, None, cache_seqlens, page_table,
                           cache_batch_idx, cache_leftpad, causal, window, chunk, softcap,
                           sinks).entry  # fmt: skip
     return entry if isinstance(entry, str) else None
+
+
+def _contiguous_views(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, page_table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tensors of the shape, dtype and device a gathered copy of a paged cache has
+    (``[B, capacity, Hkv, D]``), without the copy: what a decision reads of them."""
+    capacity = int(page_table.shape[1]) * int(k_cache.shape[1])
+    shape = (batch, capacity, int(k_cache.shape[2]), int(k_cache.shape[3]))
+    return k_cache.new_empty(()).expand(shape), v_cache.new_empty(()).expand(shape)
+
+
+def _padded_pages(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    cache_seqlens: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_batch_idx: torch.Tensor | None,
+    cache_leftpad: torch.Tensor,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    chunk: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
+    return_lse: bool,
+    fallback: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Left padding over a paged cache: the paged kernels take none (a sequence's first key
+    need not start a page), so after the append the sequences' pages are gathered into a
+    contiguous copy (one pass over the caches' pages, on the device) that the contiguous
+    kernels read with the padding. Every check, and the refusal without ``fallback``, comes
+    before the caches are written."""
+    b = int(q.shape[0])
+    check_cache_args(q, k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx,
+                     cache_leftpad)  # fmt: skip
+    added = int(k.shape[1]) if k is not None else 0
+    lengths = cache_seqlens if not added else (cache_seqlens + added).to(torch.int32)
+    kd, vd = _contiguous_views(k_cache, v_cache, b, page_table)
+    entry = _decision_for(q, kd, vd, None, None, lengths, None, None, cache_leftpad, causal,
+                          window, chunk, softcap, sinks).entry  # fmt: skip
+    if isinstance(entry, str) and not fallback:
+        raise Unsupported(entry)
+    if get_settings().check_kvcache and not (q.is_cuda and capturing()):
+        capacity = int(page_table.shape[1]) * int(k_cache.shape[1])
+        check_cache_values(k_cache, cache_seqlens, page_table, cache_batch_idx, added,
+                           capacity, int(k_cache.shape[1]), cache_leftpad)  # fmt: skip
+    if k is not None and v is not None:
+        append_kv(k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx)
+    kd = gathered_cache(k_cache, b, page_table, cache_batch_idx)
+    vd = gathered_cache(v_cache, b, page_table, cache_batch_idx)
+    return run_with_kvcache(
+        q,
+        kd,
+        vd,
+        None,
+        None,
+        lengths,
+        None,
+        None,
+        cache_leftpad,
+        causal,
+        scale,
+        window,
+        chunk,
+        softcap,
+        sinks,
+        return_lse,
+        fallback,
+    )
 
 
 def _decision_for(
@@ -692,7 +767,7 @@ def _decision_for(
         if page_table is not None:
             table_stride = int(page_table.shape[1] if table_gaps else page_table.stride(0))
         entry = _decide(q, capacity, page, causal, variant, table_stride, added,
-                        int(k_cache.shape[2]), table_gaps, cache_leftpad is not None)  # fmt: skip
+                        int(k_cache.shape[2]), table_gaps)  # fmt: skip
         decision = _Decision(entry, capacity, page, causal, variant, added,
                              get_settings().check_kvcache)  # fmt: skip
         if len(_decisions) >= MAX_DECISIONS:
@@ -781,10 +856,11 @@ def attention_with_kvcache(
             ``page_table[b, j // page size]``; pages may come in any order and be shared.
         cache_batch_idx: int32 ``[B]``: batch row ``b`` uses cache row (or, paged, block-table
             row) ``cache_batch_idx[b]``; default ``b``.
-        cache_leftpad: int32 ``[B]``: sequence ``b``'s keys start at ``cache_leftpad[b]`` of
-            a contiguous cache (the keys before it are padding, never seen; positions, masks
-            and windows count from it, as FlashAttention's ``cache_leftpad``); a paged cache
-            with it runs on torch (``fallback``) or raises.
+        cache_leftpad: int32 ``[B]``: sequence ``b``'s keys start at ``cache_leftpad[b]``
+            (the keys before it are padding, never seen; positions, masks and windows count
+            from it, as FlashAttention's ``cache_leftpad``). A paged cache with it is gathered
+            into a contiguous copy first (one pass over its pages: the paged kernels take no
+            padding).
         causal: bottom-right aligned at each sequence's length (query ``i`` sees key ``j``
             iff ``j <= i + len - Nq``).
         scale: softmax scale, ``1 / sqrt(D)`` by default.

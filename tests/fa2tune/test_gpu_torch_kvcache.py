@@ -67,7 +67,7 @@ class Case:
     new: int = 0
     causal: bool = True
     batch_idx: bool = False
-    leftpad: bool = False  # cache_leftpad (contiguous caches): 0, the whole length, random
+    leftpad: bool = False  # cache_leftpad: 0, the whole cached length, random
     window: tuple[int, int] = (-1, -1)
     chunk: int = 0
     softcap: float = 0.0
@@ -126,6 +126,8 @@ CASES = [
     Case(leftpad=True, new=1, batch=5),
     Case(leftpad=True, batch_idx=True, nq=4, new=4, window=(64, 0), batch=5),
     Case(leftpad=True, nq=8, new=8, chunk=96, batch=5, d=64, dtype="float16"),
+    Case(leftpad=True, page=16, nq=2, new=2, batch=5),  # pages: a gathered contiguous copy
+    Case(leftpad=True, page=64, batch_idx=True, nq=4, new=4, window=(64, 0), batch=5),
 ]
 
 

@@ -419,7 +419,9 @@ def test_left_padded_caches_start_each_sequence_at_its_padding(
     assert torch.allclose(lse.double()[finite], want_lse[finite], atol=1e-5)
 
 
-def test_left_padding_is_checked_and_refused_over_pages_without_fallback() -> None:
+def test_left_padding_is_checked_and_a_refused_paged_call_writes_nothing() -> None:
+    """Over pages the padded call is decided on the gathered copy's shapes before the append:
+    refused (here: CPU tensors, no fallback), it leaves the caches as they were."""
     from fa2tune.flash_attn import flash_attn_with_kvcache
     from fa2tune.torch import attention_with_kvcache
 
@@ -431,12 +433,15 @@ def test_left_padding_is_checked_and_refused_over_pages_without_fallback() -> No
     kp, vp = torch.randn(8, 4, 2, 8), torch.randn(8, 4, 2, 8)
     table = torch.arange(8, dtype=torch.int32).view(2, 4)
     pad = torch.tensor([1, 2], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="cache_leftpad over a paged cache"):
-        flash_attn_with_kvcache(a["q"], kp, vp, cache_seqlens=a["cache_seqlens"],
+    kn, vn = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8)
+    saved = kp.clone()
+    with pytest.raises(NotImplementedError, match="not a CUDA device"):
+        flash_attn_with_kvcache(a["q"], kp, vp, kn, vn, cache_seqlens=a["cache_seqlens"],
                                 page_table=table, cache_leftpad=pad)  # fmt: skip
-    with pytest.raises(Unsupported, match="cache_leftpad over a paged cache"):
-        attention_with_kvcache(a["q"], kp, vp, cache_seqlens=a["cache_seqlens"],
+    with pytest.raises(Unsupported, match="not a CUDA device"):
+        attention_with_kvcache(a["q"], kp, vp, kn, vn, cache_seqlens=a["cache_seqlens"],
                                page_table=table, cache_leftpad=pad, fallback=False)  # fmt: skip
+    assert torch.equal(kp, saved)
 
 
 def test_the_debug_mode_checks_the_left_padding(checking: None) -> None:
