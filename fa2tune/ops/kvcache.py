@@ -34,11 +34,10 @@ import logging
 import math
 import threading
 import warnings
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from codegen.families import family_of
 from core.settings import get_settings
 from core.shape import Shape, effective_causal
 from core.variant import Variant
@@ -55,356 +54,28 @@ from fa2tune.ops.choice import (
 from fa2tune.ops.fallback import no_lse
 from fa2tune.ops.kernels import (
     capturing,
-    current_stream,
     device_info,
     load_kernel,
-    raw_stream,
+)
+from fa2tune.ops.kvcache_args import (
+    append_kv,
+    check_cache_args,
+    check_cache_values,
+    lengths_tensor,
 )
 from fa2tune.ops.kvcache_fallback import gathered_cache, kvcache_fallback, sequence_lengths
+from fa2tune.ops.kvcache_launch import CacheLauncher
 from fa2tune.ops.torch_op import NO_WINDOW, check_sinks, current_device_index, window_pair
-from fa2tune.ops.workspace import SplitKvWorkspace
-from measure.loader import BoundLaunch, CudaError, LoadedKernel, launch_geometry
-from measure.params import (
-    ALIGN_BYTES,
-    FaKvAppend,
-    FaKvCache,
-    FaParams,
-    FaVariant,
-    append_params,
-    cache_params,
-    launch_variant,
-)
+from measure.loader import CudaError
 
 log = logging.getLogger("fa2tune.torch")
 
 _FALLBACK = "fa2tune.torch: attention_with_kvcache running on torch instead of a kernel: "
 #: Most cached decisions (a serving process has a few cache shapes per model).
 MAX_DECISIONS = 1024
-#: Bound launches kept per stride pattern of a launcher with TMA descriptors (by pointers).
-_TMA_BOUND = 16
 _decisions: dict[tuple[object, ...], _Decision] = {}
 _lock = threading.Lock()
 _warned: set[str] = set()
-_INDEX_DTYPES = (torch.int32, torch.int64)
-_INT32 = torch.int32
-#: Threads per block of the append kernel (kv_append.cuh's launch bounds).
-_APPEND_THREADS = 256
-
-
-def _index_tensor(name: str, t: torch.Tensor | None, q: torch.Tensor, dims: int) -> None:
-    if t is None:
-        return
-    if not isinstance(t, torch.Tensor) or t.dtype not in _INDEX_DTYPES or t.dim() != dims:
-        what = f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}"
-        raise ValueError(f"{name} must be an int32 {dims}-d tensor, got {what}")
-    if t.device != q.device:
-        raise ValueError(f"{name} is on {t.device}, q on {q.device}")
-
-
-def check_cache_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k: torch.Tensor | None,
-    v: torch.Tensor | None,
-    cache_seqlens: torch.Tensor,
-    page_table: torch.Tensor | None,
-    cache_batch_idx: torch.Tensor | None,
-    cache_leftpad: torch.Tensor | None = None,
-) -> tuple[int, int]:
-    """``(capacity, page size)`` of a cache call (page size 0: contiguous), after refusing
-    arguments no implementation takes. Reads shapes only, never the tensors' values.
-
-    Raises:
-        ValueError: the message says which argument and why.
-    """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-d tensor, got {getattr(t, 'shape', t)!r}")
-    b, _, hq, d = (int(x) for x in q.shape)
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
-    rows, size, hkv, dk = (int(x) for x in k_cache.shape)
-    if dk != d:
-        raise ValueError(f"the caches' head dim {dk} differs from q's {d}")
-    if hkv < 1 or hq % hkv:
-        raise ValueError(f"q heads {hq} is not a multiple of the caches' {hkv} heads")
-    if {q.dtype, k_cache.dtype, v_cache.dtype} != {q.dtype}:
-        raise ValueError(f"q and the caches must share a dtype, got {q.dtype}, "
-                         f"{k_cache.dtype}, {v_cache.dtype}")  # fmt: skip
-    _index_tensor("cache_seqlens", cache_seqlens, q, 1)
-    _index_tensor("page_table", page_table, q, 2)
-    _index_tensor("cache_batch_idx", cache_batch_idx, q, 1)
-    _index_tensor("cache_leftpad", cache_leftpad, q, 1)
-    if cache_leftpad is not None and int(cache_leftpad.shape[0]) != b:
-        raise ValueError(f"cache_leftpad has {cache_leftpad.shape[0]} entries for a batch of {b}")
-    if int(cache_seqlens.shape[0]) != b:
-        n = cache_seqlens.shape[0]
-        raise ValueError(f"cache_seqlens has {n} entries for a batch of {b}")
-    if cache_batch_idx is not None and int(cache_batch_idx.shape[0]) != b:
-        raise ValueError(
-            f"cache_batch_idx has {cache_batch_idx.shape[0]} entries for a batch of {b}"
-        )
-    if page_table is None:
-        page, capacity = 0, size
-        if cache_batch_idx is None and rows < b:
-            raise ValueError(f"the caches hold {rows} sequences for a batch of {b}")
-    else:
-        page = size
-        if page < 1 or page & (page - 1):
-            raise ValueError(f"the page size (k_cache.shape[1] = {page}) is not a power of two")
-        if page_table.dtype != torch.int32:
-            raise ValueError(f"page_table must be int32, got {page_table.dtype}")
-        if cache_batch_idx is None and int(page_table.shape[0]) < b:
-            raise ValueError(f"page_table has {page_table.shape[0]} rows for a batch of {b}")
-        capacity = int(page_table.shape[1]) * page
-    if (k is None) != (v is None):
-        raise ValueError("k and v are appended together: give both or neither")
-    if k is not None and v is not None:
-        if k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be 4-d and alike")
-        kb, _, kh, kd = (int(x) for x in k.shape)
-        if (kb, kh, kd) != (b, hkv, d) or k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
-            raise ValueError(f"new k/v {tuple(k.shape)} {k.dtype} do not match the batch {b} and "
-                             f"the caches' heads, head dim and dtype")  # fmt: skip
-    if capacity < 1:
-        raise ValueError("the cache holds no keys (capacity 0)")
-    return capacity, page
-
-
-def append_kv(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    page_table: torch.Tensor | None,
-    cache_batch_idx: torch.Tensor | None,
-) -> None:
-    """Write ``k``/``v`` ``[B, Nnew, Hkv, D]`` into the caches at rows
-    ``cache_seqlens[b] ..+ Nnew`` of each sequence, in place and bit-exact (a copy). On the
-    device only: no value is read on the host, so the append is captured with the call.
-    The rows must fit the capacity (FlashAttention's rule; an index past it is a device-side
-    error)."""
-    b, n_new = int(k.shape[0]), int(k.shape[1])
-    pos = cache_seqlens.long().view(b, 1) + torch.arange(n_new, device=k.device).view(1, n_new)
-    rows = (cache_batch_idx.long() if cache_batch_idx is not None
-            else torch.arange(b, device=k.device)).view(b, 1)  # fmt: skip
-    if page_table is None:
-        k_cache.index_put_((rows, pos), k)
-        v_cache.index_put_((rows, pos), v)
-        return
-    size = int(k_cache.shape[1])
-    pages = page_table.long()[rows.view(b)].gather(1, torch.div(pos, size, rounding_mode="floor"))
-    slot = torch.remainder(pos, size)
-    k_cache.index_put_((pages, slot), k)
-    v_cache.index_put_((pages, slot), v)
-
-
-def lengths_tensor(
-    cache_seqlens: torch.Tensor | int | None,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    k: torch.Tensor | None,
-    page_table: torch.Tensor | None,
-) -> torch.Tensor:
-    """``cache_seqlens`` as the op takes it: a tensor as given, an int (every sequence's
-    length, checked here: it is on the host) as an int32 ``[B]`` tensor on q's device, None
-    (FlashAttention's "the whole cache") as the capacity.
-
-    Raises:
-        ValueError: an int length below 0 or leaving no room for the new rows; None with new
-            rows to append (where they go would be a guess).
-    """
-    if isinstance(cache_seqlens, torch.Tensor):
-        return cache_seqlens
-    if cache_seqlens is None and k is not None:
-        raise ValueError("appending k/v needs cache_seqlens: the keys each sequence holds "
-                         "before the new rows, where they are written")  # fmt: skip
-    size = int(k_cache.shape[1])
-    capacity = int(page_table.shape[1]) * size if page_table is not None else size
-    room = capacity - (int(k.shape[1]) if k is not None else 0)
-    n = room if cache_seqlens is None else int(cache_seqlens)
-    if not 0 <= n <= room:
-        raise ValueError(f"cache_seqlens {n} is outside [0, {room}] (a capacity of {capacity} "
-                         "keys, less the new rows)")  # fmt: skip
-    return torch.full((int(q.shape[0]),), n, dtype=torch.int32, device=q.device)
-
-
-class _Pattern:
-    """One stride pattern of a cache launcher: the checked ``FaParams`` (pointers patched per
-    call), the append's argument, and bound launches by (stream, workspace buffers)."""
-
-    __slots__ = ("append", "bound", "params")
-
-    def __init__(self, params: FaParams, append: FaKvAppend | None) -> None:
-        self.params = params
-        self.append = append
-        self.bound: dict[tuple[int, ...], tuple[BoundLaunch, BoundLaunch | None]] = {}
-
-
-class CacheLauncher:
-    """One cache decision: the loaded cache kernel and its append kernel, their geometry for
-    the decision's shapes and the arguments they take (``FaParams``, the workspace,
-    ``FaVariant``, ``FaKvCache``; the append ``FaParams``, ``FaKvAppend``, ``FaKvCache``),
-    made once per stride pattern and stream and patched per call with the pointers.
-
-    Attributes:
-        kernel, config, source: the loaded kernel, its config and where its tile came from.
-    """
-
-    __slots__ = ("_append_grid", "_append_kernel", "_block", "_capacity", "_fv", "_grid",
-                 "_kc", "_lock", "_page", "_patterns", "_prep", "_smem", "_table_gaps", "_ws",
-                 "_ws_needed", "config", "kernel", "source")  # fmt: skip
-
-    def __init__(self, kernel: LoadedKernel, config: Any, source: str, shape: Shape,
-                 variant: Variant, table_stride: int, added: int, page: int,
-                 table_gaps: bool = False) -> None:  # fmt: skip
-        self.kernel = kernel
-        # The block table's strides are part of the decision's key: whether its rows need a
-        # contiguous copy is known here, once.
-        self._table_gaps = table_gaps
-        self.config = config
-        self.source = source
-        grid, block = launch_geometry(config, shape.nq, shape.heads, shape.batch, nk=shape.nk,
-                                      kv_heads=shape.kv_heads)  # fmt: skip
-        self._grid, self._block, self._smem = grid, block, config.smem_bytes
-        self._capacity, self._page = shape.nk, page
-        w = launch_variant(config.causal, variant, shape.nq, None)
-        self._fv = FaVariant(w.window_left, w.window_right, w.chunk, float(w.softcap), None)
-        self._kc = FaKvCache(None, None, None, table_stride, added, None)
-        # Split-KV's kernels take a workspace; the Hopper family's take TMA descriptors over
-        # the call's tensors (Family.cache_host_prep), made per pointer triple in __call__.
-        family = family_of(config)
-        self._prep = family.cache_host_prep
-        self._ws = SplitKvWorkspace(config, shape) if family.workspace_sizes else None
-        self._ws_needed = self._ws is not None and self._ws.needed
-        self._lock = threading.Lock()
-        self._patterns: dict[tuple[object, ...], _Pattern] = {}
-        self._append_kernel: LoadedKernel | None = None
-        chunks = shape.batch * added * shape.kv_heads * (config.d // 8) * 2  # K and V
-        self._append_grid = (max(1, min(-(-chunks // _APPEND_THREADS), 65535)), 1, 1)
-        if added:  # the append kernel lives in the same cubin, named <config>_append
-            self._append_kernel = LoadedKernel.from_file(kernel.source, config.name + "_append")
-
-    def _pattern(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 o: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-                 key: tuple[object, ...]) -> _Pattern:  # fmt: skip
-        """The checked arguments of a new stride pattern (kept for its later calls)."""
-        params = cache_params(q, k_cache, v_cache, o, None, 1.0, self._capacity)  # may raise
-        append = append_params(k, v, self._page) if k is not None and v is not None else None
-        pattern = _Pattern(params, append)
-        if len(self._patterns) < 16:  # a few per decision; odd ones are checked every call
-            self._patterns[key] = pattern
-        return pattern
-
-    def _bind(
-        self,
-        pattern: _Pattern,
-        stream: int,
-        ws_ptrs: tuple[int, int],
-        tensors: tuple[torch.Tensor, ...],
-    ) -> tuple[BoundLaunch, BoundLaunch | None]:
-        """The attention's and the append's bound launches on ``stream`` with that
-        workspace, or the descriptors over ``tensors`` (q and the caches) for a family that
-        takes them (the append's None when the call appends nothing)."""
-        p = pattern.params
-        if self._prep is not None:
-            extra = tuple(self._prep(self.config, *tensors, self._capacity))  # may raise
-        else:
-            extra = tuple(self._ws.args(*ws_ptrs)) if self._ws is not None else ()
-        attend = self.kernel.bind(p, self._grid, self._block, self._smem, stream,
-                                  (*extra, self._fv, self._kc))  # fmt: skip
-        if pattern.append is None or self._append_kernel is None:
-            return attend, None
-        add = self._append_kernel.bind(p, self._append_grid, (_APPEND_THREADS, 1, 1), 0, stream,
-                                       (pattern.append, self._kc))  # fmt: skip
-        return attend, add
-
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        k: torch.Tensor | None,
-        v: torch.Tensor | None,
-        o: torch.Tensor,
-        lse: torch.Tensor | None,
-        scale: float,
-        cache_seqlens: torch.Tensor,
-        page_table: torch.Tensor | None,
-        cache_batch_idx: torch.Tensor | None,
-        cache_leftpad: torch.Tensor | None,
-        sinks: torch.Tensor | None,
-        index: int,
-    ) -> None:
-        """Append ``k``/``v`` (when given) and attend: one launch each, on the current stream
-        of device ``index`` (q's, current).
-
-        Raises:
-            ValueError: strides or alignment the kernels do not take (the caller falls back).
-            measure.loader.CudaError: the driver refused a launch.
-        """
-        if not cache_seqlens.is_contiguous() or cache_seqlens.dtype is not _INT32:
-            cache_seqlens = cache_seqlens.to(_INT32).contiguous()  # a device-side cast
-        if cache_batch_idx is not None and (cache_batch_idx.dtype is not _INT32
-                                            or not cache_batch_idx.is_contiguous()):  # fmt: skip
-            cache_batch_idx = cache_batch_idx.to(_INT32).contiguous()
-        if cache_leftpad is not None and (cache_leftpad.dtype is not _INT32
-                                          or not cache_leftpad.is_contiguous()):  # fmt: skip
-            cache_leftpad = cache_leftpad.to(_INT32).contiguous()
-        if page_table is not None and self._table_gaps:
-            page_table = page_table.contiguous()
-        qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
-        if k is None or v is None:
-            key: tuple[object, ...] = (q.stride(), k_cache.stride(), v_cache.stride())
-            misaligned = (qp | kp | vp) % ALIGN_BYTES
-        else:
-            key = (q.stride(), k_cache.stride(), v_cache.stride(), k.stride(), v.stride())
-            misaligned = (qp | kp | vp | k.data_ptr() | v.data_ptr()) % ALIGN_BYTES
-        pattern = self._patterns.get(key)
-        if pattern is None or misaligned:
-            pattern = self._pattern(q, k_cache, v_cache, o, k, v, key)  # raises ValueError
-        stream = raw_stream(index) if raw_stream is not None else current_stream(q.device)
-        keep: object = None
-        captured = capturing()
-        ws = self._ws
-        if ws is None or not self._ws_needed:
-            ws_ptrs: tuple[int, int] = (0, 0)
-        elif captured:
-            count_ptr, partials_ptr, keep = ws.captured(q.device)
-            ws_ptrs = (count_ptr, partials_ptr)
-        else:
-            ws_ptrs = ws.stream_args(index, stream)
-        with self._lock:
-            p = pattern.params
-            p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
-            p.lse = lse.data_ptr() if lse is not None else None
-            p.softmax_scale = scale
-            fv, kc = self._fv, self._kc
-            fv.sinks = sinks.data_ptr() if sinks is not None else None
-            kc.seqlens = cache_seqlens.data_ptr()
-            kc.batch_idx = cache_batch_idx.data_ptr() if cache_batch_idx is not None else None
-            kc.leftpad = cache_leftpad.data_ptr() if cache_leftpad is not None else None
-            kc.block_table = page_table.data_ptr() if page_table is not None else None
-            append = pattern.append
-            if append is not None and k is not None and v is not None:
-                append.k_new, append.v_new = k.data_ptr(), v.data_ptr()
-            # Descriptors hold q's and the caches' addresses: bound per pointer triple, the
-            # last few kept (no workspace: a captured launch may keep its bound launch too).
-            by_pointers = self._prep is not None
-            bound_key = (stream, qp, kp, vp) if by_pointers else (stream, *ws_ptrs)
-            launches = None if captured and not by_pointers else pattern.bound.get(bound_key)
-            if launches is None:
-                launches = self._bind(pattern, stream, ws_ptrs, (q, k_cache, v_cache))
-                if not captured or by_pointers:  # a captured workspace belongs to that graph
-                    if by_pointers and len(pattern.bound) >= _TMA_BOUND:
-                        del pattern.bound[next(iter(pattern.bound))]
-                    pattern.bound[bound_key] = launches
-            if launches[1] is not None:
-                launches[1]()  # the append first: the attention reads the new rows
-            launches[0]()
-        del keep  # queued: a captured workspace may go back to the graph's pool
 
 
 def _decide(
@@ -451,66 +122,6 @@ class _Decision(NamedTuple):
     variant: Variant
     added: int
     check: bool = False
-
-
-def _first_bad(bad: torch.Tensor) -> int | None:
-    """The first flat index where ``bad`` holds, or None (a host sync)."""
-    where = torch.nonzero(bad.flatten())
-    return int(where[0, 0]) if where.numel() else None
-
-
-def check_cache_values(
-    k_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    page_table: torch.Tensor | None,
-    cache_batch_idx: torch.Tensor | None,
-    added: int,
-    capacity: int,
-    page: int,
-    cache_leftpad: torch.Tensor | None = None,
-) -> None:
-    """The debug mode's checks of what lives on the device (``FA2TUNE_CHECK_KVCACHE``): every
-    length in ``[0, capacity - added]``, every left padding in ``[0, length]``, every batch
-    index a row of the caches (or of the block table), and every block-table entry a
-    sequence reaches (its first ``ceil((length + added) / page)``) a page of the caches.
-    Reads the values on the host.
-
-    Raises:
-        ValueError: naming the first bad entry and the bound it breaks.
-    """
-    lens = cache_seqlens.long()
-    room = capacity - added
-    i = _first_bad((lens < 0) | (lens > room))
-    if i is not None:
-        raise ValueError(f"cache_seqlens[{i}] = {int(lens[i])} is outside [0, {room}] (a "
-                         f"capacity of {capacity} keys, {added} new rows this call)")  # fmt: skip
-    if cache_leftpad is not None:
-        pad = cache_leftpad.long()
-        i = _first_bad((pad < 0) | (pad > lens))
-        if i is not None:
-            raise ValueError(f"cache_leftpad[{i}] = {int(pad[i])} is outside [0, {int(lens[i])}]"
-                             " (its sequence's cached length)")  # fmt: skip
-    rows = int(page_table.shape[0]) if page_table is not None else int(k_cache.shape[0])
-    index = torch.arange(lens.shape[0], device=lens.device)
-    if cache_batch_idx is not None:
-        index = cache_batch_idx.long()
-        i = _first_bad((index < 0) | (index >= rows))
-        if i is not None:
-            what = "block-table rows" if page_table is not None else "cache rows"
-            raise ValueError(f"cache_batch_idx[{i}] = {int(index[i])} is outside [0, {rows}) "
-                             f"({rows} {what})")  # fmt: skip
-    if page_table is None:
-        return
-    pages = int(k_cache.shape[0])
-    table = page_table.long()[index]  # [batch, max_pages]: each batch row's own table row
-    used = -(-(lens + added) // page)  # pages each sequence reaches
-    reached = torch.arange(table.shape[1], device=table.device).view(1, -1) < used.view(-1, 1)
-    flat = _first_bad(reached & ((table < 0) | (table >= pages)))
-    if flat is not None:
-        b, j = divmod(flat, int(table.shape[1]))
-        raise ValueError(f"page_table[{int(index[b])}, {j}] = {int(table[b, j])} (batch row "
-                         f"{b}'s page {j}) is outside [0, {pages}) ({pages} pages in the "
-                         "caches)")  # fmt: skip
 
 
 def _spec(t: torch.Tensor | None) -> tuple[object, ...] | None:

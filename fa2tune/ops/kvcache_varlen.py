@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 
 from fa2tune.ops.choice import Unsupported
-from fa2tune.ops.kvcache import cache_refusal, check_cache_args, lengths_tensor, run_with_kvcache
+from fa2tune.ops.kvcache import cache_refusal, run_with_kvcache
+from fa2tune.ops.kvcache_args import check_cache_args, lengths_tensor
 
 
 def _sequence_of(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
