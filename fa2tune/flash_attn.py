@@ -16,14 +16,13 @@ What differs, on purpose:
   raises :class:`NotImplementedError` (a loss through them fails loudly instead of training
   with gradients silently missing).
 * Arguments fa2tune does not run raise :class:`NotImplementedError` naming them: ``qv``, the
-  fp8 descales and fp8 inputs, a V head dim other than Q's, ``seqused_q``/``seqused_k``,
-  ``deterministic=True``, and in :func:`flash_attn_with_kvcache` rotary embedding, left
-  padding and packed queries over a cache (``cu_seqlens_q``, ``cu_seqlens_k_new``,
-  ``max_seqlen_q``); paged and contiguous caches, lengths on the device, batch indices and
-  appending K/V run (:func:`fa2tune.torch.attention_with_kvcache`). Scheduling hints
-  (``num_splits``,
-  ``pack_gqa``, ``sm_margin``, ``scheduler_metadata``) are accepted and ignored: fa2tune's
-  tuned config decides the schedule.
+  fp8 descales and fp8 inputs, a V head dim other than Q's, ``deterministic=True``, and in
+  :func:`flash_attn_with_kvcache` rotary embedding; paged and contiguous caches, lengths on
+  the device, batch indices, left padding, packed queries and new keys over a cache and
+  appending K/V run (:func:`fa2tune.torch.attention_with_kvcache`), and so do
+  ``seqused_q``/``seqused_k`` in :func:`flash_attn_varlen_func`. Scheduling hints
+  (``num_splits``, ``pack_gqa``, ``sm_margin``, ``scheduler_metadata``) are accepted and
+  ignored: fa2tune's tuned config decides the schedule.
 * The LSE of a row that sees no key is +inf, as FlashAttention returns it (fa2tune's own op
   says -inf; converted here). With sinks such a row's LSE is its sink logit, as in the op.
 * ``sinks=`` (keyword only, an fa2tune extension: hopper's interface has no sink argument):
@@ -44,6 +43,7 @@ from fa2tune.ops.choice import Unsupported
 from fa2tune.ops.kernels import CuSeqlens
 from fa2tune.ops.kvcache_varlen import run_packed_with_kvcache
 from fa2tune.ops.torch_op import run
+from fa2tune.ops.varlen_used import check_used, compact, expand
 
 __all__ = [
     "flash_attn_combine",
@@ -227,22 +227,30 @@ def flash_attn_varlen_func(
     ``out`` ``[total_q, Hq, D]``, or ``(out, softmax_lse)`` with the LSE ``[Hq, total_q]``.
 
     ``cu_seqlens_*``: int32 ``[num_seqs + 1]`` offsets; masks aligned per sequence.
+    ``seqused_q`` / ``seqused_k``: int32 ``[num_seqs]``, the rows each sequence uses of its
+    span (the first ones; the rest are ignored, unused query rows get zeros): the used rows
+    are gathered into packed copies first (:mod:`fa2tune.ops.varlen_used`).
 
     Raises:
-        NotImplementedError: ``seqused_q``/``seqused_k`` (sequences using fewer rows than
-            their offsets give), another refused argument, or a call the kernels cannot
-            serve.
+        NotImplementedError: a refused argument, or a call the kernels cannot serve.
         ValueError: bad arguments.
     """
     del num_splits, pack_gqa, sm_margin  # scheduling hints: the tuned config decides
-    if seqused_q is not None:
-        raise _refuse("seqused_q (per-sequence used query lengths)")
-    if seqused_k is not None:
-        raise _refuse("seqused_k (per-sequence used key lengths)")
     _check_common(q, v, qv, q_descale, k_descale, v_descale, deterministic)
-    seqs = CuSeqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    check_used(seqused_q, seqused_k, cu_seqlens_q, cu_seqlens_k)
+    cu_q, cu_k = cu_seqlens_q, cu_seqlens_k
+    if seqused_k is not None:
+        k, cu_k = compact(k, cu_seqlens_k, seqused_k)
+        v, _ = compact(v, cu_seqlens_k, seqused_k)
+    if seqused_q is not None:
+        q, cu_q = compact(q, cu_seqlens_q, seqused_q)
+    seqs = CuSeqlens(cu_q, cu_k, max_seqlen_q, max_seqlen_k)
     out, lse = _attend(q, k, v, seqs, softmax_scale, causal, window_size, attention_chunk,
                        softcap, sinks, return_attn_probs)  # fmt: skip
+    if seqused_q is not None:
+        out, kept_lse = expand(out, lse if return_attn_probs else None, cu_seqlens_q, cu_q,
+                               float("inf"))  # fmt: skip
+        lse = kept_lse if kept_lse is not None else lse
     return (out, lse) if return_attn_probs else out
 
 

@@ -13,6 +13,7 @@ Skipped without torch.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,11 +209,11 @@ def test_refused_tensors(recorder: Recorder) -> None:
         with pytest.raises(NotImplementedError, match="fp8"):
             flash_attn_func(q.to(fp8), k.to(fp8), v.to(fp8))
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    used = torch.tensor([8], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="seqused_q"):
-        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, seqused_q=used)
-    with pytest.raises(NotImplementedError, match="seqused_k"):
-        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, seqused_k=used)
+    with pytest.raises(ValueError, match="seqused_q must be a 1-d int32"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8, seqused_q=torch.tensor([8]))
+    with pytest.raises(ValueError, match="seqused_k has 2 entries for 1 sequences"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 8, 8,
+                               seqused_k=torch.tensor([8, 8], dtype=torch.int32))  # fmt: skip
     assert recorder.calls == []
 
 
@@ -309,3 +310,58 @@ def test_the_peer_alias_module_reexports_the_interface() -> None:
     spec.loader.exec_module(module)
     for name in fa.__all__:
         assert getattr(module, name) is getattr(fa, name)
+
+
+def _reference_rows(q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any]:
+    """One sequence's O [nq, Hq, D] and LSE [Hq, nq] in float64 (bottom-right causal)."""
+    nq, hq, _ = q.shape
+    nk, hkv, _ = k.shape
+    kh = k.double().repeat_interleave(hq // hkv, dim=1)
+    vh = v.double().repeat_interleave(hq // hkv, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q.double(), kh) * scale
+    if causal:
+        i = torch.arange(nq).view(-1, 1) + (nk - nq)
+        s = s.masked_fill(torch.arange(nk).view(1, -1) > i, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    return torch.einsum("hqk,khd->qhd", p, vh), lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqused_rows_alone_are_attended(monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    """Each sequence uses the first seqused rows of its span (0 included): the result is the
+    per-sequence attention of those rows; unused query rows get zeros and an LSE of +inf.
+    The op runs its torch path here (CPU tensors), as the GPU would run the packed kernel on
+    the same compacted rows."""
+    import fa2tune.flash_attn as fa
+    from fa2tune.ops import torch_op
+
+    def with_fallback(*args: Any, **kwargs: Any) -> Any:
+        args = (*args[:7], True, *args[8:])  # fallback=True: the torch path on the CPU
+        return torch_op.run(*args, **kwargs)
+
+    monkeypatch.setattr(fa, "run", with_fallback)
+    torch.manual_seed(3)
+    hq, hkv, d = 4, 2, 16
+    cu_q = torch.tensor([0, 5, 9, 15], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 7, 19], dtype=torch.int32)
+    used_q = torch.tensor([3, 4, 0], dtype=torch.int32)
+    used_k = torch.tensor([6, 0, 9], dtype=torch.int32)
+    q, k, v = torch.randn(15, hq, d), torch.randn(19, hkv, d), torch.randn(19, hkv, d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 12, seqused_q=used_q,
+                                             seqused_k=used_k, causal=causal,
+                                             return_attn_probs=True)  # fmt: skip
+    assert out.shape == q.shape and lse.shape == (hq, 15)
+    for b in range(3):
+        q0, k0, nq, nk = int(cu_q[b]), int(cu_k[b]), int(used_q[b]), int(used_k[b])
+        want_o, want_lse = _reference_rows(q[q0 : q0 + nq], k[k0 : k0 + nk], v[k0 : k0 + nk],
+                                           causal, d**-0.5)  # fmt: skip
+        got_lse = lse[:, q0 : q0 + nq].double()
+        assert torch.allclose(out[q0 : q0 + nq].double(), want_o, atol=1e-5), b
+        finite = torch.isfinite(want_lse)
+        assert torch.allclose(got_lse[finite], want_lse[finite], atol=1e-5), b
+        assert torch.all(got_lse[~finite] == float("inf")), b  # no key: +inf, as FA says
+        unused = slice(q0 + nq, int(cu_q[b + 1]))
+        assert torch.all(out[unused] == 0) and torch.all(lse[:, unused] == float("inf")), b
