@@ -19,7 +19,9 @@ compiler (nvcc, or NVRTC from the wheels).
 
 from __future__ import annotations
 
+import itertools
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -482,3 +484,54 @@ def test_hopper_cache_kernels_match_the_torch_path(case: Case) -> None:
         settings_module._overrides.update(saved)
         clear_caches()
     _assert_matches(case, x, (o, lse), (o_ref, lse_ref, kc_ref, vc_ref))
+
+
+@pytest.mark.parametrize("page", [0, 16], ids=["contig", "pg16"])
+def test_packed_queries_and_new_keys_match_the_torch_path(page: int) -> None:
+    """flash_attn_with_kvcache with cu_seqlens_q / cu_seqlens_k_new (sequences of 0-5 queries
+    and 0-3 new rows) on the GPU's kernels against the same packed call on CPU copies (the
+    op's torch path): the caches bit for bit after the packed append, O and the LSE."""
+    import torch
+
+    from fa2tune.flash_attn import flash_attn_with_kvcache
+    from fa2tune.ops.kvcache_varlen import run_packed_with_kvcache
+
+    torch.manual_seed(11 + page)
+    hq, hkv, d, cap = 8, 2, 128, 512
+    nqs, news = [1, 5, 0, 3], [2, 0, 1, 3]
+    lens = torch.tensor([0, 100, 300, cap - 3], dtype=torch.int32)
+
+    def cu(counts: list[int]) -> Any:
+        return torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int32)
+
+    dt = torch.bfloat16
+    if page:
+        pages = 4 * cap // page + 2
+        kc, vc = (torch.randn(pages, page, hkv, d, dtype=dt) for _ in range(2))
+        table = torch.randperm(pages)[: 4 * cap // page].view(4, cap // page).to(torch.int32)
+    else:
+        kc, vc = (torch.randn(4, cap, hkv, d, dtype=dt) for _ in range(2))
+        table = None
+    q = torch.randn(sum(nqs), hq, d, dtype=dt)
+    k, v = (torch.randn(sum(news), hkv, d, dtype=dt) for _ in range(2))
+    cpu = [t.clone() if t is not None else None for t in (kc, vc)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o_ref, lse_ref = run_packed_with_kvcache(
+            q, cpu[0], cpu[1], k, v, lens, table, None, None, cu(nqs), 5, cu(news), True,
+            d**-0.5, (-1, -1), 0, 0.0, None, True, True,
+        )  # fmt: skip
+    dev = "cuda"
+    kg, vg = kc.to(dev), vc.to(dev)
+    o, lse = flash_attn_with_kvcache(
+        q.to(dev), kg, vg, k.to(dev), v.to(dev), cache_seqlens=lens.to(dev),
+        page_table=table.to(dev) if table is not None else None, cu_seqlens_q=cu(nqs).to(dev),
+        max_seqlen_q=5, cu_seqlens_k_new=cu(news).to(dev), causal=True, return_softmax_lse=True,
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    assert torch.equal(kg.cpu(), cpu[0]) and torch.equal(vg.cpu(), cpu[1]), "append"
+    assert (o.cpu().float() - o_ref.float()).abs().max().item() <= 2e-2
+    lse_ref = lse_ref.masked_fill(lse_ref == float("-inf"), float("inf"))  # FA's convention
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    assert (lse.cpu()[finite] - lse_ref[finite]).abs().max().item() <= 1e-3

@@ -469,3 +469,49 @@ def test_bad_offsets_raise_value_error(seeded_db: dict[Any, Any]) -> None:
         attention_varlen(*args, inputs.cu_q.cpu(), inputs.cu_k, 1000, 1000)
     with pytest.raises(ValueError, match="Python int"):
         attention_varlen(*args, inputs.cu_q, inputs.cu_k, torch.tensor(1000), 1000)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_seqused_runs_the_used_rows_alone(seeded_db: dict[Any, Any], causal: bool) -> None:
+    """flash_attn_varlen_func with seqused_q / seqused_k (each sequence using the first rows
+    of a longer span, 0 included) against the same call on the used rows packed by hand on the
+    host: O and the LSE alike on used rows, zeros and an LSE of +inf on unused ones."""
+    import torch
+
+    from fa2tune.flash_attn import flash_attn_varlen_func
+
+    torch.manual_seed(5)
+    span_q, span_k = [9, 300, 40, 17], [20, 310, 1, 64]
+    used_q, used_k = [9, 250, 0, 3], [11, 310, 0, 60]
+    dt, dev = torch.float16, "cuda"
+    q = torch.randn(sum(span_q), HEADS, D, device=dev, dtype=dt)
+    k, v = (torch.randn(sum(span_k), KV_HEADS, D, device=dev, dtype=dt) for _ in range(2))
+
+    def cu(counts: list[int]) -> Any:
+        out = [0]
+        for c in counts:
+            out.append(out[-1] + c)
+        return torch.tensor(out, dtype=torch.int32, device=dev)
+
+    def rows(span: list[int], used: list[int]) -> Any:
+        starts = cu(span).tolist()
+        return torch.tensor([starts[b] + i for b, n in enumerate(used) for i in range(n)],
+                            device=dev)  # fmt: skip
+
+    qi, ki = rows(span_q, used_q), rows(span_k, used_k)
+    want, want_lse = flash_attn_varlen_func(q[qi], k[ki], v[ki], cu(used_q), cu(used_k), 300, 310,
+                                            causal=causal, return_attn_probs=True)  # fmt: skip
+    got, lse = flash_attn_varlen_func(
+        q, k, v, cu(span_q), cu(span_k), 300, 310, causal=causal, return_attn_probs=True,
+        seqused_q=torch.tensor(used_q, dtype=torch.int32, device=dev),
+        seqused_k=torch.tensor(used_k, dtype=torch.int32, device=dev),
+    )  # fmt: skip
+    torch.cuda.synchronize()
+    # The two calls' shapes differ (row totals), so their configs may too: a tolerance.
+    assert (got[qi].float() - want.float()).abs().max().item() <= 4e-3
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse[:, qi]), finite)
+    assert (lse[:, qi][finite] - want_lse[finite]).abs().max().item() <= 1e-3
+    unused = torch.ones(sum(span_q), dtype=torch.bool, device=dev)
+    unused[qi] = False
+    assert torch.all(got[unused] == 0) and torch.all(lse[:, unused] == float("inf"))
