@@ -2,7 +2,8 @@
 # Device run (1xH200, one call of at most 10 minutes): what the FlashAttention-compatible
 # interface gained on the CPU on 2026-12-04 and has not run on a GPU yet, each step alone on
 # the GPU (a step beside another ran out of memory on 2026-12-04):
-#   1. the KV-cache GPU tier (its left-padded paged cases: a gathered contiguous copy);
+#   1. the KV-cache GPU tier (its left-padded paged cases: a gathered contiguous copy; packed
+#      queries and new keys) and the varlen tier (seqused_q / seqused_k);
 #   2. FlashAttention-3's test_flash_attn_kvcache items with packed queries (`varlen_q`:
 #      cu_seqlens_q / cu_seqlens_k_new through right-aligned padding) and the paged
 #      left-padded ones, every PEER_EVERY-th (default 6);
@@ -13,7 +14,7 @@
 #
 #   bash bench/h200/interface_check.sh
 #
-# Writes under $OUT: kvcache_tier.log, peer_kvcache/ and peer_varlen/ (summary.{txt,json}),
+# Writes under $OUT: kvcache_tier.log, varlen_tier.log, peer_kvcache/ and peer_varlen/ (summary.{txt,json}),
 # splitkv_tier.log, env.txt.
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -35,6 +36,7 @@ peer() {  # peer NAME EVERY WHERE TEST TIMEOUT
   tee -a "$OUT/env.txt" < "$OUT/$1/summary.txt"
 }
 tier kvcache_tier tests/fa2tune/test_gpu_torch_kvcache.py "${TIER_TIMEOUT:-150}"
+tier varlen_tier tests/fa2tune/test_gpu_torch_varlen.py "${TIER_TIMEOUT:-150}"
 peer peer_kvcache "${PEER_EVERY:-6}" "varlen_q or (has_leftpad and page_size)" \
   test_flash_attn_kvcache "${PEER_TIMEOUT:-150}"
 peer peer_varlen "${VARLEN_EVERY:-40}" "" test_flash_attn_varlen_output "${PEER_TIMEOUT:-150}"
