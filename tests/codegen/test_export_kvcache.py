@@ -325,6 +325,11 @@ int main() {
     const FaParams one = cache(1, page), four = cache(4, page), long_chunk = cache(200, page);
     const FaKvCache none_added = kc(page), four_added = kc(page, 4);
     std::printf("decode %d %s\n", page, name(one, none_added, nullptr, page, nullptr, true));
+    if (page == 0) {  // left padding: taken over a contiguous cache (refused over pages above)
+      FaKvCache padded = none_added;
+      padded.leftpad = kLens;
+      std::printf("leftpad %d %s\n", page, name(one, padded, nullptr, page, nullptr, true));
+    }
     std::printf("plainvar %d %s\n", page, name(one, none_added, nullptr, page, &none, false));
     std::printf("spec %d %s\n", page, name(four, four_added, &a, page, nullptr, true));
     std::printf("window %d %s\n", page, name(one, none_added, nullptr, page, &window, false));
@@ -409,6 +414,8 @@ def test_client_builds_and_picks_the_split_kv_defaults_twins(
         suffix = "_kvc" if page == 0 else f"_kvc_pg{page}"
         p = str(page)
         assert got[("decode", p)] == [full.name + suffix]  # one causal row: unmasked
+        if page == 0:  # the same kernel: the padding is a pointer it reads
+            assert got[("leftpad", p)] == [full.name + suffix]
         assert got[("plainvar", p)] == [full.name + suffix]  # a plain FaVariant: plain
         assert got[("spec", p)] == [causal.name + suffix]
         assert got[("window", p)] == [window.name + suffix]

@@ -232,16 +232,18 @@ def test_fallback_false_raises_with_the_reason() -> None:
                                **a)  # fmt: skip
 
 
-def test_compile_fullgraph_traces_one_op() -> None:
+@pytest.mark.parametrize("padded", [False, True], ids=["plain", "leftpad"])
+def test_compile_fullgraph_traces_one_op(padded: bool) -> None:
     from fa2tune.torch import attention_with_kvcache
 
     a = _args()
     kc2, vc2 = a["k_cache"].clone(), a["v_cache"].clone()
     kn, vn = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8)
+    pad = torch.tensor([1, 3], dtype=torch.int32) if padded else None
 
     def step(q: Any, kc: Any, vc: Any) -> Any:
         return attention_with_kvcache(q * 2.0, kc, vc, kn, vn, cache_seqlens=a["cache_seqlens"],
-                                      causal=True)  # fmt: skip
+                                      cache_leftpad=pad, causal=True)  # fmt: skip
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
