@@ -22,9 +22,18 @@ from __future__ import annotations
 
 import torch
 
+from core.settings import get_settings
 from fa2tune.ops.choice import Unsupported
+from fa2tune.ops.kernels import capturing
 from fa2tune.ops.kvcache import cache_refusal, run_with_kvcache
-from fa2tune.ops.kvcache_args import check_cache_args, lengths_tensor
+from fa2tune.ops.kvcache_args import check_cache_args, check_cache_values, lengths_tensor
+
+
+def _checking(q: torch.Tensor) -> bool:
+    """The debug mode is on and the values may be read (not during a capture or a trace)."""
+    if torch.compiler.is_compiling() or not get_settings().check_kvcache:  # settings: untraceable
+        return False
+    return not (q.is_cuda and capturing())
 
 
 def _sequence_of(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +127,52 @@ def check_packed(
                          f"{tuple(rows.shape)}")  # fmt: skip
 
 
+def check_packed_values(name: str, cu: torch.Tensor, total: int, longest: int | None) -> None:
+    """The debug mode's check of packed offsets (``FA2TUNE_CHECK_KVCACHE``; reads them on the
+    host): ``cu[0] == 0``, never decreasing, ``cu[-1]`` the packed rows, and with ``longest``
+    no sequence longer than it.
+
+    Raises:
+        ValueError: naming the first bad entry.
+    """
+    c = cu.long().cpu()
+    counts = c[1:] - c[:-1]
+    if int(c[0]) != 0 or int(c[-1]) != total:
+        raise ValueError(f"cu_seqlens for {name} runs from {int(c[0])} to {int(c[-1])}, not from "
+                         f"0 to its {total} packed rows")  # fmt: skip
+    bad = torch.nonzero((counts < 0) | (counts > (longest if longest is not None else total)))
+    if bad.numel():
+        b = int(bad[0, 0])
+        raise ValueError(f"sequence {b} of {name} has {int(counts[b])} rows (cu_seqlens "
+                         f"{int(c[b])} -> {int(c[b + 1])}; at most "
+                         f"{longest if longest is not None else total})")  # fmt: skip
+
+
+def _check_packed_append(
+    k_cache: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_k_new: torch.Tensor,
+    lens: torch.Tensor,
+    page_table: torch.Tensor | None,
+    cache_batch_idx: torch.Tensor | None,
+) -> None:
+    """The debug mode's checks before a packed append: the new keys' offsets, every sequence's
+    new rows within its capacity, and the cache rows and pages they reach."""
+    check_packed_values("k", cu_seqlens_k_new, int(k.shape[0]), None)
+    page = int(k_cache.shape[1]) if page_table is not None else 0
+    capacity = int(page_table.shape[1]) * page if page_table is not None else int(k_cache.shape[1])
+    cu = cu_seqlens_k_new.long()
+    after = lens.long() + (cu[1:] - cu[:-1])
+    over = torch.nonzero(after > capacity)
+    if over.numel():
+        b = int(over[0, 0])
+        raise ValueError(f"sequence {b}'s {int(after[b] - lens[b])} new rows past its "
+                         f"{int(lens[b])} cached keys overflow the capacity of "
+                         f"{capacity}")  # fmt: skip
+    check_cache_values(k_cache, after.to(torch.int32), page_table, cache_batch_idx, 0, capacity,
+                       page or 1)  # fmt: skip
+
+
 def run_packed_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -143,7 +198,9 @@ def run_packed_with_kvcache(
     """:func:`fa2tune.ops.kvcache.run_with_kvcache` with packed queries (``cu_seqlens_q``,
     ``max_seqlen_q``: ``q`` ``[total_q, Hq, D]``, O ``[total_q, Hq, D]``, LSE ``[Hq, total_q]``)
     and/or packed new keys (``cu_seqlens_k_new``: ``k``/``v`` ``[total_new, Hkv, D]``); either
-    None leaves that side dense. Every argument is checked before the caches are written.
+    None leaves that side dense. Every argument is checked before the caches are written;
+    with ``Settings.check_kvcache`` the offsets' values too, and that each sequence's new rows
+    fit its cache.
 
     Raises:
         ValueError: bad arguments (also those of the dense call).
@@ -157,6 +214,8 @@ def run_packed_with_kvcache(
                              "sequence's query count")  # fmt: skip
         batch = int(cu_seqlens_q.shape[0]) - 1 if cu_seqlens_q.dim() == 1 else -1
         check_packed("q", cu_seqlens_q, q, batch, q.device)
+        if _checking(q):
+            check_packed_values("q", cu_seqlens_q, int(q.shape[0]), int(max_seqlen_q))
         rows = padded_rows(cu_seqlens_q, int(max_seqlen_q), int(q.shape[0]))
         dense_q = pad_queries(q, rows, batch, int(max_seqlen_q))
     if cu_seqlens_k_new is None:
@@ -176,6 +235,8 @@ def run_packed_with_kvcache(
         check_cache_args(dense_q, k_cache, v_cache, k.unsqueeze(0).expand(batch, -1, -1, -1),
                          v.unsqueeze(0).expand(batch, -1, -1, -1), lens, page_table,
                          cache_batch_idx, cache_leftpad)  # fmt: skip
+        if _checking(q):
+            _check_packed_append(k_cache, k, cu_seqlens_k_new, lens, page_table, cache_batch_idx)
         if not fallback and not torch.compiler.is_compiling():  # traced: the op decides later
             reason = cache_refusal(dense_q, k_cache, v_cache, lens, page_table, cache_batch_idx,
                                    cache_leftpad, causal, window, chunk, softcap,

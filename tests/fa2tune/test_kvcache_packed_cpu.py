@@ -205,3 +205,47 @@ def test_torch_compile_traces_a_packed_append_and_attend() -> None:
         want = step(a["q"], kc2, vc2)
     assert torch.equal(a["k_cache"], kc2) and torch.equal(a["v_cache"], vc2)  # appended too
     assert got.shape == (5, HQ, D) and torch.allclose(got, want)
+
+
+@pytest.fixture
+def checking() -> Iterator[None]:
+    """The debug mode on (``FA2TUNE_CHECK_KVCACHE``), for this test's calls only."""
+    from core import settings as settings_module
+    from core.settings import override_settings
+
+    saved = dict(settings_module._overrides)
+    override_settings(check_kvcache=True)
+    yield
+    settings_module._overrides.clear()
+    settings_module._overrides.update(saved)
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"cu_seqlens_q": torch.tensor([0, 1, 3, 2, 5], dtype=torch.int32)},
+         "sequence 2 of q has -1 rows"),
+        ({"cu_seqlens_q": torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)},
+         "from 0 to 4, not from 0 to its 5"),
+        ({"max_seqlen_q": 1}, "sequence 1 of q has 2 rows"),
+        ({"cu_seqlens_k_new": torch.tensor([1, 2, 2, 5, 6], dtype=torch.int32)}, "runs from 1"),
+        ({"cache_seqlens": torch.tensor([1, 2, 3, CAP], dtype=torch.int32)},
+         "sequence 3.s 1 new rows past its 24 cached keys overflow"),
+    ],
+)  # fmt: skip
+def test_the_debug_mode_checks_the_packed_offsets_before_writing(
+    checking: None, over: dict[str, Any], message: str
+) -> None:
+    a = {**_packed_args(), **over}
+    kc = a["k_cache"].clone()
+    with pytest.raises(ValueError, match=message):
+        _call(a)
+    assert torch.equal(a["k_cache"], kc)
+
+
+def test_the_debug_mode_passes_good_offsets(checking: None) -> None:
+    a = _packed_args()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        o, _ = _call(a)
+    assert o.shape == (5, HQ, D)
