@@ -59,6 +59,7 @@ from fa2tune.ops.kernels import (
 )
 from fa2tune.ops.kvcache_args import (
     append_kv,
+    capacity_of,
     check_cache_args,
     check_cache_values,
     lengths_tensor,
@@ -247,8 +248,7 @@ def _contiguous_views(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tensors of the shape, dtype and device a gathered copy of a paged cache has
     (``[B, capacity, Hkv, D]``), without the copy: what a decision reads of them."""
-    capacity = int(page_table.shape[1]) * int(k_cache.shape[1])
-    shape = (batch, capacity, int(k_cache.shape[2]), int(k_cache.shape[3]))
+    shape = (batch, capacity_of(k_cache, page_table), int(k_cache.shape[2]), int(k_cache.shape[3]))
     return k_cache.new_empty(()).expand(shape), v_cache.new_empty(()).expand(shape)
 
 
@@ -287,9 +287,9 @@ def _padded_pages(
     if isinstance(entry, str) and not fallback:
         raise Unsupported(entry)
     if get_settings().check_kvcache and not (q.is_cuda and capturing()):
-        capacity = int(page_table.shape[1]) * int(k_cache.shape[1])
         check_cache_values(k_cache, cache_seqlens, page_table, cache_batch_idx, added,
-                           capacity, int(k_cache.shape[1]), cache_leftpad)  # fmt: skip
+                           capacity_of(k_cache, page_table), int(k_cache.shape[1]),
+                           cache_leftpad)  # fmt: skip
     if k is not None and v is not None:
         append_kv(k_cache, v_cache, k, v, cache_seqlens, page_table, cache_batch_idx)
     kd = gathered_cache(k_cache, b, page_table, cache_batch_idx)

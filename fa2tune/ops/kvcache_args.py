@@ -24,6 +24,13 @@ def _index_tensor(name: str, t: torch.Tensor | None, q: torch.Tensor, dims: int)
         raise ValueError(f"{name} is on {t.device}, q on {q.device}")
 
 
+def capacity_of(k_cache: torch.Tensor, page_table: torch.Tensor | None) -> int:
+    """The most keys a sequence's cache holds: the cache's rows (contiguous), or the block
+    table's entries per row times the page size (paged)."""
+    size = int(k_cache.shape[1])
+    return int(page_table.shape[1]) * size if page_table is not None else size
+
+
 def check_cache_args(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -144,8 +151,7 @@ def lengths_tensor(
     if cache_seqlens is None and k is not None:
         raise ValueError("appending k/v needs cache_seqlens: the keys each sequence holds "
                          "before the new rows, where they are written")  # fmt: skip
-    size = int(k_cache.shape[1])
-    capacity = int(page_table.shape[1]) * size if page_table is not None else size
+    capacity = capacity_of(k_cache, page_table)
     room = capacity - (int(k.shape[1]) if k is not None else 0)
     n = room if cache_seqlens is None else int(cache_seqlens)
     if not 0 <= n <= room:

@@ -26,7 +26,13 @@ from core.settings import get_settings
 from fa2tune.ops.choice import Unsupported
 from fa2tune.ops.kernels import capturing
 from fa2tune.ops.kvcache import cache_refusal, run_with_kvcache
-from fa2tune.ops.kvcache_args import check_cache_args, check_cache_values, lengths_tensor
+from fa2tune.ops.kvcache_args import (
+    capacity_of,
+    check_cache_args,
+    check_cache_values,
+    lengths_tensor,
+)
+from fa2tune.ops.varlen_used import sequence_of
 
 
 def _checking(q: torch.Tensor) -> bool:
@@ -36,20 +42,11 @@ def _checking(q: torch.Tensor) -> bool:
     return not (q.is_cuda and capturing())
 
 
-def _sequence_of(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each packed row ``t < total``: its sequence ``b`` and its offset ``t - cu[b]``
-    (int64, on the device)."""
-    cu = cu_seqlens.long()
-    t = torch.arange(total, device=cu.device)
-    seq = torch.searchsorted(cu[1:], t, right=True)
-    return seq, t - cu[seq]
-
-
 def padded_rows(cu_seqlens_q: torch.Tensor, max_seqlen_q: int, total: int) -> torch.Tensor:
     """For each packed query row: its row in the flattened ``[B * max_seqlen_q]`` padded
     block, right-aligned (sequence ``b``'s rows end at row ``(b + 1) * max_seqlen_q``)."""
     cu = cu_seqlens_q.long()
-    seq, offset = _sequence_of(cu, total)
+    seq, offset = sequence_of(cu, total)
     count = cu[1:] - cu[:-1]
     return seq * max_seqlen_q + (max_seqlen_q - count[seq]) + offset
 
@@ -89,7 +86,7 @@ def append_packed(
     """Write packed ``k``/``v`` ``[total_new, Hkv, D]`` into the caches, sequence ``b``'s rows
     at ``cache_seqlens[b] ..+ new_b`` (in place, bit-exact), and return the lengths after it,
     ``cache_seqlens + new_b`` (int32). The rows must fit the capacity, as for dense appends."""
-    seq, offset = _sequence_of(cu_seqlens_k_new, int(k.shape[0]))
+    seq, offset = sequence_of(cu_seqlens_k_new, int(k.shape[0]))
     pos = cache_seqlens.long()[seq] + offset
     rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
     if page_table is None:
@@ -160,7 +157,7 @@ def _check_packed_append(
     new rows within its capacity, and the cache rows and pages they reach."""
     check_packed_values("k", cu_seqlens_k_new, int(k.shape[0]), None)
     page = int(k_cache.shape[1]) if page_table is not None else 0
-    capacity = int(page_table.shape[1]) * page if page_table is not None else int(k_cache.shape[1])
+    capacity = capacity_of(k_cache, page_table)
     cu = cu_seqlens_k_new.long()
     after = lens.long() + (cu[1:] - cu[:-1])
     over = torch.nonzero(after > capacity)

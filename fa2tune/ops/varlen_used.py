@@ -26,6 +26,15 @@ def _check_used(name: str, used: torch.Tensor, cu: torch.Tensor) -> None:
         raise ValueError(f"{name} is on {used.device}, its offsets on {cu.device}")
 
 
+def sequence_of(cu: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each packed row ``t < total``: its sequence ``b`` (a row past ``cu[-1]`` counts as
+    the last sequence's) and its offset ``t - cu[b]`` in it (int64, on the device)."""
+    cul = cu.long()
+    t = torch.arange(total, device=cul.device)
+    seq = torch.searchsorted(cul[1:], t, right=True).clamp(max=int(cul.shape[0]) - 2)
+    return seq, t - cul[seq]
+
+
 def used_offsets(cu: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
     """The offsets of the compacted copy: ``[0, cumsum(min(used, cu[b+1] - cu[b]))]`` (int32)
     (a used count past its sequence's span is clamped to it)."""
@@ -37,11 +46,9 @@ def used_offsets(cu: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
 def _source_rows(cu: torch.Tensor, packed_cu: torch.Tensor, total: int) -> torch.Tensor:
     """For each row ``r`` of the compacted copy: the row of the original it comes from (rows
     past the last used one map to row 0; they are never read)."""
-    r = torch.arange(total, device=cu.device)
-    pcu = packed_cu.long()
-    seq = torch.searchsorted(pcu[1:], r, right=True).clamp(max=int(cu.shape[0]) - 2)
-    src = cu.long()[seq] + (r - pcu[seq])
-    return torch.where(r < pcu[-1], src, torch.zeros_like(src))
+    seq, offset = sequence_of(packed_cu, total)
+    src = cu.long()[seq] + offset
+    return torch.where(offset < packed_cu.long()[seq + 1] - packed_cu.long()[seq], src, 0)
 
 
 def compact(
@@ -63,11 +70,7 @@ def expand(
     """The compacted call's ``o`` ``[total, Hq, D]`` and LSE ``[Hq, total]`` back in the
     original rows: a used row from its compacted place, an unused one zeros (O) and
     ``empty_lse`` (the caller's value for a row that sees no key)."""
-    total = int(o.shape[0])
-    t = torch.arange(total, device=o.device)
-    cul = cu.long()
-    seq = torch.searchsorted(cul[1:], t, right=True).clamp(max=int(cu.shape[0]) - 2)
-    offset = t - cul[seq]
+    seq, offset = sequence_of(cu, int(o.shape[0]))
     kept = offset < (packed_cu.long()[seq + 1] - packed_cu.long()[seq])
     src = torch.where(kept, packed_cu.long()[seq] + offset, torch.zeros_like(offset))
     out = torch.where(kept.view(-1, 1, 1), o.index_select(0, src), o.new_zeros(()))

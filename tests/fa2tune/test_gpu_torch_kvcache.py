@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support.gpu import torch_op_skip_reason
+from tests.support.settings import settings_overridden
 
 _REASON = torch_op_skip_reason()
 pytestmark = [
@@ -42,19 +43,14 @@ def _defaults_only() -> Iterator[None]:
     """Family defaults only, and split-KV's cache kernels only (``fa3_cache`` off: a chunked
     prefill case on an H200 would otherwise run the Hopper family's, which
     :func:`test_hopper_cache_kernels_match_the_torch_path` checks with it on)."""
-    from core import settings as settings_module
-    from core.settings import override_settings
     from fa2tune.torch import autotune, clear_caches
 
-    saved = dict(settings_module._overrides)
-    override_settings(fa3_cache=False)
-    autotune("off")
-    clear_caches()
-    yield
-    clear_caches()
-    autotune("cached")
-    settings_module._overrides.clear()
-    settings_module._overrides.update(saved)
+    with settings_overridden(fa3_cache=False):
+        autotune("off")
+        clear_caches()
+        yield
+        clear_caches()
+        autotune("cached")
 
 
 @dataclass(frozen=True)

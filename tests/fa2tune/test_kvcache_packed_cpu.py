@@ -207,19 +207,6 @@ def test_torch_compile_traces_a_packed_append_and_attend() -> None:
     assert got.shape == (5, HQ, D) and torch.allclose(got, want)
 
 
-@pytest.fixture
-def checking() -> Iterator[None]:
-    """The debug mode on (``FA2TUNE_CHECK_KVCACHE``), for this test's calls only."""
-    from core import settings as settings_module
-    from core.settings import override_settings
-
-    saved = dict(settings_module._overrides)
-    override_settings(check_kvcache=True)
-    yield
-    settings_module._overrides.clear()
-    settings_module._overrides.update(saved)
-
-
 @pytest.mark.parametrize(
     ("over", "message"),
     [

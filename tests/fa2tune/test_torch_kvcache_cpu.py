@@ -276,19 +276,6 @@ def test_flash_attn_with_kvcache_refuses_cpu_tensors_without_fallback() -> None:
         flash_attn_with_kvcache(a["q"], a["k_cache"], a["v_cache"], cache_seqlens=3)
 
 
-@pytest.fixture
-def checking() -> Iterator[None]:
-    """The debug mode on (``FA2TUNE_CHECK_KVCACHE``), for this test's decisions only."""
-    from core import settings as settings_module
-    from core.settings import override_settings
-
-    saved = dict(settings_module._overrides)
-    override_settings(check_kvcache=True)
-    yield
-    settings_module._overrides.clear()
-    settings_module._overrides.update(saved)
-
-
 def _paged(lens: list[int], table: list[list[int]], **over: Any) -> dict[str, Any]:
     """A paged cache of 6 pages of 4 keys, a block table of 3 pages per row, one new key."""
     base = {"q": torch.randn(2, 1, 4, 8), "k_cache": torch.randn(6, 4, 2, 8),
