@@ -13,6 +13,7 @@
 # Needs a copy of ../shared/peer/flash-attention at .peer/flash-attention (carried).
 #
 #   bash bench/h200/interface_check.sh
+#   STEPS="kvcache_tier splitkv_tier" bash bench/h200/interface_check.sh   # some steps only
 #
 # Writes under $OUT: kvcache_tier.log, varlen_tier.log, peer_kvcache/ and peer_varlen/ (summary.{txt,json}),
 # splitkv_tier.log, env.txt.
@@ -35,10 +36,17 @@ peer() {  # peer NAME EVERY WHERE TEST TIMEOUT
   rm -f "$OUT/$1/pytest.log"
   tee -a "$OUT/env.txt" < "$OUT/$1/summary.txt"
 }
-tier kvcache_tier tests/fa2tune/test_gpu_torch_kvcache.py "${TIER_TIMEOUT:-150}"
-tier varlen_tier tests/fa2tune/test_gpu_torch_varlen.py "${TIER_TIMEOUT:-150}"
-peer peer_kvcache "${PEER_EVERY:-6}" "varlen_q or (has_leftpad and page_size)" \
-  test_flash_attn_kvcache "${PEER_TIMEOUT:-150}"
-peer peer_varlen "${VARLEN_EVERY:-40}" "" test_flash_attn_varlen_output "${PEER_TIMEOUT:-150}"
-tier splitkv_tier tests/families/splitkv/test_gpu.py "${SPLITKV_TIMEOUT:-120}"
+STEPS=${STEPS:-kvcache_tier varlen_tier peer_kvcache peer_varlen splitkv_tier}
+for step in $STEPS; do
+  case $step in
+    kvcache_tier) tier kvcache_tier tests/fa2tune/test_gpu_torch_kvcache.py "${TIER_TIMEOUT:-150}" ;;
+    varlen_tier) tier varlen_tier tests/fa2tune/test_gpu_torch_varlen.py "${TIER_TIMEOUT:-150}" ;;
+    peer_kvcache) peer peer_kvcache "${PEER_EVERY:-6}" "varlen_q or (has_leftpad and page_size)" \
+      test_flash_attn_kvcache "${PEER_TIMEOUT:-150}" ;;
+    peer_varlen) peer peer_varlen "${VARLEN_EVERY:-40}" "" test_flash_attn_varlen_output \
+      "${PEER_TIMEOUT:-150}" ;;
+    splitkv_tier) tier splitkv_tier tests/families/splitkv/test_gpu.py "${SPLITKV_TIMEOUT:-120}" ;;
+    *) echo "unknown step: $step" >&2; exit 2 ;;
+  esac
+done
 sed -i "s#$PWD#<tree>#g; s#/tmp/site#<site>#g; s#$OUT#<out>#g" "$OUT"/*.log "$OUT/env.txt"
