@@ -21,6 +21,12 @@ header's page sizes; on the tuned GPU a plain cache call runs the one of its key
 nearest to its shape (the store's distance, of the same phase). Variant cache problems are not
 in the header yet (the op serves them; the header's variant calls keep the rule above).
 
+A tuned cache problem is timed on one length pattern (:mod:`core.kv_lengths`): every sequence
+at the capacity (``full``) or a serving batch's spread (``mixed``). The call's lengths are on
+the device, so the table holds the winners of both, one per (key, page size, shape), the
+mixed one where both were tuned at a shape (:func:`codegen.export.cache_points` orders them),
+and the nearest answers, as the op's rule (:func:`core.kv_lengths.answering_pattern`).
+
 Rendered apart from the other tables: a header exported without page sizes has none of it
 (the exporter leaves its include empty). This module reads no database and imports nothing of
 the exporter.
@@ -39,6 +45,7 @@ from codegen.families import FAMILIES, family_of
 from codegen.families.splitkv.space import MAX_PAGE_SIZE
 from core.elements import element
 from core.family import AnyConfig
+from core.kv_lengths import kv_lengths_error
 from core.problem import kv_page_of
 from core.shape import Shape
 
@@ -162,29 +169,35 @@ def cache_bases(
 @dataclass(frozen=True)
 class CacheTuned:
     """A tuned KV-cache problem's winner (``fa2tune tune --kv-page``): a cache kernel, the
-    page size it reads and the shape it was measured at (``nk``: the cache's capacity).
+    page size it reads, the shape it was measured at (``nk``: the cache's capacity) and the
+    length pattern it was timed on (``full`` or ``mixed``, :mod:`core.kv_lengths`).
 
     Sorted by key, page size, then shape: the order of the header's tuned cache entries.
 
     Raises:
         ValueError: ``config`` is not a cache kernel of a family with cache kernels in the
-            header, or serves a variant (the header's tuned cache entries are plain).
+            header, or serves a variant (the header's tuned cache entries are plain); a
+            ``kv_lengths`` that is not a pattern.
     """
 
     key: VariantKey
     page: int
     shape: Shape
     config: AnyConfig
+    kv_lengths: str = "full"
 
     @classmethod
-    def of(cls, config: AnyConfig, shape: Shape) -> CacheTuned:
+    def of(cls, config: AnyConfig, shape: Shape, kv_lengths: str = "full") -> CacheTuned:
         page = kv_page_of(config)
         if page is None or not family_of(config).header.caches:
             raise ValueError(f"{config.name}: not a KV-cache kernel the header can launch")
         key = config_key(config)
         if any(key[3:]):
             raise ValueError(f"{config.name}: the header's tuned KV-cache entries are plain")
-        return cls(key, page, shape, config)
+        why = kv_lengths_error(kv_lengths)
+        if why is not None:
+            raise ValueError(f"{config.name}: {why}")
+        return cls(key, page, shape, config, kv_lengths)
 
 
 def _entry(base: str, key_config: AnyConfig, page: int, fallback: bool, twin: AnyConfig) -> str:
@@ -265,7 +278,9 @@ def render_kvcache_table(
         "",
         "// The tuned KV-cache problems' winners (fa2tune tune --kv-page), each at the shape it",
         "// was measured at, sorted by key, page size and shape: on the tuned GPU a plain call",
-        "// runs the nearest of its key and page size, ahead of the rule above.",
+        "// runs the nearest of its key and page size, ahead of the rule above, of either",
+        "// length pattern (the mixed-length winner where both were tuned at a shape; the",
+        "// provenance above names each entry's).",
         f"{DATA_DECL} int kKvTunedCount = {len(tuned)};",
         f"{DATA_DECL} KvTunedChoice kKvTuned[] = {{",
         *([f"    {_tuned(t)}," for t in tuned] or [f"    {{{{0, 0, 0, 0, 0}}, {sentinel}}},"]),

@@ -40,6 +40,10 @@ With page sizes (``kv_pages``, ``fa2tune export --kv-pages 0,16``), the header a
 whose lengths live on the device, with an optional in-place append, on the split-KV family's
 cache kernels (``_kvc``, paged ``_kvc_pg<P>``) of the tiles the dispatch can pick
 (:mod:`codegen.dispatch_kvcache` renders their table, ``kvcache_dispatch.cuh`` holds the code).
+Its tuned cache entries are the store's KV-cache winners of those page sizes, of both length
+patterns (``kv_lengths``, :mod:`core.kv_lengths`), those timed on a length mix first
+(:func:`cache_points`): the nearest entry answers and a tie goes to the mixed one, as the op
+picks (:func:`core.kv_lengths.answering_pattern`, :mod:`fa2tune.ops.cache_choice`).
 Without page sizes the header is what it was before (only the include's comment says how to get
 them).
 
@@ -101,6 +105,7 @@ from codegen.targets import TARGETS, compute_capability_of
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
+from core.kv_lengths import CALL_ORDER, describe_kv_lengths, kv_lengths_error
 from core.problem import Problem, kv_page_of
 from core.shape import Shape, varlen_shape
 from core.variant import PLAIN, Variant
@@ -159,12 +164,16 @@ class TunedPoint:
             (:func:`core.variant.normalize`); plain by default.
         kv_page: a KV-cache problem's layout (0 contiguous, P paged: ``config`` is then its
             cache kernel and ``nk`` the cache's capacity); None for a dense problem.
+        kv_lengths: a KV-cache problem's length pattern (:mod:`core.kv_lengths`): ``full``
+            (every sequence at the capacity; the default, and a dense problem's) or
+            ``mixed``.
 
     Raises:
         ValueError: ``seqlens`` given with a config that has no varlen kernel, or a
             ``batch`` that does not count them; a config whose variant switches are not
             the variant's; a ``kv_page`` that is not the config's cache layout, or with
-            ``seqlens``.
+            ``seqlens``; a ``kv_lengths`` that is not a pattern, or ``mixed`` without
+            ``kv_page``.
     """
 
     d: int
@@ -187,8 +196,14 @@ class TunedPoint:
     seqlens: tuple[int, ...] | None = None
     variant: Variant = PLAIN
     kv_page: int | None = None
+    kv_lengths: str = "full"
 
     def __post_init__(self) -> None:
+        why = kv_lengths_error(self.kv_lengths)
+        if why is not None:
+            raise ValueError(why)
+        if self.kv_lengths != "full" and self.kv_page is None:
+            raise ValueError(f"kv_lengths {self.kv_lengths!r} is a KV-cache problem's: no kv_page")
         switches = getattr(self.config, "variant_switches", {})
         if {k: bool(switches.get(k, False)) for k in self.variant.needs} != self.variant.needs:
             raise ValueError(
@@ -326,6 +341,8 @@ def _provenance_lines(points: Sequence[TunedPoint]) -> list[str]:
         shape = p.describe()
         if not p.variant.plain:
             shape += f", {p.variant.describe()}"
+        if p.kv_page is not None:  # a cache entry says the lengths it was timed on
+            shape += f", {describe_kv_lengths(p.kv_lengths)}"
         lines.append(
             f"//   D={p.d} {p.dtype} {mask} {shape}: {p.config.name} "
             f"(family {p.config.family})  "
@@ -374,7 +391,9 @@ _KVCACHE = """\
 // KV-cache kernels (fa2tune_forward_kvcache: lengths on the device, an optional append) for
 // page sizes {pages}: the split-KV tile the dispatch picks for a call, else the key's
 // split-KV default, built as its cache twin (see "KV caches" below); on the tuned GPU, ahead
-// of that, the nearest tuned KV-cache problem of the call's page size (plain attention):
+// of that, the nearest tuned KV-cache problem of the call's page size, timed on mixed lengths
+// or with every sequence full, a tie going to the mixed one, as the op picks: the call's
+// lengths are on the device (plain attention):
 {tuned}
 """
 
@@ -453,7 +472,10 @@ def render_header(
             twin; every variant key with a winner, the default built with its switches and
             that default's varlen twin. Variant entries tied in the lookup are ranked as the
             store ranks them: dense by throughput (then median, then the order given),
-            packed by the order given (pass them in problem-id order).
+            packed by the order given (pass them in problem-id order). KV-cache points
+            (``kv_page`` set) of the page sizes in ``kv_pages`` become the tuned cache
+            entries, plain ones only, a mixed-length winner ahead of a full one at the same
+            shape (:func:`cache_points`).
         ds: head dims the header supports (each gets its default config); None for
             :data:`~core.config.COMMON_HEAD_DIMS` plus every head dim of the dense points (every
             default config is compiled into the user's program, so not all
@@ -496,18 +518,13 @@ def render_header(
     # KV-cache problems per (key, page size, shape), the first kept; only for the page sizes
     # asked for (their kernels are built only then).
     caches: dict[tuple[VariantKey, int, Shape], TunedPoint] = {}
-    for p in points:
-        if p.d not in ds or p.dtype not in dtypes:
-            continue
+    selected = [p for p in points if p.d in ds and p.dtype in dtypes]
+    for p in cache_points(selected, kv_pages):
+        assert p.kv_page is not None  # cache_points keeps cache points only
+        caches.setdefault((config_key(p.config), p.kv_page, p.shape), p)
+    for p in selected:
         if p.kv_page is not None:
-            if p.kv_page not in kv_pages:
-                continue
-            if not p.variant.plain:
-                log.warning("KV-cache winner %s of a variant left out of the header: its "
-                            "tuned cache entries are plain", p.config.name)  # fmt: skip
-                continue
-            caches.setdefault((config_key(p.config), p.kv_page, p.shape), p)
-            continue
+            continue  # gathered above
         if not p.variant.plain:
             if not has_variant_launcher(p.config):
                 log.warning(
@@ -565,7 +582,7 @@ def render_header(
     ]
     cache_table, cache_families = _kvcache_part(
         tuned_dense, decode_defaults, variant_keys, kv_pages,
-        [CacheTuned.of(p.config, p.shape) for p in caches.values()],
+        [CacheTuned.of(p.config, p.shape, p.kv_lengths) for p in caches.values()],
     )  # fmt: skip
     # Listed in the table's order (key, page size, shape).
     cache_kept = [caches[k] for k in sorted(caches)]
@@ -647,6 +664,29 @@ def render_header(
         included={FAMILIES_INCLUDE: "\n".join(parts), KVCACHE_INCLUDE: kvcache_part},
     )
     return f"{_seal_comments(preamble)}{body.rstrip()}\n"
+
+
+def cache_points(points: Iterable[TunedPoint], kv_pages: Sequence[int]) -> list[TunedPoint]:
+    """The KV-cache points a header with page sizes ``kv_pages`` holds: the plain ones (a
+    variant's is left out, with a warning) of those page sizes, those timed on mixed lengths
+    first, each pattern in the order given.
+
+    Both patterns stay: the header's cache call cannot see its lengths (they are on the
+    device), so it answers as the op does (:func:`core.kv_lengths.answering_pattern`): the
+    nearest entry of either pattern, a tie going to the mixed one. The exporter keeps the
+    first point of each (key, page size, shape), the mixed one where both were tuned there,
+    and the C++ nearest-entry pick breaks a tie on distance by the shape, as the op does.
+    """
+    kept: list[TunedPoint] = []
+    for p in points:
+        if p.kv_page is None or p.kv_page not in kv_pages:
+            continue
+        if not p.variant.plain:
+            log.warning("KV-cache winner %s of a variant left out of the header: its "
+                        "tuned cache entries are plain", p.config.name)  # fmt: skip
+            continue
+        kept.append(p)
+    return sorted(kept, key=lambda p: CALL_ORDER.index(p.kv_lengths))
 
 
 def _kvcache_part(

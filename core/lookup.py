@@ -8,11 +8,12 @@ path, not a path of its own.
 
 :func:`pick` is the lookup's rule for both modes, applied to the store's candidates
 (:class:`Candidate`, plain values of its rows): the GPU by name key, the mask, the KV-cache
-layout (a cache call sees only cache problems of its very layout, a dense call only dense
-ones), the attention variant's switches (:attr:`core.variant.Variant.needs`) and then its
-window and chunk (the same, else the nearest: :func:`variant_distance`), the exact shape (a
-packed batch: its very lengths) else the nearest by :func:`core.shape.nearest_key`, then the
-fastest. The store reads, this module decides; it imports only the floor below it.
+layout and length pattern (a cache call sees only cache problems of its very layout and
+pattern, a dense call only dense ones), the attention variant's switches
+(:attr:`core.variant.Variant.needs`) and then its window and chunk (the same, else the
+nearest: :func:`variant_distance`), the exact shape (a packed batch: its very lengths) else
+the nearest by :func:`core.shape.nearest_key`, then the fastest. The store reads, this
+module decides; it imports only the floor below it.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class Candidate:
             (the lowest wins among problems of one shape).
         variant: the attention variant it was tuned for (plain for rows stored before).
         kv_page: its KV-cache layout (:attr:`core.problem.Problem.kv_page`; None: dense).
+        kv_lengths: the length pattern it was timed on
+            (:attr:`core.problem.Problem.kv_lengths`; ``full`` for a dense problem).
     """
 
     problem_id: int
@@ -100,6 +103,7 @@ class Candidate:
     rank: tuple[float, float, int]
     variant: Variant = PLAIN
     kv_page: int | None = None
+    kv_lengths: str = "full"
 
 
 def _bound_term(asked: int, stored: int, none: int, shift: int) -> tuple[int, float]:
@@ -155,14 +159,16 @@ def pick(
     exact: bool = False,
     variant: Variant = PLAIN,
     kv_page: int | None = None,
+    kv_lengths: str = "full",
 ) -> Pick | None:
     """The rule of the store's one lookup, for a dense shape or a packed batch.
 
     Among the candidates of this GPU (by name key), the mask (a dense call's effective one,
     :func:`core.shape.effective_causal`; a packed batch's as given), the mode, the KV-cache
     layout (``kv_page``: a cache call's answer is a cache problem of the same layout, contiguous
-    or of the same page size; a dense call's, None, a dense problem), the phase of a
-    dense call (:func:`core.shape.same_phase`: decode steps and prefill never answer each other)
+    or of the same page size, and timed on the same length pattern ``kv_lengths``; a dense
+    call's, None, a dense problem), the phase of a dense call
+    (:func:`core.shape.same_phase`: decode steps and prefill never answer each other)
     and the variant's switches (a plain ask sees only plain problems, a windowed one only
     problems tuned with a window, ...): those whose window and chunk are the asked ones, else
     those nearest to them under :func:`variant_distance` (not exact then, and refused when
@@ -183,7 +189,7 @@ def pick(
     for i, c in enumerate(candidates):
         if c.name_key != key or c.causal != mask or bool(c.seqlens) != (packed is not None):
             continue
-        if c.variant.needs != needs or c.kv_page != kv_page:
+        if c.variant.needs != needs or (c.kv_page, c.kv_lengths) != (kv_page, kv_lengths):
             continue
         measured = parse_seqlens(c.seqlens)
         try:

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from core.config import Dtype
+from core.kv_lengths import kv_lengths_error, kv_lengths_text, pattern_lengths
 from core.variant import PLAIN, Variant
 
 #: The variant's fields in a problem's dict form (present only when the variant is not plain).
@@ -87,10 +88,16 @@ class Problem:
     changes what is fast, so it is part of the study name (``_kvc``, ``_kvc_pg16``) and of the
     dict form, both only when it is set (dense problems keep their forms).
 
+    ``kv_lengths`` is a cache problem's length pattern (:mod:`core.kv_lengths`): ``full``
+    (every sequence holds ``nk`` keys, the default) or ``mixed`` (a fixed spread up to
+    ``nk``, as a serving batch has); ``mixed`` is in the study name (``_mix``) and the dict
+    form, ``full`` in neither (cache problems stored before it keep their forms).
+
     Raises:
         ValueError: a varlen problem whose ``n``/``batch`` disagree with ``seqlens``, or with
             ``nk`` set, or a length below 1; a ``variant`` that is not a :class:`Variant`; a
-            ``kv_page`` that is not :data:`KV_PAGE_RULE`, or given with ``seqlens``.
+            ``kv_page`` that is not :data:`KV_PAGE_RULE`, or given with ``seqlens``; a
+            ``kv_lengths`` that is not a pattern, or ``mixed`` without ``kv_page``.
     """
 
     gpu: str
@@ -105,10 +112,19 @@ class Problem:
     seqlens: tuple[int, ...] | None = None
     variant: Variant = PLAIN
     kv_page: int | None = None
+    kv_lengths: str = "full"
 
     def __post_init__(self) -> None:
         if not isinstance(self.variant, Variant):
             raise ValueError(f"variant must be a core.variant.Variant, got {self.variant!r}")
+        why = kv_lengths_error(self.kv_lengths)
+        if why is not None:
+            raise ValueError(why)
+        if self.kv_lengths != "full" and self.kv_page is None:
+            raise ValueError(
+                f"kv_lengths {self.kv_lengths!r} is a KV-cache problem's length pattern: it "
+                "needs kv_page (0 for a contiguous cache)"
+            )
         if self.kv_page is not None:
             why = kv_page_error(self.kv_page)
             if why is not None:
@@ -146,6 +162,14 @@ class Problem:
         return self.kv_page is not None
 
     @property
+    def cache_lengths(self) -> tuple[int, ...] | None:
+        """A cache problem's length per sequence (:func:`core.kv_lengths.pattern_lengths`);
+        None for a dense or packed problem."""
+        if self.kv_page is None:
+            return None
+        return pattern_lengths(self.kv_lengths, self.batch, self.n_keys)
+
+    @property
     def n_keys(self) -> int:
         return self.nk if self.nk is not None else self.n
 
@@ -158,14 +182,19 @@ class Problem:
         """Forward FLOPs counted the standard way: 4·B·H·Nq·Nk·D, halved for causal (summed
         over the sequences of a varlen problem).
 
+        A cache problem of ``mixed`` lengths counts each sequence's own keys.
+
         A windowed or chunked problem (``variant.local``) counts 4·B·H·D per (row, key) pair
         a row sees instead, as FlashAttention's benchmarks count local attention: its kernels
         skip the rest, so the rectangle would make a window look many times faster than it is.
         """
+        mixed = self.kv_lengths != "full"
         if self.variant.local:
             v = self.variant
-            lens = [(n, n) for n in self.seqlens] if self.seqlens is not None else [
-                (self.n, self.n_keys)] * self.batch  # fmt: skip
+            if self.seqlens is not None:
+                lens = [(n, n) for n in self.seqlens]
+            else:
+                lens = [(self.n, nk) for nk in self.cache_lengths or (self.n_keys,) * self.batch]
             seen = sum(
                 _visible_pairs(nq, nk, self.causal, v.window_left, v.window_right, v.chunk)
                 for nq, nk in lens
@@ -173,6 +202,9 @@ class Problem:
             return 4.0 * self.heads * self.d * seen
         if self.seqlens is not None:
             f = sum(4.0 * self.heads * n * n * self.d for n in self.seqlens)
+            return f / 2 if self.causal else f
+        if mixed:  # the keys each sequence holds (a cache problem's pattern)
+            f = sum(4.0 * self.heads * self.n * nk * self.d for nk in self.cache_lengths or ())
             return f / 2 if self.causal else f
         f = 4.0 * self.batch * self.heads * self.n * self.n_keys * self.d
         return f / 2 if self.causal else f
@@ -197,15 +229,18 @@ class Problem:
         return (
             f"{gpu}_d{self.d}_n{self.n}{tail}_b{self.batch}_h{self.heads}{gqa}_{self.dtype}_{mask}"
             f"{packed}{self.variant.key_text()}{kv_page_text(self.kv_page)}"
+            f"{kv_lengths_text(self.kv_lengths)}"
         )
 
     def to_dict(self) -> dict[str, object]:
         """The fields, the variant's flat and only when it is not plain, ``kv_page`` only
-        when set."""
+        when set, ``kv_lengths`` only when not ``full``."""
         out = asdict(self)
         del out["variant"]
         if self.kv_page is None:
             del out["kv_page"]
+        if self.kv_lengths == "full":
+            del out["kv_lengths"]
         if not self.variant.plain:
             out.update({name: getattr(self.variant, name) for name in VARIANT_FIELDS})
         return out

@@ -116,13 +116,13 @@ def nearest_key(asked: Shape, tuned: Shape, sm_count: int) -> tuple[float, int, 
 
     The tie-break keeps the old rule for square problems (equal log distance: the larger N).
     """
-    return (
-        shape_distance(asked, tuned, sm_count),
-        -tuned.nq,
-        -tuned.nk,
-        -tuned.batch * tuned.heads,
-        tuned.kv_heads,
-    )
+    return (shape_distance(asked, tuned, sm_count), *tie_key(tuned))
+
+
+def tie_key(tuned: Shape) -> tuple[int, int, int, int]:
+    """:func:`nearest_key`'s tie-break among tuned shapes at one distance: the longer, then
+    the bigger (the exported header's ``nearer`` in fa_shape.cuh is the same)."""
+    return (-tuned.nq, -tuned.nk, -tuned.batch * tuned.heads, tuned.kv_heads)
 
 
 def is_decode(shape: Shape) -> bool:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from codegen.families import FAMILIES
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE
+from core.kv_lengths import KV_LENGTHS, describe_kv_lengths, kv_lengths_error
 from core.problem import KV_PAGE_RULE, describe_kv_page
 from core.settings import get_settings
 from core.shape import PHASE_RULE, Shape, phase_of
@@ -144,6 +145,8 @@ def _best_table(result: BestResult, asked: Shape | None = None, variant: Variant
         rows.append(("variant", f"{result.variant.describe()} (asked {variant.describe()})"))
     if result.kv_page is not None:
         rows.append(("KV cache", f"timed over {describe_kv_page(result.kv_page)}"))
+    if result.kv_lengths != "full":
+        rows.append(("KV lengths", f"timed with {describe_kv_lengths(result.kv_lengths)}"))
     return _table(result, [*rows, *_measurement_rows(result)])
 
 
@@ -330,6 +333,17 @@ def best(
             show_default="a dense call",
         ),
     ] = None,
+    kv_lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-lengths",
+            metavar=f"[{'|'.join(KV_LENGTHS)}]",
+            help="with --kv-page, the length pattern the cache problems were timed on: full "
+            f"({describe_kv_lengths('full')}) or mixed ({describe_kv_lengths('mixed')}, as a "
+            "serving batch); answered by problems of that pattern only",
+            show_default="either: the nearest, a tie going to mixed (what the op runs)",
+        ),
+    ] = None,
 ) -> None:
     """Show the fastest correct config measured for a GPU and problem.
 
@@ -346,6 +360,9 @@ def best(
     With --kv-page: a call over a KV cache of that layout (0 contiguous, P paged), answered
     for a whole shape by the problems tuned on the split-KV cache kernels of that very layout
     only (exact else the nearest of the call's phase), as /v1/best?kv_page= answers it.
+    Without --kv-lengths the problems of both length patterns answer as the op runs a cache
+    call (its lengths are on the device): the nearest, a tie going to those tuned on a length
+    mix; with --kv-lengths full or mixed, only that pattern's.
     """
     if dtype not in DTYPES:
         raise typer.BadParameter(f"must be one of {', '.join(DTYPES)}", param_hint="--dtype")
@@ -354,6 +371,7 @@ def best(
         kv_page = resolve_kv_page(kv_page)
     except ShapeParamError as exc:
         raise typer.BadParameter(str(exc), param_hint="--kv-page") from None
+    _check_kv_lengths(kv_lengths, kv_page)
     if seqlens is not None and kv_page is not None:
         raise typer.BadParameter(
             "a KV-cache call is a dense batch (its lengths live on the device); not with --seqlens",
@@ -395,9 +413,13 @@ def best(
             assert n is not None  # resolve_shape requires --n or --nq
             lookup = store.best if exact else store.best_or_nearest
             result = lookup(gpu, d, n, dtype, causal)
+        elif kv_page is not None:
+            result = store.best_for_cache_call(gpu, d, dtype, causal, shape, kv_page=kv_page,
+                                               kv_lengths=kv_lengths, exact=exact,
+                                               variant=variant)  # fmt: skip
         else:
             result = store.best_for_shape(gpu, d, dtype, causal, shape, exact=exact,
-                                          variant=variant, kv_page=kv_page)  # fmt: skip
+                                          variant=variant)  # fmt: skip
     if result is None:
         mask = "causal" if causal else "non-causal"
         if shape is None:
@@ -410,6 +432,8 @@ def best(
             what = f"{what} with {variant.describe()}"
         if kv_page is not None:
             what = f"{what} over {describe_kv_page(kv_page)}"
+        if kv_lengths is not None:
+            what = f"{what} with {describe_kv_lengths(kv_lengths)}"
         typer.echo(
             f"no successful measurement for {gpu} D={d} {what} {dtype} {mask}"
             f"{'' if exact else fallback}; tune it first (fa2tune tune) "
@@ -425,9 +449,27 @@ def best(
             data["asked_variant"] = dataclasses.asdict(variant)
         if kv_page is not None:
             data["asked_kv_page"] = kv_page
+        if kv_lengths is not None:
+            data["asked_kv_lengths"] = kv_lengths
         typer.echo(json.dumps(data, indent=2))
     else:
         Console().print(_best_table(result, shape, variant))
+
+
+def _check_kv_lengths(kv_lengths: str | None, kv_page: int | None) -> None:
+    """Raises: typer.BadParameter: ``--kv-lengths`` not a pattern, or given without
+    ``--kv-page`` (only a KV-cache call has a length pattern)."""
+    if kv_lengths is None:
+        return
+    why = kv_lengths_error(kv_lengths)
+    if why is not None:
+        raise typer.BadParameter(why, param_hint="--kv-lengths")
+    if kv_page is None:
+        raise typer.BadParameter(
+            f"{kv_lengths} is the length pattern of a KV-cache call: give --kv-page too "
+            "(0 for a contiguous cache)",
+            param_hint="--kv-lengths",
+        )
 
 
 def _best_varlen(

@@ -40,6 +40,7 @@ from core.build_report import BuildStatus
 from core.config import Dtype
 from core.family import AnyConfig, config_from_name, config_from_params
 from core.gpu_name import normalize_gpu_name
+from core.kv_lengths import KV_LENGTHS, describe_kv_lengths, kv_lengths_error
 from core.problem import KV_PAGE_RULE, MAX_KV_PAGE, describe_kv_page, kv_page_error, kv_page_of
 from core.problem import Problem as ProblemSpec
 from core.records import MeasureStatus
@@ -82,9 +83,10 @@ BuildKey = tuple[str, str, str]
 #: A problem's attention variant as the store keys it: window left and right, chunk, whether a
 #: softcap applies, sinks (:data:`db.models.VARIANT_KEY_COLUMNS`).
 VariantKey = tuple[int, int, int, bool, bool]
-#: The last item is the KV-cache layout (:attr:`core.problem.Problem.kv_page`; None: dense).
+#: The last items are the KV-cache layout (:attr:`core.problem.Problem.kv_page`; None: dense)
+#: and its length pattern (:attr:`core.problem.Problem.kv_lengths`; ``full`` for a dense one).
 ProblemKey = tuple[
-    GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...], VariantKey, int | None
+    GpuKey, int, int, int, int, int, int, str, bool, tuple[int, ...], VariantKey, int | None, str
 ]
 PLAIN_KEY: Final[VariantKey] = (-1, -1, 0, False, False)
 
@@ -313,6 +315,17 @@ class ProblemRecord(_Record):
         "cache kernels with each sequence's length (nk) on the device; absent (null) for a "
         "dense problem",
     )
+    # A cache problem's length pattern (core.problem.Problem.kv_lengths), written only when
+    # not "full", so files written before patterns read and re-export byte for byte. A str
+    # checked by the validator below (not a Literal), so a wrong pattern is one clear line.
+    kv_lengths: str = Field(
+        default="full",
+        exclude_if=lambda v: v == "full",
+        description=f"a KV-cache problem's length pattern, one of {', '.join(KV_LENGTHS)}: "
+        f"full ({describe_kv_lengths('full')}, the default) or mixed "
+        f"({describe_kv_lengths('mixed')}; core.kv_lengths); mixed needs kv_page",
+        json_schema_extra={"enum": list(KV_LENGTHS)},
+    )
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -340,7 +353,18 @@ class ProblemRecord(_Record):
                 raise ValueError(why)
             if lens is not None:
                 raise ValueError("a KV-cache problem (kv_page) takes no seqlens")
+        self._check_kv_lengths()
         return self
+
+    def _check_kv_lengths(self) -> None:
+        why = kv_lengths_error(self.kv_lengths)
+        if why is not None:
+            raise ValueError(why)
+        if self.kv_lengths != "full" and self.kv_page is None:
+            raise ValueError(
+                f"kv_lengths {self.kv_lengths!r} is a KV-cache problem's length pattern: it "
+                "needs kv_page (0 for a contiguous cache)"
+            )
 
     @property
     def variant(self) -> Variant:
@@ -365,6 +389,7 @@ class ProblemRecord(_Record):
             tuple(self.seqlens or ()),
             variant_key(self.variant),
             self.kv_page,
+            self.kv_lengths,
         )
 
 
@@ -373,7 +398,8 @@ class MeasurementRecord(_Record):
 
     Rules across fields: an OK measurement has ``median_ms``; ``p10_ms <= median_ms <=
     p90_ms`` where present; ``tflops``, when given with ``median_ms``, is the median's
-    throughput on the problem (4·B·H·N·Nk·D FLOPs, halved for causal, within 0.1%), and that
+    throughput on the problem (4·B·H·N·Nk·D FLOPs, halved for causal, a ``mixed`` cache
+    problem's over each sequence's own keys; within 0.1%), and that
     throughput is at most 10000 TFLOP/s; the build's d, dtype and causal are the problem's."""
 
     problem: ProblemRecord
@@ -478,7 +504,7 @@ class MeasurementRecord(_Record):
             else ProblemSpec(
                 gpu="", d=p.d, n=p.n, nk=p.nk, batch=p.batch, heads=p.heads,
                 kv_heads=p.kv_heads, dtype=p.dtype, causal=p.causal, variant=p.variant,
-                kv_page=p.kv_page,
+                kv_page=p.kv_page, kv_lengths=p.kv_lengths,
             )
         )  # fmt: skip
         implied = spec.tflops(self.median_ms)

@@ -107,6 +107,10 @@ def results(
                 Problem.chunk,
                 Problem.softcap_on,
                 Problem.sinks,
+                # A problem's rows together: a shape's cache layouts and length patterns are
+                # problems of their own.
+                Problem.kv_page,
+                Problem.kv_lengths,
                 Measurement.median_ms.is_(None),
                 Measurement.median_ms,
                 Measurement.id,
@@ -149,6 +153,7 @@ def results(
                 measured_at=m.created_at,
                 variant=row_variant(p),
                 kv_page=row_kv_page(p),
+                kv_lengths=p.kv_lengths,
             )
             for m, p, g, b in rows
         ]

@@ -11,9 +11,11 @@ Identity choices:
   which starts with the family, so keys of different families never collide.
 * ``problems``: one row per GPU, full shape, attention variant (window, chunk, whether a
   softcap and sinks apply: :meth:`core.variant.Variant.key_text`'s parts) and KV-cache layout
-  (``kv_page``: -1 not a cache problem, 0 contiguous, P paged; migration 0006); ``nk``,
-  ``kv_heads`` and ``kv_page`` are stored resolved (never NULL) so the unique constraint works
-  the same on SQLite and PostgreSQL, where NULLs are distinct.
+  (``kv_page``: -1 not a cache problem, 0 contiguous, P paged; migration 0006) and a cache
+  problem's length pattern (``kv_lengths``: ``full`` or ``mixed``, :mod:`core.kv_lengths`;
+  ``full`` for every problem that is not a cache problem; migration 0007); ``nk``,
+  ``kv_heads``, ``kv_page`` and ``kv_lengths`` are stored resolved (never NULL) so the unique
+  constraint works the same on SQLite and PostgreSQL, where NULLs are distinct.
 * ``measurements``: append-only; the index on (problem, status, median) makes "best for a
   problem" an index range scan rather than a table scan.
 
@@ -115,6 +117,11 @@ def row_kv_page(row: Any) -> int | None:
     """The KV-cache layout a problem row (or any object with its ``kv_page``) stores."""
     page = int(row.kv_page)
     return None if page == NO_KV_PAGE else page
+
+
+#: ``problems.kv_lengths`` of a problem timed with every sequence at the capacity: every dense
+#: problem and every cache problem stored before 0007.
+FULL_KV_LENGTHS = "full"
 
 
 def build_kv_page(params: dict[str, Any]) -> int | None:
@@ -233,6 +240,7 @@ class Problem(Base):
             "softcap_on",
             "sinks",
             "kv_page",
+            "kv_lengths",
             name="uq_problems_identity",
         ),
     )
@@ -262,6 +270,12 @@ class Problem(Base):
     # The KV-cache layout (core.problem.Problem.kv_page): NO_KV_PAGE (-1) for a problem that is
     # not a cache problem, 0 a contiguous cache, P a paged cache of P-token pages.
     kv_page: Mapped[int] = mapped_column(default=NO_KV_PAGE, server_default=str(NO_KV_PAGE))
+    # A cache problem's length pattern (core.problem.Problem.kv_lengths): FULL_KV_LENGTHS for
+    # every sequence at the capacity (and for every problem that is not a cache problem),
+    # "mixed" for the seeded spread of core.kv_lengths.
+    kv_lengths: Mapped[str] = mapped_column(
+        String(8), default=FULL_KV_LENGTHS, server_default=FULL_KV_LENGTHS
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     gpu: Mapped[Gpu] = relationship(back_populates="problems")

@@ -19,7 +19,10 @@ but :func:`variant_winners` (the header's variant tables), and every problem row
 keeps its variant (:func:`db.models.row_variant`). So is the KV-cache layout
 (``kv_page``: :attr:`core.problem.Problem.kv_page`): :func:`best_match` answers a cache
 lookup from cache problems of its very layout only and a dense lookup from dense problems
-only; every other query reads dense problems only.
+only; every other query reads dense problems only but :func:`cache_winners`. A cache lookup
+also names the length pattern its problems were timed on (``kv_lengths``:
+:attr:`core.problem.Problem.kv_lengths`, ``full`` by default) and is answered by problems of
+that pattern only; every result carries its problem's pattern.
 
 Contract: every query takes the engine of a database whose schema is at head, runs in one
 read-only :func:`db.session.session_scope`, writes nothing, and returns values from
@@ -41,6 +44,7 @@ from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
+from core.kv_lengths import kv_lengths_error
 from core.lookup import Candidate, Packed, pick, served_mask
 from core.problem import Problem as ProblemSpec
 from core.problem import parse_seqlens
@@ -53,6 +57,7 @@ from core.shape import (
 )
 from core.variant import PLAIN, SWITCHES, Variant
 from db.models import (
+    FULL_KV_LENGTHS,
     NO_KV_PAGE,
     Build,
     Gpu,
@@ -75,6 +80,7 @@ __all__ = [
     "best_or_nearest",
     "best_packed",
     "build_config",
+    "check_kv_lengths",
     "effective_sm_count",
     "measured_pairs",
     "outcome",
@@ -126,7 +132,7 @@ def build_switches(params: dict[str, Any]) -> dict[str, bool]:
 
 def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
     """The problem a row stores, as the campaign's :class:`core.problem.Problem` (with the
-    variant and KV-cache layout it was tuned for)."""
+    variant, KV-cache layout and length pattern it was tuned for)."""
     lens = parse_seqlens(problem.seqlens)
     variant = row_variant(problem)
     if lens is not None:
@@ -146,6 +152,7 @@ def problem_spec(problem: Problem, gpu: str = "") -> ProblemSpec:
         nk=problem.nk,
         variant=variant,
         kv_page=row_kv_page(problem),
+        kv_lengths=problem.kv_lengths,
     )
 
 
@@ -202,6 +209,7 @@ def _best_result(
         distance=distance,
         variant=row_variant(problem),
         kv_page=row_kv_page(problem),
+        kv_lengths=problem.kv_lengths,
     )
 
 
@@ -421,8 +429,9 @@ def _fastest(packed: bool, family: str | None, local: bool) -> Any:
     ``dtype`` and ``causal`` bind parameters) with its fastest verified measurement (of ``family``'s
     builds when given) and that build, in problem-id order, each with its GPU loaded. Only
     problems of one set of variant switches: masked by a window or chunk when ``local``, with
-    the ``softcap_on`` and ``sinks`` bind parameters; and of one KV-cache layout (the
-    ``kv_page`` bind parameter, :data:`db.models.NO_KV_PAGE` for dense problems).
+    the ``softcap_on`` and ``sinks`` bind parameters; and of one KV-cache layout and length
+    pattern (the ``kv_page`` bind parameter, :data:`db.models.NO_KV_PAGE` for dense problems,
+    and ``kv_lengths``, :data:`db.models.FULL_KV_LENGTHS` for them).
 
     A select of (Problem, Measurement, Build) rows, built once per mode and family (typed
     Any: its generic form differs between the SQLAlchemy releases the project allows)."""
@@ -448,6 +457,7 @@ def _fastest(packed: bool, family: str | None, local: bool) -> Any:
             Problem.softcap_on == bindparam("softcap_on"),
             Problem.sinks == bindparam("sinks"),
             Problem.kv_page == bindparam("kv_page"),
+            Problem.kv_lengths == bindparam("kv_lengths"),
             Measurement.status == MeasureStatus.OK.value,
             Measurement.median_ms.is_not(None),
             *([Build.family == family] if family is not None else []),
@@ -478,7 +488,8 @@ class Match(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class CandidateSet:
     """One group's candidates for :func:`core.lookup.pick`, read in one query: every problem
-    of one GPU (name key), D, dtype, served mask, mode and set of variant switches with its
+    of one GPU (name key), D, dtype, served mask, mode, set of variant switches, KV-cache
+    layout and length pattern (``kv_lengths``: the group's, :func:`candidate_set`'s) with its
     fastest verified measurement (the rows, loaded: a winner becomes its
     :class:`~db.results.BestResult` when first matched, once). Matching a shape against it
     needs no database: the torch op reads a group once and answers every later shape of it
@@ -487,6 +498,7 @@ class CandidateSet:
     candidates: tuple[Candidate, ...]
     rows: tuple[Any, ...]  # (Problem, Measurement, Build), detached and fully loaded
     sm_counts: dict[str, int]
+    kv_lengths: str = FULL_KV_LENGTHS  # the pattern it was read for (a dense group's: full)
     _results: dict[int, BestResult] = dataclasses.field(default_factory=dict, compare=False)
 
     def match(
@@ -499,12 +511,15 @@ class CandidateSet:
         exact: bool = False,
         variant: Variant = PLAIN,
         kv_page: int | None = None,
+        kv_lengths: str | None = None,
     ) -> Match | None:
         """:func:`best_match`'s answer for this shape (the set must be the call's group:
-        :func:`candidate_set` with the call's GPU, served mask, mode, switches and KV-cache
-        layout)."""
+        :func:`candidate_set` with the call's GPU, served mask, mode, switches, KV-cache
+        layout and length pattern; ``kv_lengths`` None: the set's own pattern)."""
+        lengths = self.kv_lengths if kv_lengths is None else kv_lengths
         found = pick(self.candidates, gpu, causal, shape, self.sm_counts, packed=packed,
-                     exact=exact, variant=variant, kv_page=kv_page)  # fmt: skip
+                     exact=exact, variant=variant, kv_page=kv_page,
+                     kv_lengths=lengths)  # fmt: skip
         if found is None:
             return None
         result = self._results.get(found.index)
@@ -526,13 +541,21 @@ def candidate_set(
     family: str | None = None,
     needs: dict[str, bool] | None = None,
     kv_page: int | None = None,
+    kv_lengths: str = FULL_KV_LENGTHS,
 ) -> CandidateSet:
     """The :class:`CandidateSet` of one group (``served_causal``: the mask as
     :func:`core.lookup.served_mask` serves the call; ``needs``: the variant's switches,
     :attr:`core.variant.Variant.needs`, none by default; ``kv_page``: the KV-cache layout,
-    None for dense problems). A candidate whose build's switches or cache layout are not the
-    group's (a store written by hand) is left out: a plain call never gets a variant config,
-    nor a variant call a plain one, nor a dense call a cache kernel or back."""
+    None for dense problems; ``kv_lengths``: the length pattern a cache group's problems were
+    timed on, :mod:`core.kv_lengths`). A candidate whose build's switches or cache layout are
+    not the group's (a store written by hand) is left out: a plain call never gets a variant
+    config, nor a variant call a plain one, nor a dense call a cache kernel or back.
+
+    Raises:
+        ValueError: ``kv_lengths`` is not a pattern, or ``mixed`` with a dense group
+            (``kv_page`` None: only a cache problem has a length pattern).
+    """
+    check_kv_lengths(kv_page, kv_lengths)
     needs = needs if needs is not None else PLAIN.needs
     with session_scope(engine) as s:
         query = _fastest(packed, family, needs["local"])
@@ -544,6 +567,7 @@ def candidate_set(
             "softcap_on": needs["softcap"],
             "sinks": needs["sinks"],
             "kv_page": kv_page_value(kv_page),
+            "kv_lengths": kv_lengths,
         }
         rows = [
             r for r in s.execute(query, bound).all()
@@ -558,10 +582,28 @@ def candidate_set(
         candidates = tuple(
             Candidate(p.id, p.gpu.name_key, p.causal, p.n, p.nk, p.batch, p.heads, p.kv_heads,
                       p.seqlens, (-_tflops(p, m), m.median_ms, m.id), row_variant(p),
-                      row_kv_page(p))
+                      row_kv_page(p), p.kv_lengths)
             for p, m, _ in rows
         )  # fmt: skip
-    return CandidateSet(candidates, tuple(rows), sm_counts)
+    return CandidateSet(candidates, tuple(rows), sm_counts, kv_lengths=kv_lengths)
+
+
+def check_kv_lengths(kv_page: int | None, kv_lengths: str) -> None:
+    """Refuse a lookup's length pattern that no problem can have.
+
+    Raises:
+        ValueError: ``kv_lengths`` is not one of :data:`core.kv_lengths.KV_LENGTHS`, or it is
+            not ``full`` while ``kv_page`` is None (a dense lookup: only a KV-cache problem
+            is timed on a length pattern).
+    """
+    why = kv_lengths_error(kv_lengths)
+    if why is not None:
+        raise ValueError(why)
+    if kv_page is None and kv_lengths != FULL_KV_LENGTHS:
+        raise ValueError(
+            f"kv_lengths {kv_lengths!r} is a KV-cache lookup's length pattern: a dense lookup "
+            "(kv_page None) has none"
+        )
 
 
 def best_match(
@@ -577,21 +619,24 @@ def best_match(
     family: str | None = None,
     variant: Variant = PLAIN,
     kv_page: int | None = None,
+    kv_lengths: str = FULL_KV_LENGTHS,
 ) -> Match | None:
     """The one lookup of both modes (:meth:`db.store.Store.best_match`): the candidates of
-    this D, dtype, mode, variant switches and KV-cache layout with their fastest verified
-    measurements, read in one query (:func:`candidate_set`), and :func:`core.lookup.pick`'s
-    rule among them (GPU, mask, the variant's window and chunk exact or nearest, exact shape or
-    nearest). None when nothing qualifies.
+    this D, dtype, mode, variant switches, KV-cache layout and length pattern with their
+    fastest verified measurements, read in one query (:func:`candidate_set`), and
+    :func:`core.lookup.pick`'s rule among them (GPU, mask, the variant's window and chunk
+    exact or nearest, exact shape or nearest). None when nothing qualifies.
 
     Raises:
-        ValueError: a packed batch with ``kv_page`` (a cache call is a dense batch).
+        ValueError: a packed batch with ``kv_page`` (a cache call is a dense batch); a
+            ``kv_lengths`` :func:`check_kv_lengths` refuses.
     """
     if packed is not None and kv_page is not None:
         raise ValueError("a KV-cache lookup (kv_page) is of a dense batch, not a packed one")
     mask = served_mask(causal, shape, packed)
     group = candidate_set(engine, gpu, d, dtype, mask, packed=packed is not None, family=family,
-                          needs=variant.needs, kv_page=kv_page)  # fmt: skip
+                          needs=variant.needs, kv_page=kv_page,
+                          kv_lengths=kv_lengths)  # fmt: skip
     return group.match(gpu, causal, shape, packed=packed, exact=exact, variant=variant,
                        kv_page=kv_page)  # fmt: skip
 
@@ -608,10 +653,11 @@ def best_for_shape(
     family: str | None = None,
     variant: Variant = PLAIN,
     kv_page: int | None = None,
+    kv_lengths: str = FULL_KV_LENGTHS,
 ) -> BestResult | None:
     """:meth:`db.store.Store.best_for_shape`: :func:`best_match` of a dense shape."""
     found = best_match(engine, gpu, d, dtype, causal, shape, exact=exact, family=family,
-                       variant=variant, kv_page=kv_page)  # fmt: skip
+                       variant=variant, kv_page=kv_page, kv_lengths=kv_lengths)  # fmt: skip
     return found.result if found is not None else None
 
 
@@ -752,9 +798,10 @@ def cache_winners(
     engine: Engine, gpu: str, families: Sequence[str] | None = None
 ) -> list[BestResult]:
     """:meth:`db.store.Store.cache_winners`: the fastest verified config of every KV-cache
-    problem (``kv_page`` set) of plain attention and one GPU, among the builds of the
-    problem's cache layout and no variant switch (:func:`candidate_set`'s rule) of
-    ``families`` when given, in problem-id order."""
+    problem (``kv_page`` set, either length pattern) of plain attention and one GPU, among the
+    builds of the problem's cache layout and no variant switch (:func:`candidate_set`'s rule)
+    of ``families`` when given, in problem-id order; each result carries its problem's
+    ``kv_page`` and ``kv_lengths``."""
     with session_scope(engine) as s:
         problems = _tuned_problems(s, gpu, Problem.seqlens == "", plain_problem(),
                                    ~dense_problem())  # fmt: skip

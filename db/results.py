@@ -53,6 +53,9 @@ class BestResult:
             lookup asked for a variant: :func:`db.queries.best_match`).
         kv_page: the KV-cache layout of that problem (None: dense, unless the lookup asked for
             a cache layout).
+        kv_lengths: the length pattern that problem was timed on
+            (:attr:`core.problem.Problem.kv_lengths`: ``full`` unless the lookup asked for
+            ``mixed``, or the result is a cache winner of a mixed problem).
     """
 
     config: AnyConfig
@@ -95,6 +98,7 @@ class BestResult:
     distance: float = 0.0
     variant: Variant = PLAIN
     kv_page: int | None = None
+    kv_lengths: str = "full"
 
     @property
     def config_name(self) -> str:
@@ -102,14 +106,14 @@ class BestResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (config nested, ``measured_at`` ISO 8601, the variant's fields
-        flat and only when it is not plain, ``kv_page`` only when set, so plain dense answers
-        read as they always did)."""
+        flat and only when it is not plain, ``kv_page`` only when set, ``kv_lengths`` only when
+        not ``full``, so plain dense answers and full cache ones read as they always did)."""
         data = asdict(self)
         data["config"] = {"family": self.config.family, **self.config.to_dict()}
         data["config_name"] = self.config.name
         data["measured_at"] = self.measured_at.isoformat()
         _flat_variant(data, self.variant)
-        _drop_unset_kv_page(data)
+        _drop_cache_defaults(data)
         return data
 
 
@@ -120,9 +124,13 @@ def _flat_variant(data: dict[str, Any], variant: Variant) -> None:
         data.update({name: getattr(variant, name) for name in VARIANT_FIELDS})
 
 
-def _drop_unset_kv_page(data: dict[str, Any]) -> None:
+def _drop_cache_defaults(data: dict[str, Any]) -> None:
+    """Leave out a dense answer's ``kv_page`` and a ``full`` one's ``kv_lengths`` (the
+    defaults), so answers of problems stored before them read as they did."""
     if data.get("kv_page") is None:
         data.pop("kv_page", None)
+    if data.get("kv_lengths") == "full":
+        data.pop("kv_lengths", None)
 
 
 @dataclass(frozen=True)
@@ -181,16 +189,17 @@ class ResultRow:
     measured_at: datetime
     variant: Variant = PLAIN  # the problem's attention variant
     kv_page: int | None = None  # the problem's KV-cache layout (None: dense)
+    kv_lengths: str = "full"  # the length pattern a cache problem was timed on
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict; the variant's fields flat and only when it is not plain,
-        ``kv_page`` only when set."""
+        ``kv_page`` only when set, ``kv_lengths`` only when not ``full``."""
         # Shallow: every field but the variant is a scalar, and asdict's deep copies were half
         # the cost of a page of 1000 rows.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["measured_at"] = self.measured_at.isoformat()
         _flat_variant(data, self.variant)
-        _drop_unset_kv_page(data)
+        _drop_cache_defaults(data)
         return data
 
 

@@ -27,6 +27,7 @@ from sqlalchemy import Engine
 
 from core.build_report import BuildReport
 from core.gpu_name import normalize_gpu_name
+from core.kv_lengths import CALL_ORDER, answering_pattern
 from core.lookup import Packed
 from core.problem import Problem as ProblemSpec
 from core.records import GpuInfo, MeasureResult
@@ -92,7 +93,8 @@ class Store:
         return writes.record_build(self._engine, report)
 
     def problem_id(self, problem: ProblemSpec, gpu_id: int) -> int:
-        """The id of ``problem`` on GPU ``gpu_id``, created when new.
+        """The id of ``problem`` on GPU ``gpu_id``, created when new (its shape, variant,
+        KV-cache layout and length pattern are its identity).
 
         ``problem.gpu`` is not consulted: the GPU is ``gpu_id`` (from :meth:`upsert_gpu`).
         """
@@ -238,6 +240,7 @@ class Store:
         family: str | None = None,
         variant: Variant = PLAIN,
         kv_page: int | None = None,
+        kv_lengths: str = "full",
     ) -> BestResult | None:
         """The best config for a whole call shape: measured at it, else at the nearest tuned one.
 
@@ -258,14 +261,67 @@ class Store:
         cache problems of the same layout, timed on cache kernels; a dense call never by
         one. The result's ``kv_page`` says which layout answered.
 
+        ``kv_lengths`` (``full`` by default): with ``kv_page``, the length pattern the cache
+        problems were timed on (:attr:`core.problem.Problem.kv_lengths`); only problems of
+        that pattern answer, and the result's ``kv_lengths`` says it.
+
         Returns:
             The result, or None when nothing qualifies (with ``exact``: the shape itself was
             not tuned).
+
+        Raises:
+            ValueError: ``kv_lengths`` not a pattern, or ``mixed`` without ``kv_page``.
         """
         return queries.best_for_shape(
             self._engine, gpu, d, dtype, causal, shape, exact=exact, family=family,
-            variant=variant, kv_page=kv_page,
+            variant=variant, kv_page=kv_page, kv_lengths=kv_lengths,
         )  # fmt: skip
+
+    def best_for_cache_call(
+        self,
+        gpu: str,
+        d: int,
+        dtype: str,
+        causal: bool,
+        shape: Shape,
+        *,
+        kv_page: int,
+        kv_lengths: str | None = None,
+        exact: bool = False,
+        family: str | None = None,
+        variant: Variant = PLAIN,
+    ) -> BestResult | None:
+        """:meth:`best_for_shape` of a call over a KV cache of layout ``kv_page``, by the
+        problems of the length pattern ``kv_lengths``, or with None by what a call whose
+        lengths are on the device runs (the op's and the exported header's rule,
+        :func:`core.kv_lengths.answering_pattern`): the nearest problem of either pattern, a
+        tie going to ``mixed``; with ``exact`` only problems at the shape count.
+
+        Raises:
+            ValueError: ``kv_lengths`` not a pattern.
+        """
+        patterns = CALL_ORDER if kv_lengths is None else (kv_lengths,)
+        found = {
+            pattern: self.best_for_shape(
+                gpu,
+                d,
+                dtype,
+                causal,
+                shape,
+                exact=exact,
+                family=family,
+                variant=variant,
+                kv_page=kv_page,
+                kv_lengths=pattern,
+            )
+            for pattern in patterns
+        }
+        nearest = {
+            p: (r.distance, Shape(r.n, r.nk, r.batch, r.heads, r.kv_heads))
+            for p, r in found.items() if r is not None
+        }  # fmt: skip
+        pattern = answering_pattern(nearest)
+        return None if pattern is None else found[pattern]
 
     def best_match(
         self,
@@ -280,6 +336,7 @@ class Store:
         family: str | None = None,
         variant: Variant = PLAIN,
         kv_page: int | None = None,
+        kv_lengths: str = "full",
     ) -> queries.Match | None:
         """The one lookup of both modes: :meth:`best_for_shape` for a dense ``shape``
         (``packed`` None), or, for a packed batch (``shape`` its ``packed.shape(heads,
@@ -287,12 +344,13 @@ class Store:
         and these heads, else the nearest tuned varlen problem (each compared as its count
         of sequences at their mean length; ties: the first tuned). The answer carries the
         lengths a packed one was measured on; None when nothing of the mode qualifies.
-        ``variant``, ``kv_page``: as :meth:`best_for_shape` (None when nothing of them is
-        tuned; a packed batch with ``kv_page`` raises ValueError).
+        ``variant``, ``kv_page``, ``kv_lengths``: as :meth:`best_for_shape` (None when
+        nothing of them is tuned; a packed batch with ``kv_page`` raises ValueError, as does
+        a ``kv_lengths`` :meth:`best_for_shape` refuses).
         """
         return queries.best_match(
             self._engine, gpu, d, dtype, causal, shape, packed=packed, exact=exact,
-            family=family, variant=variant, kv_page=kv_page,
+            family=family, variant=variant, kv_page=kv_page, kv_lengths=kv_lengths,
         )  # fmt: skip
 
     def candidate_set(
@@ -306,13 +364,20 @@ class Store:
         needs: dict[str, bool] | None = None,
         kv_page: int | None = None,
         family: str | None = None,
+        kv_lengths: str = "full",
     ) -> queries.CandidateSet:
         """Every candidate :meth:`best_match` compares for one group (GPU, D, dtype, the
-        served mask, mode, variant switches, KV-cache layout; ``family``: only that family's
-        builds), read once, to match many shapes in memory
-        (:meth:`db.queries.CandidateSet.match` gives :meth:`best_match`'s answer)."""
+        served mask, mode, variant switches, KV-cache layout and length pattern; ``family``:
+        only that family's builds), read once, to match many shapes in memory
+        (:meth:`db.queries.CandidateSet.match` gives :meth:`best_match`'s answer; the set
+        keeps its ``kv_lengths``).
+
+        Raises:
+            ValueError: a ``kv_lengths`` :meth:`best_for_shape` refuses.
+        """
         return queries.candidate_set(self._engine, gpu, d, dtype, served_causal, packed=packed,
-                                     family=family, needs=needs, kv_page=kv_page)  # fmt: skip
+                                     family=family, needs=needs, kv_page=kv_page,
+                                     kv_lengths=kv_lengths)  # fmt: skip
 
     def best_varlen(
         self,
@@ -388,7 +453,9 @@ class Store:
         """The winner of every KV-cache problem (``kv_page`` set: contiguous or paged) of
         plain attention tuned for ``gpu``, by a build of the problem's cache layout (among
         ``families`` when given), in problem-id order: what the exported header's tuned
-        KV-cache entries hold. The results carry their ``kv_page``."""
+        KV-cache entries hold. Both length patterns' problems are listed (a shape and layout
+        tuned on ``full`` and on ``mixed`` lengths gives two results); the results carry
+        their ``kv_page`` and ``kv_lengths``."""
         return queries.cache_winners(self._engine, gpu, families)
 
     def shape_winners(self) -> list[tuple[BestResult, int]]:

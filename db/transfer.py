@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from core.build_report import BuildStatus
 from core.gpu_name import normalize_gpu_name
+from core.kv_lengths import KV_LENGTHS
 from core.problem import parse_seqlens, seqlens_text
 from core.records import MeasureStatus
 from core.variant import Variant
@@ -133,6 +134,7 @@ def _problem_record(p: Problem, g: Gpu) -> ProblemRecord:
         seqlens=list(parse_seqlens(p.seqlens) or ()) or None,
         **_variant_fields(row_variant(p)),
         kv_page=row_kv_page(p),
+        kv_lengths=p.kv_lengths,
     )
 
 
@@ -222,6 +224,7 @@ def export(store: Store, gpu: str | None = None) -> DumpFile:
             p.kv_heads,
             variant_key(p.variant),
             NO_KV_PAGE if p.kv_page is None else p.kv_page,  # dense problems keep their order
+            KV_LENGTHS.index(p.kv_lengths),  # full first: files before patterns keep theirs
         )
 
     return DumpFile(
@@ -357,6 +360,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             parse_seqlens(p_row.seqlens) or (),
             variant_key(row_variant(p_row)),
             row_kv_page(p_row),
+            p_row.kv_lengths,
         )
         problem_ids[key] = p_row.id
     new_problems: dict[ProblemKey, Problem] = {}
@@ -376,6 +380,7 @@ def ingest_into(session: Session, data: DumpFile) -> IngestSummary:
             seqlens=seqlens_text(tuple(p.seqlens) if p.seqlens else None),
             **variant_values(p.variant),
             kv_page=kv_page_value(p.kv_page),
+            kv_lengths=p.kv_lengths,
             created_at=now,
         )
     session.add_all(new_problems.values())

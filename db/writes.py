@@ -69,8 +69,10 @@ def _insert(session: Session, model: type[Any]) -> Any:
 
 def _problem_identity(problem: ProblemSpec, gpu_id: int) -> dict[str, Any]:
     """The row's identity columns plus ``seqlens`` (a varlen row keeps its total token count
-    in ``nk``: see db.models.Problem). The variant's key columns and the KV-cache layout are
-    part of it; the cap's value is not (see :func:`problem_id`)."""
+    in ``nk``: see db.models.Problem). The variant's key columns, the KV-cache layout and its
+    length pattern are part of it; the cap's value is not (see :func:`problem_id`). A
+    ``mixed`` pattern comes only with a layout: :class:`core.problem.Problem` refuses it
+    without one."""
     lens = problem.seqlens
     keyed = variant_values(problem.variant)
     return {
@@ -86,6 +88,7 @@ def _problem_identity(problem: ProblemSpec, gpu_id: int) -> dict[str, Any]:
         "dtype": problem.dtype,
         "causal": problem.causal,
         "kv_page": kv_page_value(problem.kv_page),
+        "kv_lengths": problem.kv_lengths,
     }
 
 

@@ -15,10 +15,14 @@ before anything runs (``SKIPPED``, the reason naming the switches); SDPA is not 
 variant (it computes none).
 
 A KV-cache problem (:attr:`core.problem.Problem.kv_page`) is measured on the dense problem's
-input set (one set and reference for the dense problem and all its layouts) laid out as a
-cache by :mod:`measure.kvcache` (every sequence holding the problem's ``nk`` keys, so the
-dense reference checks it); a config that is not a cache kernel of the problem's layout is
-refused like one of other switches (``SKIPPED``).
+input set (one set for the dense problem and all its layouts and length patterns) laid out as
+a cache by :mod:`measure.kvcache`, each sequence's length its
+:attr:`~core.problem.Problem.cache_lengths`: with every sequence at ``nk`` (``kv_lengths``
+``full``) the dense reference checks it; with ``mixed`` lengths the reference over each
+sequence's own keys does (:func:`measure.kvcache.cache_inputset`, cached like the dense sets,
+one per dense problem, pattern and seed), and ``extra`` records the pattern and the keys the
+batch holds. A config that is not a cache kernel of the problem's layout is refused like one
+of other switches (``SKIPPED``).
 
 torch and cuda-bindings are imported when the handler is built or a job runs, never at module
 import, so the module imports on a machine without them.
@@ -131,11 +135,15 @@ class GpuJobHandler:
             self._kernels.put(key, kernel)
         return kernel
 
+    @staticmethod
+    def _inputset_key(problem: Problem, opts: MeasureOptions) -> tuple[Any, ...]:
+        spec = {k: v for k, v in problem.to_dict().items() if k != "gpu"}
+        return (tuple(sorted(spec.items())), opts.layout, opts.seed, opts.min_pairs)
+
     def _inputset(self, problem: Problem, opts: MeasureOptions) -> InputSet:
         from measure.reference import make_inputset
 
-        spec = {k: v for k, v in problem.to_dict().items() if k != "gpu"}
-        key = (tuple(sorted(spec.items())), opts.layout, opts.seed, opts.min_pairs)
+        key = self._inputset_key(problem, opts)
         inputs = self._inputs.get(key)
         if inputs is None:
             inputs = make_inputset(
@@ -145,6 +153,25 @@ class GpuJobHandler:
                 seed=opts.seed,
                 min_pairs=opts.min_pairs,
             )
+            self._inputs.put(key, inputs)
+        return inputs
+
+    def _cache_inputset(self, problem: Problem, opts: MeasureOptions) -> InputSet:
+        """A cache problem's inputs and check: its dense problem's set (shared by every layout
+        and pattern), for a mixed pattern with the reference over each sequence's own keys
+        (:func:`measure.kvcache.cache_inputset`), cached per dense problem and lengths."""
+        from measure.kvcache import cache_inputset
+
+        dense = replace(problem, kv_page=None, kv_lengths="full")
+        lengths = problem.cache_lengths
+        if lengths is None or problem.kv_lengths == "full":
+            return self._inputset(dense, opts)
+        # The lengths set first: its dense set may have been evicted, and is needed only to
+        # build it (the two share their inputs).
+        key = ("kv_lengths", lengths, *self._inputset_key(dense, opts))
+        inputs = self._inputs.get(key)
+        if inputs is None:
+            inputs = cache_inputset(self._inputset(dense, opts), lengths)
             self._inputs.put(key, inputs)
         return inputs
 
@@ -206,8 +233,11 @@ class GpuJobHandler:
         self._enter("inputs")
         if problem.is_varlen:
             return self._verify_and_time(*self._varlen_case(kernel, job), kernel, problem, opts)
-        # A cache problem's inputs and reference are its dense problem's (measure.kvcache).
-        inputs = self._inputset(replace(problem, kv_page=None), opts)
+        # A cache problem's inputs are its dense problem's (measure.kvcache).
+        if problem.is_cache:
+            inputs = self._cache_inputset(problem, opts)
+        else:
+            inputs = self._inputset(problem, opts)
         extra: dict[str, Any] = {**inputs.describe(), "symbol": kernel.symbol}
 
         if opts.sdpa and not problem.variant.plain:
@@ -232,6 +262,7 @@ class GpuJobHandler:
             cached = bind_cache(kernel, config, problem, inputs, o, lse, self.stream,
                                 inputs.seed)  # fmt: skip
             extra.update(cached.cache.describe())
+            extra.update(kv_lengths=problem.kv_lengths, kv_keys=sum(problem.cache_lengths or ()))
             launch = cached
         else:
             # The FaParams, the family's extra arguments (fa3: TMA descriptors of these

@@ -15,14 +15,20 @@ with ``capacity`` = ``nk`` rounded up to whole pages (of :data:`CONTIGUOUS_UNIT`
 contiguous cache) plus one spare page, so every sequence's cache has rows past its length.
 Those rows, and the pages no table entry names, hold other random values (finite: a kernel
 that reads a row it should mask gives a wrong result, one that reads it and multiplies by a
-zero weight does not give NaN). Every sequence's length is ``nk`` (int32 on the device), so the
-result equals dense attention over the same keys: the check is the dense problem's, O and LSE
-of every (batch, head) pair the reference covers. The launch takes the arguments of
-``fa2tune.ops.kvcache.CacheLauncher`` in its order: ``FaParams`` (``nk`` the capacity, K/V
-the cache), the family's arguments (split-KV's workspace, sized from the capacity as the
-op's; fa3's TMA descriptors over the caches: ``Family.cache_host_prep``), ``FaVariant``,
-``FaKvCache``; grid from the capacity too. The op's other layouts (batch indices, appends)
-are not part of what is timed.
+zero weight does not give NaN). Each sequence's length (int32 on the device) is the problem's
+:attr:`~core.problem.Problem.cache_lengths`: ``nk`` for every sequence (``kv_lengths``
+``full``), so the result equals dense attention over the same keys and the check is the dense
+problem's, O and LSE of every (batch, head) pair the reference covers; or a spread up to
+``nk`` (``mixed``), where sequence ``b`` holds its first ``L_b`` keys and its rows past them
+are the dense problem's keys beyond ``L_b`` (finite, other values: a kernel that reads a key
+past its sequence's length gives a wrong result). A mixed problem is checked against the
+float32 reference over each sequence's own ``L_b`` keys, bottom-right aligned as always
+(:func:`cache_inputset`: the same pairs, the dense set's yardstick). The launch takes the
+arguments of ``fa2tune.ops.kvcache.CacheLauncher`` in its order: ``FaParams`` (``nk`` the
+capacity, K/V the cache), the family's arguments (split-KV's workspace, sized from the
+capacity as the op's; fa3's TMA descriptors over the caches: ``Family.cache_host_prep``),
+``FaVariant``, ``FaKvCache``; grid from the capacity too. The op's other layouts (batch
+indices, appends) are not part of what is timed.
 
 torch and cuda-bindings are imported when a function runs, never at module import; the cache
 layout (:func:`build_cache`) runs on any torch device, so it is tested on the CPU.
@@ -30,7 +36,8 @@ layout (:func:`build_cache`) runs on any torch device, so it is tested on the CP
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from core.family import AnyConfig
@@ -62,7 +69,8 @@ class CacheTensors:
     Attributes:
         k_cache, v_cache: ``[B, capacity, Hkv, D]`` (contiguous) or ``[pages, P, Hkv, D]``.
         block_table: int32 ``[B, capacity / P]`` (None for a contiguous cache).
-        seqlens: int32 ``[B]``, each sequence's length (``nk``).
+        seqlens: int32 ``[B]``, each sequence's length (``nk``, or the lengths it was built
+            with).
         capacity: the most keys a sequence's cache holds.
         page: 0 for a contiguous cache, else P.
     """
@@ -82,14 +90,32 @@ class CacheTensors:
         return out
 
 
-def build_cache(k: torch.Tensor, v: torch.Tensor, page: int, seed: int) -> CacheTensors:
+def _lengths_error(lengths: Sequence[int], batch: int, nk: int, least: int) -> str | None:
+    """Why ``lengths`` are not ``batch`` sequence lengths in ``[least, nk]``; None if they are."""
+    if len(lengths) != batch:
+        return f"{len(lengths)} sequence lengths for a batch of {batch}"
+    bad = [n for n in lengths if not least <= n <= nk]
+    if bad:
+        return f"sequence lengths must be in [{least}, {nk}] (the keys given), got {bad[0]}"
+    return None
+
+
+def build_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    page: int,
+    seed: int,
+    lengths: Sequence[int] | None = None,
+) -> CacheTensors:
     """K and V ``[B, nk, Hkv, D]`` (any strides) copied into a cache of layout ``page`` (see
     the module docstring), on their device; the filler and the page order are drawn from
-    ``seed``.
+    ``seed``. ``lengths`` are the sequences' lengths (``seqlens``; None: ``nk`` each): every
+    sequence's cache holds all ``nk`` rows given whatever its length, so the rows past a
+    shorter one are those keys, not the filler.
 
     Raises:
-        ValueError: ``k`` and ``v`` that are not 4-d and alike, or a page size that is not 0
-            or a power of two.
+        ValueError: ``k`` and ``v`` that are not 4-d and alike, a page size that is not 0 or
+            a power of two, or ``lengths`` that are not ``B`` lengths in ``[0, nk]``.
     """
     import torch
 
@@ -98,6 +124,9 @@ def build_cache(k: torch.Tensor, v: torch.Tensor, page: int, seed: int) -> Cache
     if page < 0 or page & (page - 1):
         raise ValueError(f"page size {page} is not 0 or a power of two")
     b, nk, hkv, d = (int(x) for x in k.shape)
+    why = None if lengths is None else _lengths_error(lengths, b, nk, least=0)
+    if why is not None:
+        raise ValueError(why)
     capacity = cache_capacity(nk, page)
     gen = torch.Generator(device="cpu").manual_seed(seed)  # the page order
     # The filler is drawn where the cache lives, in its dtype: a batch-64 16k-key cache is
@@ -109,7 +138,10 @@ def build_cache(k: torch.Tensor, v: torch.Tensor, page: int, seed: int) -> Cache
         out = torch.randn(shape, generator=fill_gen, device=k.device, dtype=k.dtype)
         return out.mul_(4)
 
-    seqlens = torch.full((b,), nk, dtype=torch.int32, device=k.device)
+    if lengths is None:
+        seqlens = torch.full((b,), nk, dtype=torch.int32, device=k.device)
+    else:
+        seqlens = torch.tensor(list(lengths), dtype=torch.int32, device=k.device)
     if page == 0:
         k_cache, v_cache = filler((b, capacity, hkv, d)), filler((b, capacity, hkv, d))
         k_cache[:, :nk] = k
@@ -126,6 +158,59 @@ def build_cache(k: torch.Tensor, v: torch.Tensor, page: int, seed: int) -> Cache
     k_cache[where, slot] = k
     v_cache[where, slot] = v
     return CacheTensors(k_cache, v_cache, table.contiguous(), seqlens, capacity, page)
+
+
+def _rows_of(t: torch.Tensor, layout: str, batch: int, keys: int | None = None) -> torch.Tensor:
+    """Batch row ``batch`` of ``t`` (stored in ``layout``) as a one-row view, its first
+    ``keys`` positions only when given."""
+    row = t[batch : batch + 1]
+    if keys is None:
+        return row
+    return row[:, :keys] if layout == "bnhd" else row[:, :, :keys]
+
+
+def cache_inputset(
+    dense: InputSet, lengths: Sequence[int], *, chunk_bytes: int | None = None
+) -> InputSet:
+    """The check of a cache problem whose sequences hold ``lengths`` keys, on ``dense`` (its
+    dense problem's :class:`~measure.reference.InputSet`, drawn at ``nk`` keys): the same
+    inputs, pairs, sinks, yardstick (``ref_err``: SDPA's error on these inputs at ``nk``
+    keys, or the emulated one of a variant) and output buffers, with ``ref_o``/``ref_lse``
+    of each pair recomputed over its batch row's first ``L_b`` keys, bottom-right aligned as
+    always (:func:`measure.reference.reference_for_pairs` on one-row slices, so every
+    variant keeps its rule) and :attr:`~measure.reference.InputSet.key_lengths` set (rows
+    that see no key counted per sequence). ``dense`` itself when every length is ``nk``.
+
+    Raises:
+        ValueError: ``lengths`` that are not the batch's, each in ``[1, nk]``.
+    """
+    import torch
+
+    from measure.reference import CHUNK_BYTES, reference_for_pairs
+
+    p = dense.problem
+    why = _lengths_error(lengths, p.batch, p.n_keys, least=1)
+    if why is not None:
+        raise ValueError(why)
+    if all(n == p.n_keys for n in lengths):
+        return dense
+    ref_o = torch.empty_like(dense.ref_o)
+    ref_lse = torch.empty_like(dense.ref_lse)
+    for bi in sorted({bi for bi, _ in dense.pairs}):
+        at = [i for i, (b, _) in enumerate(dense.pairs) if b == bi]
+        keys = lengths[bi]
+        o, lse = reference_for_pairs(
+            _rows_of(dense.q, dense.layout, bi), _rows_of(dense.k, dense.layout, bi, keys),
+            _rows_of(dense.v, dense.layout, bi, keys), tuple((0, dense.pairs[i][1]) for i in at),
+            layout=dense.layout, causal=p.causal, scale=dense.scale, variant=p.variant,
+            sinks=dense.sinks, chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
+        )  # fmt: skip
+        index = torch.tensor(at, device=ref_o.device)
+        ref_o[index], ref_lse[index] = o, lse
+    # Fewer keys average less: the rounding floor follows the largest output checked now.
+    absmax = float(ref_o.abs().max()) if ref_o.numel() else 0.0
+    return replace(dense, ref_o=ref_o, ref_lse=ref_lse, ref_absmax=absmax,
+                   key_lengths=tuple(lengths), _outputs=dense.outputs())  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -151,7 +236,8 @@ def bind_cache(
     seed: int,
 ) -> CacheLaunch:
     """One bound launch of ``config``'s cache kernel over ``inputs`` laid out as the cache of
-    ``problem``'s layout, writing ``o`` (in ``inputs.layout``) and ``lse``.
+    ``problem``'s layout and lengths (:attr:`~core.problem.Problem.cache_lengths`), writing
+    ``o`` (in ``inputs.layout``) and ``lse``.
 
     Raises:
         ValueError: a config that is not a cache kernel of the problem's layout, or what the
@@ -172,7 +258,7 @@ def bind_cache(
         )
     q_b, k_b, v_b, o_b = (t if inputs.layout == "bnhd" else t.transpose(1, 2)
                           for t in (inputs.q, inputs.k, inputs.v, o))  # fmt: skip
-    cache = build_cache(k_b, v_b, page, seed)
+    cache = build_cache(k_b, v_b, page, seed, problem.cache_lengths)
     b, nq, hq, _ = (int(x) for x in q_b.shape)
     hkv = int(k_b.shape[2])
     params = cache_params(q_b, cache.k_cache, cache.v_cache, o_b, lse, inputs.scale,
@@ -185,7 +271,8 @@ def bind_cache(
         sized = rows.expand(b, cache.capacity, hkv, int(k_b.shape[3]))
         workspace = extra_args(config, q_b, sized, sized, "bnhd")
     # As the op (fa2tune.ops.kvcache.CacheLauncher): the window for lengths not known on the
-    # host (the same here: every sequence holds nk keys, which the variant was normalised on).
+    # host, applied on the device to each sequence's own length, as the reference applies
+    # the problem's variant (normalised on nk, the longest) to each sequence's keys.
     fv = variant_params(problem.variant, inputs.sinks, causal=config.causal, nq=nq, nk=None,
                         q_heads=hq)  # fmt: skip
     table = cache.block_table

@@ -492,18 +492,18 @@ def errors_vs_reference(
         inputs: the input set whose reference is compared against.
         layout: storage of ``out``.
 
-    Only rows that see at least one key are compared; dead rows are checked by
-    :func:`measure.verify.check_output` separately.
+    Only rows that see at least one key (of their batch row's: :meth:`InputSet.dead_rows_of`)
+    are compared; dead rows are checked by :func:`measure.verify.check_output` separately.
     """
     import torch
 
     ob = as_bhnd(out, layout or inputs.layout)
-    dead = inputs.dead_rows
     max_abs = -1.0
     worst = (0, 0, 0, 0)
     sq_err = 0.0
     sq_ref = 0.0
     for p, (bi, hi) in enumerate(inputs.pairs):
+        dead = inputs.dead_rows_of(bi)
         o = ob[bi, hi, dead:].float()
         r = inputs.ref_o[p, dead:]
         bad = ~torch.isfinite(o)
@@ -543,6 +543,10 @@ class InputSet:
         ref_absmax: largest ``|ref_o|`` (sets the rounding part of the tolerance).
         sinks: with a sinks variant, its ``[Hq]`` float32 logits (:func:`make_sinks`), the
             ones the reference used and the kernel is given; else None.
+        key_lengths: the keys each batch row's reference saw, its first ``L_b`` (a KV-cache
+            problem of mixed lengths: :func:`measure.kvcache.cache_inputset`); None: every
+            row the problem's ``nk``. Rows see no key per batch row then
+            (:meth:`dead_rows_of`).
     """
 
     problem: Problem
@@ -560,13 +564,37 @@ class InputSet:
     ref_note: str = ""
     ref_absmax: float = 0.0
     sinks: torch.Tensor | None = None
+    key_lengths: tuple[int, ...] | None = None
     _outputs: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def dead_rows(self) -> int:
-        """Leading query rows that see no key."""
+        """Leading query rows that see no key in every batch row."""
         p = self.problem
-        return dead_row_count(p.n, p.n_keys, p.causal, p.variant)
+        if self.key_lengths is None:
+            return dead_row_count(p.n, p.n_keys, p.causal, p.variant)
+        return min(self.dead_rows_of(bi) for bi in range(p.batch))
+
+    def dead_rows_of(self, batch: int) -> int:
+        """Leading query rows of batch row ``batch`` that see no key (its own key count)."""
+        p = self.problem
+        nk = p.n_keys if self.key_lengths is None else self.key_lengths[batch]
+        return dead_row_count(p.n, nk, p.causal, p.variant)
+
+    def dead_spans(self) -> list[tuple[int, int, int]]:
+        """``(start, stop, dead)``: runs of batch rows whose leading ``dead`` rows see no key,
+        in order, together covering the batch (one run unless :attr:`key_lengths` is set)."""
+        b = self.problem.batch
+        if self.key_lengths is None:
+            return [(0, b, self.dead_rows)]
+        spans: list[tuple[int, int, int]] = []
+        for bi in range(b):
+            dead = self.dead_rows_of(bi)
+            if spans and spans[-1][2] == dead:
+                spans[-1] = (spans[-1][0], bi + 1, dead)
+            else:
+                spans.append((bi, bi + 1, dead))
+        return spans
 
     def bhnd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v as ``[B, H, N, D]`` views."""

@@ -8,7 +8,9 @@ The rule (:func:`check_output`); an output passes when all of these hold:
 2. **Rows that see no key** (bottom-right causal with nq > nk; with a variant, also windows
    and chunks that leave leading rows nothing, :func:`measure.reference.dead_row_count`) have
    O exactly 0 and LSE exactly -inf, as the ABI specifies, or with sinks LSE = the head's
-   sink logit (within the LSE tolerance of rule 3); every other LSE is finite.
+   sink logit (within the LSE tolerance of rule 3); every other LSE is finite. A KV-cache
+   problem of mixed lengths counts them per batch row, of that sequence's own keys
+   (:attr:`measure.reference.InputSet.key_lengths`).
 3. **LSE** agrees with the reference on the checked pairs within
    ``LSE_ABS_TOL + LSE_REL_TOL * |ref|`` (LSE is a float32 reduction of exactly computed
    scores, so only accumulation order differs; a wrong scale or log base is far outside).
@@ -108,6 +110,33 @@ def _first_nonfinite(ob: torch.Tensor) -> tuple[int, tuple[int, int, int, int]] 
     return (count, first) if first is not None else None
 
 
+def _dead_rows_failure(
+    ob: torch.Tensor, lse: torch.Tensor | None, sinks: torch.Tensor | None, dead: int
+) -> str | None:
+    """What is wrong with the leading ``dead`` rows (they see no key) and the LSE of the rows
+    after them, of a ``[b, H, N, D]`` view of O and its ``[b, H, N]`` LSE (rules 2 and 3's
+    finiteness); None when nothing is."""
+    import torch
+
+    if dead:
+        if not bool((ob[:, :, :dead] == 0).all()):
+            return f"the first {dead} rows see no key but O is not 0 there"
+        if lse is not None and sinks is None:
+            if not bool(torch.isneginf(lse[:, :, :dead]).all()):
+                return f"the first {dead} rows see no key but LSE is not -inf there"
+        elif lse is not None and sinks is not None:
+            sink = sinks.float()[None, :, None]
+            off = (lse[:, :, :dead] - sink).abs() - (LSE_ABS_TOL + LSE_REL_TOL * sink.abs())
+            if not bool((off <= 0).all()):  # NaN fails too
+                return f"the first {dead} rows see no key but LSE is not their head's sink logit"
+    if lse is not None:
+        live_lse = lse[:, :, dead:]
+        if not bool(torch.isfinite(live_lse).all()):
+            n_bad = int((~torch.isfinite(live_lse)).sum())
+            return f"LSE has {n_bad} non-finite values on live rows"
+    return None
+
+
 def check_output(out: torch.Tensor, lse: torch.Tensor | None, inputs: InputSet) -> CheckResult:
     """Check a kernel's output (stored in ``inputs.layout``) and LSE against ``inputs``.
 
@@ -118,8 +147,6 @@ def check_output(out: torch.Tensor, lse: torch.Tensor | None, inputs: InputSet) 
         lse: the kernel's LSE ``[B, Hq, Nq]`` float32, or ``None`` when it was not requested.
         inputs: inputs and reference the kernel ran on.
     """
-    import torch
-
     nan = float("nan")
     ob = as_bhnd(out, inputs.layout)
     total = ob.numel()
@@ -135,31 +162,13 @@ def check_output(out: torch.Tensor, lse: torch.Tensor | None, inputs: InputSet) 
             f"first at b={bi} h={h} row={row} col={col}",
         )
 
-    dead = inputs.dead_rows
-    if dead:
-        if not bool((ob[:, :, :dead] == 0).all()):
-            return CheckResult(
-                False, nan, nan, f"the first {dead} rows see no key but O is not 0 there"
-            )
-        sinks = inputs.sinks
-        if lse is not None and sinks is None:
-            if not bool(torch.isneginf(lse[:, :, :dead]).all()):
-                return CheckResult(
-                    False, nan, nan, f"the first {dead} rows see no key but LSE is not -inf there"
-                )
-        elif lse is not None and sinks is not None:
-            sink = sinks.float()[None, :, None]
-            off = (lse[:, :, :dead] - sink).abs() - (LSE_ABS_TOL + LSE_REL_TOL * sink.abs())
-            if not bool((off <= 0).all()):  # NaN fails too
-                return CheckResult(
-                    False, nan, nan,
-                    f"the first {dead} rows see no key but LSE is not their head's sink logit",
-                )  # fmt: skip
-    if lse is not None:
-        live_lse = lse[:, :, dead:]
-        if not bool(torch.isfinite(live_lse).all()):
-            n_bad = int((~torch.isfinite(live_lse)).sum())
-            return CheckResult(False, nan, nan, f"LSE has {n_bad} non-finite values on live rows")
+    for start, stop, dead in inputs.dead_spans():
+        rows_lse = None if lse is None else lse[start:stop]
+        why = _dead_rows_failure(ob[start:stop], rows_lse, inputs.sinks, dead)
+        if why is not None:
+            # One span is the whole batch (every row holds nk keys): the message as it was.
+            where = "" if (start, stop) == (0, ob.shape[0]) else f"batch rows {start}-{stop - 1}: "
+            return CheckResult(False, nan, nan, where + why)
 
     errs = errors_vs_reference(out, inputs)
     tol = tolerance(inputs)
@@ -175,6 +184,7 @@ def check_output(out: torch.Tensor, lse: torch.Tensor | None, inputs: InputSet) 
         worst_lse = 0.0
         worst_at = (0, 0, 0)
         for p, (bi, hi) in enumerate(inputs.pairs):
+            dead = inputs.dead_rows_of(bi)
             ref = inputs.ref_lse[p, dead:]
             got = lse[bi, hi, dead:]
             excess = (got - ref).abs() - (LSE_ABS_TOL + LSE_REL_TOL * ref.abs())

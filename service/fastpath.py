@@ -14,7 +14,9 @@ does, and answered from the index's shape tables.
 
 A request naming an attention variant's parameter (:data:`service.params.VARIANT_PARAMS`,
 even at its plain value) is always the route's: it normalises the variant and answers it
-from the store, and the index holds plain winners only.
+from the store, and the index holds plain winners only. So is one naming a KV-cache parameter
+(:data:`service.params.CACHE_PARAMS`: ``kv_page``, ``kv_lengths``): the store answers it from
+cache problems, and only the route refuses ``kv_lengths`` without ``kv_page``.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class BestFastPath:
         if not params.keys().isdisjoint(VARIANT_PARAMS):
             return None  # the route normalises a variant; the index holds plain winners only
         if not params.keys().isdisjoint(CACHE_PARAMS):
-            return None  # a KV-cache layout: the route asks the store (the index is dense)
+            return None  # a KV-cache call: the route asks the store (the index is dense)
         if not params.keys().isdisjoint(SHAPE_PARAMS):
             return self._answer_shape(params)
         gpu = params.get("gpu")

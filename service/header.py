@@ -6,7 +6,10 @@ reads no database; this module is the store side that both ``fa2tune export`` an
 (:func:`tuned_shape_results`) and picks among them by :mod:`core.shape`'s rule, the one the
 store and the service use, and one entry per tuned attention-variant problem
 (:meth:`db.store.Store.variant_winners`), picked among by :func:`core.lookup.pick`'s rule;
-:func:`tuned_results` (square problems, one per N) feeds the service's per-N index.
+:func:`tuned_results` (square problems, one per N) feeds the service's per-N index. With page
+sizes it also holds the tuned KV-cache problems' winners (:meth:`db.store.Store.cache_winners`,
+each with its length pattern), both patterns, the mixed-length winner where both were tuned
+at a shape (:func:`codegen.export.cache_points`).
 """
 
 from __future__ import annotations
@@ -161,6 +164,7 @@ def point_from_best(best: BestResult, seqlens: tuple[int, ...] | None = None) ->
         measured_at=best.measured_at,
         variant=best.variant,
         kv_page=best.kv_page,
+        kv_lengths=best.kv_lengths,
     )
 
 
@@ -230,7 +234,8 @@ def export_header(
         )
     ]
     # The tuned KV-cache problems' winners (of the family with cache kernels in the header),
-    # only when the header has cache kernels; render_header keeps those of its page sizes.
+    # of both length patterns, only when the header has cache kernels; render_header keeps
+    # those of its page sizes, and of one pattern per key, page size and phase.
     caches = (
         [point_from_best(b) for b in store.cache_winners(gpu, header_cache_families())]
         if kv_pages

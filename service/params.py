@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BeforeValidator
 
 from core.config import HEAD_DIMS, HEAD_DIMS_RULE
+from core.kv_lengths import MIXED_SPREAD, KvLengths
 from core.problem import KV_PAGE_RULE, MAX_KV_PAGE, kv_page_error
 from core.shape_request import DEFAULT_BATCH, DEFAULT_HEADS
 
@@ -213,8 +214,21 @@ KvPageQuery = Annotated[
     PlainInt,
     AfterValidator(_kv_page),
 ]
-#: The KV-cache parameter's name (a request with it is not the fast path's either).
-CACHE_PARAMS = ("kv_page",)
+KvLengthsQuery = Annotated[
+    KvLengths | None,
+    Query(
+        description="with kv_page, the length pattern of the tuned cache problems that answer "
+        "(core.kv_lengths): full, every sequence at the capacity nk; mixed, a fixed spread "
+        f"over [nk/{MIXED_SPREAD}, nk] as a serving batch has (fa2tune tune --kv-lengths). "
+        "Absent: the op's and the header's rule, the mixed problems where any answers, else "
+        "the full ones; given: only that pattern. Without kv_page: a 422",
+        examples=["mixed"],
+    ),
+]
+#: The KV-cache parameters' names (a request with any of them is not the fast path's either:
+#: the route answers a cache call from the store, and refuses ``kv_lengths`` without
+#: ``kv_page``).
+CACHE_PARAMS = ("kv_page", "kv_lengths")
 DtypeQuery = Annotated[Literal["fp16", "bf16"], Query(description="element type")]
 CausalQuery = Annotated[bool, Query(description="causal (bottom-right aligned) mask"), PlainBool]
 

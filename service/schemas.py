@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.family import AnyConfig
+from core.kv_lengths import KvLengths
 from core.shape import Shape
 from core.variant import Variant
 from db.results import BestResult, GpuSummary, ResultRow
@@ -115,6 +116,13 @@ class MeasuredProblemOut(_Out):
         description="the KV-cache layout the measured problem was timed on (the asked one); "
         "absent for a dense problem",
     )
+    kv_lengths: KvLengths | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="the length pattern the measured cache problem was timed on: full, every "
+        "sequence at the capacity nk; mixed, a fixed spread up to it; absent for a dense "
+        "problem",
+    )
 
 
 class ShapeOut(_Out):
@@ -203,6 +211,14 @@ def _measured_fields(b: BestResult) -> dict[str, Any]:
     }
 
 
+def _measured_lengths(kv_page: int | None, kv_lengths: str) -> KvLengths | None:
+    """A measured problem's length pattern as answers show it: a cache problem's, whichever it
+    is (a client that left the pattern to the service learns which answered); None, left out,
+    for a dense one (it has none)."""
+    # The store holds patterns of core.kv_lengths only; the model checks it all the same.
+    return None if kv_page is None else cast(KvLengths, kv_lengths)
+
+
 class BestOut(_Out):
     """The fastest correct config for a shape on a GPU."""
 
@@ -240,6 +256,13 @@ class BestOut(_Out):
         "tuned on cache kernels of that layout; absent for a dense call. A cache answer is "
         "always a shape answer",
     )
+    kv_lengths: KvLengths | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="with kv_page, the length pattern of the problems that answered: the "
+        "asked one, else the op's pick (mixed where any of the layout answers, else full); "
+        "absent for a dense call",
+    )
     gpu: str
     d: int
     dtype: Literal["fp16", "bf16"]
@@ -263,10 +286,13 @@ class BestOut(_Out):
         shape: Shape | None = None,
         variant: Variant | None = None,
         kv_page: int | None = None,
+        *,
+        kv_lengths: KvLengths | None = None,
     ) -> BestOut:
         """The answer to a request for ``n`` alone, or (``shape``) for a whole shape, of
         ``variant`` when one was asked (a plain one is left out), over a KV cache of
-        ``kv_page``'s layout when one was asked."""
+        ``kv_page``'s layout when one was asked, answered by the problems of ``kv_lengths``'
+        pattern (a cache answer's; None for a dense one)."""
         return cls(
             n=n if shape is None else shape.nq,
             exact=n == b.n if shape is None else b.exact,
@@ -274,11 +300,13 @@ class BestOut(_Out):
             distance=None if shape is None else b.distance,
             variant=None if variant is None else VariantOut.of(variant),
             kv_page=kv_page,
+            kv_lengths=kv_lengths,
             from_n=b.n,
             **_measured_fields(b),
             measured_problem=MeasuredProblemOut(
                 n=b.n, nk=b.nk, batch=b.batch, heads=b.heads, kv_heads=b.kv_heads,
                 variant=VariantOut.of(b.variant), kv_page=b.kv_page,
+                kv_lengths=_measured_lengths(b.kv_page, b.kv_lengths),
             ),
         )  # fmt: skip
 
@@ -421,10 +449,19 @@ class ResultOut(_Out):
         description="the KV-cache layout the problem was timed on: 0 a contiguous cache, P a "
         "paged cache of P-token pages; absent for a dense problem",
     )  # fmt: skip
+    kv_lengths: KvLengths | None = Field(
+        default=None, exclude_if=_absent,
+        description="the length pattern a cache problem was timed on: full, every sequence at "
+        "the capacity nk; mixed, a fixed spread up to it; absent for a dense problem",
+    )  # fmt: skip
 
     @classmethod
     def of(cls, r: ResultRow) -> ResultOut:
-        return cls(**r.to_dict())
+        data = r.to_dict()
+        # The row's dict leaves a full pattern out; a cache row shows it either way, as
+        # /v1/best's answers do.
+        data["kv_lengths"] = _measured_lengths(r.kv_page, r.kv_lengths)
+        return cls(**data)
 
 
 class ResultPageOut(_Out):

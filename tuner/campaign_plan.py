@@ -8,9 +8,12 @@ The attention-variant options (``--window``, ``--chunk``, ``--softcap``, ``--sin
 every problem of the grid, each normalised with its lengths (:func:`core.variant.normalize`:
 a window past every key is none); a workload entry sets its own. ``--kv-page`` (a list of
 KV-cache layouts: 0 contiguous, P paged) makes every problem of the grid a cache problem of
-each layout (:attr:`core.problem.Problem.kv_page`), tuned on the cache kernels. Bad values
-and combinations raise :class:`typer.BadParameter` naming the option (exit status 2), as the
-value parsers of :mod:`tuner.cli_values` do.
+each layout (:attr:`core.problem.Problem.kv_page`), tuned on the cache kernels;
+``--kv-lengths`` (``full``, ``mixed`` or both) gives those problems their length patterns
+(:attr:`core.problem.Problem.kv_lengths`), so it needs ``--kv-page`` (in replay it only
+selects, as every option does). Bad values and combinations raise
+:class:`typer.BadParameter` naming the option (exit status 2), as the value parsers of
+:mod:`tuner.cli_values` do.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tuner.cli_values import (
     parse_dtypes,
     parse_head_dims,
     parse_int_list,
+    parse_kv_lengths,
     parse_kv_pages,
 )
 from tuner.workload import Target, WorkloadError, load_workload, unique_targets
@@ -60,6 +64,8 @@ class ShapeOptions:
         window, window_left, window_right, chunk, softcap, sinks: the attention variant of
             the grid's problems (``--window LEFT,RIGHT`` or its two halves).
         kv_page: the KV-cache layouts of the grid's problems (``--kv-page 0,16``; None: dense).
+        kv_lengths: the length patterns of the grid's cache problems (``--kv-lengths mixed``;
+            None: ``full``).
     """
 
     d: str | None = None
@@ -79,6 +85,17 @@ class ShapeOptions:
     softcap: float | None = None
     sinks: bool = False
     kv_page: str | None = None
+    kv_lengths: str | None = None
+
+    def kv_patterns(self) -> list[str]:
+        """The length patterns of the grid's cache problems (``["full"]`` when not given).
+
+        Raises:
+            typer.BadParameter: a value that is not a pattern, naming ``--kv-lengths``.
+        """
+        if self.kv_lengths is None:
+            return ["full"]
+        return parse_kv_lengths(self.kv_lengths)
 
     def kv_pages(self) -> list[int | None]:
         """The grid's KV-cache layouts (``[None]``: dense problems only).
@@ -165,13 +182,14 @@ class ShapeOptions:
         if not self.grid:
             # Rather than silently ignore them: each workload entry has its own.
             given = [("--dtype", self.dtype), ("--causal", self.causal),
-                     ("--kv-page", self.kv_page)]  # fmt: skip
+                     ("--kv-page", self.kv_page), ("--kv-lengths", self.kv_lengths)]  # fmt: skip
             if self.any_variant:
                 given.append(("--window/--chunk/--softcap/--sinks", "given"))
             for option, value in given:
                 if value is not None:
                     what = {"--window/--chunk/--softcap/--sinks": "the variant",
-                            "--kv-page": "the KV-cache layout (kv_page:)"}.get(
+                            "--kv-page": "the KV-cache layout (kv_page:)",
+                            "--kv-lengths": "the length pattern (kv_lengths:)"}.get(
                         option, option[2:])  # fmt: skip
                     raise bad_option(
                         option,
@@ -181,6 +199,7 @@ class ShapeOptions:
         if self.any_variant:
             self.variant_args()  # --window's form, before any problem is planned
         self.kv_pages()  # --kv-page's values, likewise
+        self.kv_patterns()
 
 
 def _given(text: str | None, default: str) -> str:
@@ -225,21 +244,33 @@ def make_targets(
     shapes: Sequence[Shape],
     variant_for: Callable[[bool, Shape], tuple[bool, Variant]] | None = None,
     kv_pages: Sequence[int | None] = (None,),
+    kv_lengths: Sequence[str] = ("full",),
 ) -> list[Target]:
     """The grid's problems, grouped by (dtype, causal, D) so builds are shared in turn;
     ``variant_for`` gives each its (normalised mask, variant) (None: plain); each shape once
-    per KV-cache layout of ``kv_pages`` (None: dense)."""
+    per KV-cache layout of ``kv_pages`` (None: dense), a cache layout once per length pattern
+    of ``kv_lengths``."""
     out = []
     for dt in dtypes:
         for c in causals:
             for d in ds:
-                for page in kv_pages:
+                for page, lengths in _cache_keys(kv_pages, kv_lengths):
                     for shape in shapes:
                         causal, variant = ((c, PLAIN) if variant_for is None
                                            else variant_for(c, shape))  # fmt: skip
                         out.append(Target(d=d, dtype=dt, causal=causal, shape=shape,
-                                          variant=variant, kv_page=page))  # fmt: skip
+                                          variant=variant, kv_page=page,
+                                          kv_lengths=lengths))  # fmt: skip
     return out
+
+
+def _cache_keys(
+    kv_pages: Sequence[int | None], kv_lengths: Sequence[str]
+) -> list[tuple[int | None, str]]:
+    """(layout, length pattern) of each problem per shape: a dense problem (None) has only
+    ``full``, every sequence holding its keys."""
+    return [(page, lengths) for page in kv_pages
+            for lengths in (kv_lengths if page is not None else ("full",))]  # fmt: skip
 
 
 def campaign_targets(options: ShapeOptions) -> list[Target]:
@@ -257,8 +288,11 @@ def campaign_targets(options: ShapeOptions) -> list[Target]:
         variant_for = (
             (lambda c, sh: options.variant_for(c, sh.nq, sh.nk)) if options.any_variant else None
         )
+        if options.kv_lengths is not None and options.kv_page is None:
+            raise bad_option("--kv-lengths", "a KV-cache problem's length pattern: needs "
+                             "--kv-page (0 for a contiguous cache)")  # fmt: skip
         groups.append(make_targets(ds, dtypes, causals, parse_shapes(options), variant_for,
-                                   options.kv_pages()))  # fmt: skip
+                                   options.kv_pages(), options.kv_patterns()))  # fmt: skip
     groups.extend(workload_targets(path) for path in options.workloads)
     return unique_targets(groups)
 
@@ -320,6 +354,8 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
     keep_c = _select(shape.causal, "--causal", parse_bool_list)
     # Without --kv-page every layout is kept, as any unnamed option keeps all.
     keep_page = _select(shape.kv_page, "--kv-page", lambda t, o: parse_kv_pages(t, o))
+    # --kv-lengths alone keeps the cache problems of those patterns, of every layout.
+    keep_lengths = _select(shape.kv_lengths, "--kv-lengths", parse_kv_lengths)
     targets = [t for path in shape.workloads for t in workload_targets(path)]
     grid = shape.grid
 
@@ -342,6 +378,7 @@ def replay_filter(shape: ShapeOptions) -> Callable[[Problem], bool]:
             and keep_c(p.causal)
             and keep_variant(p)
             and (shape.kv_page is None or (p.kv_page is not None and keep_page(p.kv_page)))
+            and (shape.kv_lengths is None or (p.is_cache and keep_lengths(p.kv_lengths)))
         )
         return in_grid or any(t.matches(p) for t in targets)
 

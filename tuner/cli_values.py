@@ -93,6 +93,14 @@ def parse_kv_pages(text: str, option: str = "--kv-page") -> list[int]:
                           allowed_text=KV_PAGE_RULE)  # fmt: skip
 
 
+def parse_kv_lengths(text: str, option: str = "--kv-lengths") -> list[str]:
+    """Parse ``"mixed"``, ``"full,mixed"`` or ``"both"``: KV-cache length patterns
+    (:data:`core.kv_lengths.KV_LENGTHS`)."""
+    from core.kv_lengths import KV_LENGTHS
+
+    return parse_choice_list(text, option, KV_LENGTHS, both=True)
+
+
 def parse_choice_list(
     text: str, option: str, allowed: Sequence[str], *, both: bool = False
 ) -> list[str]:

@@ -32,7 +32,8 @@ from tuner.summary import CampaignSummary, ProblemSummary, TrialEvent
 def problem_label(problem: Problem) -> str:
     """Short human label, e.g. ``d128 n4096 fp16 causal b2 h16``; every part of the key that
     tells two problems of one campaign apart is in it (keys, KV heads, varlen, variant, cache
-    layout), as in ``d128 n2048 nk34816 bf16 causal b1 h32:8 pg16``."""
+    layout and length pattern), as in ``d128 n2048 nk34816 bf16 causal b1 h32:8 pg16`` or
+    ``d128 n1 nk32768 bf16 full b32 h32:8 pg16 mix``."""
     mask = "causal" if problem.causal else "full"
     keys = f" nk{problem.nk}" if problem.nk is not None and problem.nk != problem.n else ""
     heads = f"h{problem.heads}"
@@ -45,6 +46,8 @@ def problem_label(problem: Problem) -> str:
         parts.append(problem.variant.describe())
     if problem.kv_page is not None:
         parts.append(f"pg{problem.kv_page}" if problem.kv_page else "kvc")
+        if problem.kv_lengths != "full":
+            parts.append("mix")
     return " ".join(parts)
 
 

@@ -309,6 +309,7 @@ def export_replay_table(store: Store, gpu: str) -> dict[str, object]:
                 nk=row.nk if row.nk != row.n else None,
                 variant=row.variant,
                 kv_page=row.kv_page,
+                kv_lengths=row.kv_lengths,
             )
             study = problem.study_name
             problems.setdefault(study, problem)

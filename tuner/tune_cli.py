@@ -13,6 +13,8 @@ Example (the default campaign: D 64 and 128, six lengths, fp16, full and causal,
     fa2tune tune --d 128 --n 8192,16384 --causal yes --window 4096,0  # a sliding window
     fa2tune tune --family splitkv --kv-page 16 --nq 1 --nk 8192 --batch 8 --heads 32 \
         --kv-heads 8 --d 128 --dtype bf16 --causal no  # the cache kernels, 16-token pages
+    fa2tune tune --family splitkv --kv-page 16 --kv-lengths mixed --nq 1 --nk 32768 \
+        --batch 32 --heads 32 --kv-heads 8 --d 128 --dtype bf16  # a serving batch's lengths
 
 Lists are comma-separated (``both`` in ``--dtype`` and ``--causal`` is every value); every
 combination of the lists is a problem. ``--n`` is Nq = Nk; ``--nq`` with ``--nk`` crosses
@@ -170,6 +172,16 @@ def tune(
             show_default="dense problems",
         ),
     ] = None,
+    kv_lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-lengths",
+            help="with --kv-page: the cache problems' length patterns, comma-separated: full "
+            "(every sequence holds nk keys), mixed (a fixed seeded spread up to nk, as a "
+            "serving batch) or both; each pattern is a problem of its own",
+            show_default="full",
+        ),
+    ] = None,
     sampler: Annotated[
         str, typer.Option("--sampler", help="tpe, random or grid (exhaustive)")
     ] = "tpe",
@@ -282,6 +294,7 @@ def tune(
         d=d, n=n, nq=nq, nk=nk, dtype=dtype, causal=causal, batch=batch, heads=heads,
         kv_heads=kv_heads, workloads=tuple(workload or ()), window=window, window_left=window_left,
         window_right=window_right, chunk=chunk, softcap=softcap, sinks=sinks, kv_page=kv_page,
+        kv_lengths=kv_lengths,
     )  # fmt: skip
     if replay is not None:
         from tuner.replay_table import load_replay_table

@@ -19,6 +19,11 @@ dense problem's of the same shape, as their cache twins (``kvcache=True``, the p
 size; a launch order a cache kernel does not take, fa3's longest-first, dropped): the tile
 that wins over dense K/V is a strong first guess over the same keys in a cache. Twins the
 family's space does not take are left out by the campaign, as any seed outside the space.
+
+A cache problem's length pattern (``kv_lengths``: ``full`` or ``mixed``) is part of the key:
+it starts from its own pattern's winners, then from the other pattern's of the same shape and
+layout (the same cache kernels: one build serves every length mix, so they are queued as they
+are; what wins differs, the split count most), then from the dense problem's twins.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 
 from core.config import Dtype
 from core.family import AnyConfig, cache_twin
+from core.kv_lengths import kv_lengths_text
 from core.problem import Problem, kv_page_text
 from core.records import MeasureStatus
 from db.dump_format import TransferError, load_dump
@@ -40,15 +46,17 @@ log = logging.getLogger(__name__)
 DEFAULT_TOP = 5
 
 #: (d, nq, nk, batch, heads, kv_heads, dtype, causal, the variant's key text, the KV-cache
-#: layout's): a variant's winners warm only a problem of the same variant (they are built with
-#: its switches), a cache layout's only a problem of that layout (they are its cache kernels).
-ShapeKey = tuple[int, int, int, int, int, int, str, bool, str, str]
+#: layout's, the length pattern's): a variant's winners warm only a problem of the same
+#: variant (they are built with its switches), a cache layout's only a problem of that layout
+#: (they are its cache kernels; :meth:`WarmStart.configs_for` also reaches across patterns).
+ShapeKey = tuple[int, int, int, int, int, int, str, bool, str, str, str]
 
 
 def shape_key(problem: Problem) -> ShapeKey:
     p = problem
     return (p.d, p.n, p.n_keys, p.batch, p.heads, p.n_kv_heads, p.dtype, p.causal,
-            p.variant.key_text(), kv_page_text(p.kv_page))  # fmt: skip
+            p.variant.key_text(), kv_page_text(p.kv_page),
+            kv_lengths_text(p.kv_lengths))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,12 +67,17 @@ class WarmStart:
     configs: dict[ShapeKey, tuple[AnyConfig, ...]]
 
     def configs_for(self, problem: Problem) -> tuple[AnyConfig, ...]:
+        """``problem``'s configs to measure first: its own key's; for a cache problem then
+        the other length pattern's of its layout, then the dense problem's cache twins (the
+        module docstring), each config once."""
         own = self.configs.get(shape_key(problem), ())
         if problem.kv_page is None:
             return own
-        dense = self.configs.get(shape_key(replace(problem, kv_page=None)), ())
+        other = "full" if problem.kv_lengths == "mixed" else "mixed"
+        across = self.configs.get(shape_key(replace(problem, kv_lengths=other)), ())
+        dense = self.configs.get(shape_key(replace(problem, kv_page=None, kv_lengths="full")), ())
         twins = [t for c in dense if (t := cache_twin(c, problem.kv_page)) is not None]
-        return (*own, *[t for t in dict.fromkeys(twins) if t not in own])
+        return tuple(dict.fromkeys((*own, *across, *twins)))
 
 
 #: Each 16-bit element type and the one whose winners it may start from.
@@ -107,7 +120,8 @@ def load_warm_start(path: Path, top: int = DEFAULT_TOP, other_dtype: bool = Fals
             continue
         p = m.problem
         key: ShapeKey = (p.d, p.n, p.nk, p.batch, p.heads, p.kv_heads, p.dtype, p.causal,
-                         p.variant.key_text(), kv_page_text(p.kv_page))  # fmt: skip
+                         p.variant.key_text(), kv_page_text(p.kv_page),
+                         kv_lengths_text(p.kv_lengths))  # fmt: skip
         config = configs[m.build.key]
         seen = timed.setdefault(key, {})
         best = seen.get(config.name)

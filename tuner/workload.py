@@ -38,7 +38,13 @@ family's cache kernels, docs/splitkv_kernel.md), tuned per layout::
       kv_page: [0, 16]         # or a list (each layout is a problem of its own)
 
 ``nq`` is then the query rows per decode step and ``nk`` the keys each sequence holds; an
-entry with ``seqlens`` takes no ``kv_page``.
+entry with ``seqlens`` takes no ``kv_page``. Beside ``kv_page``, the lengths the batch's
+sequences hold (:mod:`core.kv_lengths`)::
+
+      kv_lengths: mixed        # a seeded spread up to nk, as a serving batch; full: nk each
+      kv_lengths: [full, mixed]  # or both (each pattern is a problem of its own)
+
+``full`` is the default; ``kv_lengths`` without ``kv_page`` is an error.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from pydantic import (
 )
 
 from core.config import DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
+from core.kv_lengths import KvLengths, describe_kv_lengths
 from core.problem import KV_PAGE_RULE, Problem, describe_kv_page, kv_page_error
 from core.shape import MAX_DIM, Shape, ShapeError
 from core.shape_request import ShapeParamError, resolve_variant
@@ -96,6 +103,7 @@ class Target:
         seqlens: a packed variable-length batch's lengths (None: dense).
         variant: the attention variant, normalised (plain by default).
         kv_page: the KV-cache layout (:attr:`core.problem.Problem.kv_page`; None: dense).
+        kv_lengths: a cache problem's length pattern (:attr:`core.problem.Problem.kv_lengths`).
     """
 
     d: int
@@ -106,6 +114,7 @@ class Target:
     seqlens: tuple[int, ...] | None = None
     variant: Variant = PLAIN
     kv_page: int | None = None
+    kv_lengths: str = "full"
 
     def problem(self, gpu: str) -> Problem:
         """The problem on ``gpu``; ``nk`` and ``kv_heads`` stay None when they equal ``n`` and
@@ -129,6 +138,7 @@ class Target:
             nk=None if s.nk == s.nq else s.nk,
             variant=self.variant,
             kv_page=self.kv_page,
+            kv_lengths=self.kv_lengths,
         )
 
     def describe(self) -> str:
@@ -143,6 +153,8 @@ class Target:
             )
         if self.kv_page is not None:
             tail += f", over {describe_kv_page(self.kv_page)}"
+            if self.kv_lengths != "full":
+                tail += f", {describe_kv_lengths(self.kv_lengths)}"
         return f"D={self.d} {self.dtype} {mask} {self.shape.describe()}{tail}"
 
     def matches(self, problem: Problem) -> bool:
@@ -159,6 +171,7 @@ class Target:
             and problem.n_kv_heads == self.shape.kv_heads
             and problem.variant == self.variant
             and problem.kv_page == self.kv_page
+            and problem.kv_lengths == self.kv_lengths
         )
 
 
@@ -215,6 +228,14 @@ def _kv_pages(values: list[int] | None) -> list[int] | None:
     return list(dict.fromkeys(values))
 
 
+def _kv_lengths(values: list[KvLengths] | None) -> list[KvLengths] | None:
+    if values is None:
+        return None
+    if not values:
+        raise ValueError("must not be an empty list")
+    return list(dict.fromkeys(values))
+
+
 class Entry(BaseModel):
     """One entry of a workload file (see the module docstring)."""
 
@@ -236,6 +257,7 @@ class Entry(BaseModel):
     softcap: StrictFloat | StrictInt = 0.0
     sinks: StrictBool = False
     kv_page: DimList | None = None
+    kv_lengths: Annotated[list[KvLengths], BeforeValidator(_as_list)] | None = None
 
     @field_validator("d")
     @classmethod
@@ -256,6 +278,11 @@ class Entry(BaseModel):
     @classmethod
     def _check_kv_page(cls, values: list[int] | None) -> list[int] | None:
         return _kv_pages(values)
+
+    @field_validator("kv_lengths")
+    @classmethod
+    def _check_kv_lengths(cls, values: list[KvLengths] | None) -> list[KvLengths] | None:
+        return _kv_lengths(values)
 
     @field_validator("seqlens", mode="before")
     @classmethod
@@ -380,11 +407,16 @@ def _entry_targets(path: Path, index: int, entry: Entry) -> list[Target]:
         entry = entry.model_copy(update={"causal": causals})
     targets = _with_variant(entry, _plain_targets(path, index, entry, bad), bad)
     if entry.kv_page is None:
+        if entry.kv_lengths is not None:
+            raise bad("kv_lengths", "a KV-cache call's length pattern: needs kv_page (0 for a "
+                      "contiguous cache)")  # fmt: skip
         return targets
     if entry.seqlens is not None:
         raise bad("kv_page", "a KV-cache call is a dense batch (lengths on the device); "
                   "not with seqlens")  # fmt: skip
-    return [dataclasses.replace(t, kv_page=p) for t in targets for p in entry.kv_page]
+    patterns = entry.kv_lengths or ["full"]
+    return [dataclasses.replace(t, kv_page=p, kv_lengths=lengths)
+            for t in targets for p in entry.kv_page for lengths in patterns]  # fmt: skip
 
 
 def _plain_targets(

@@ -10,7 +10,12 @@ by its lengths: its shape's key count is the capacity.
    contiguous; ``fa2tune tune --kv-page``) for the call's GPU, head dim, dtype, mask and
    variant switches, the config measured at the call's shape, else at the nearest tuned
    shape of the same phase (:func:`core.lookup.pick`'s rule, as for dense calls), serves:
-   the choice's ``source`` is ``exact`` or ``nearest`` and its ``kv_page`` the layout.
+   the choice's ``source`` is ``exact`` or ``nearest`` and its ``kv_page`` the layout. Both
+   length patterns answer (:func:`core.kv_lengths.answering_pattern`): the nearest problem
+   of either, and on a tie (both tuned at the call's shape) the one tuned on a length mix
+   (``mixed``): the call's lengths are on the device, and a serving batch's differ (a pick
+   tuned with every sequence full splits a long sequence too little when the rest are
+   short). A shape tuned only full (batch 1, where no mix exists) keeps its exact answer.
 2. Otherwise the tile the store (or the family default) gives the dense call of the same
    shape (:func:`fa2tune.ops.choice.choose`, split-KV configs only), built as its cache twin:
    ``source`` says where the tile came from and ``kv_page`` is None (not measured as a cache
@@ -31,6 +36,7 @@ from dataclasses import replace
 
 from codegen.families import FAMILIES, family, family_of
 from core.family import cache_twin
+from core.kv_lengths import CALL_ORDER, answering_pattern
 from core.problem import kv_page_of
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
@@ -80,12 +86,20 @@ def tuned_cache_choice(
     families = op_cache_families(call, hopper)
     only = None if len(families) > 1 else OP_CACHE_FAMILY
     try:
-        found = candidates_of(store, call, kv_page=page, family=only).match(
-            call.gpu, call.causal, call.shape, variant=call.variant, kv_page=page
-        )
+        matches = {
+            pattern: candidates_of(store, call, kv_page=page, family=only,
+                                   kv_lengths=pattern).match(
+                call.gpu, call.causal, call.shape, variant=call.variant, kv_page=page
+            )
+            for pattern in CALL_ORDER
+        }  # fmt: skip
     except Exception as exc:  # a broken database must not break the model: today's rule
         log.warning("fa2tune.torch: database lookup failed, using defaults: %s", exc)
         return None
+    pattern = answering_pattern({
+        p: (m.result.distance, m.measured) for p, m in matches.items() if m is not None
+    })  # fmt: skip
+    found = matches[pattern] if pattern is not None else None
     if found is None:
         return None
     config = found.result.config
@@ -98,7 +112,7 @@ def tuned_cache_choice(
     if not fits:
         return None
     source: Source = "exact" if found.result.exact else "nearest"
-    return Choice(config, source, found.measured, kv_page=page)
+    return Choice(config, source, found.measured, kv_page=page, kv_lengths=found.result.kv_lengths)
 
 
 def twin_choice(base: Choice, page: int) -> Choice | None:

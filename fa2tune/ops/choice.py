@@ -122,6 +122,8 @@ class Choice:
         kv_page: for a call over a KV cache (:mod:`fa2tune.ops.cache_choice`), the layout the
             config was measured on as a cache kernel (a tuned cache problem's: 0 contiguous,
             P paged); None when its tile was measured on a dense problem, or is a default.
+        kv_lengths: with ``kv_page``, the length pattern it was tuned on (``full``,
+            ``mixed``: :mod:`core.kv_lengths`).
     """
 
     config: AnyConfig
@@ -129,6 +131,7 @@ class Choice:
     measured: Shape | None = None
     origin: Origin = "local"
     kv_page: int | None = None
+    kv_lengths: str = "full"
 
     def describe(self, asked: Shape) -> str:
         """One line: ``asked -> config (source[, measured at], from)``, ``from`` being
@@ -138,7 +141,8 @@ class Choice:
         if self.source == "nearest" and self.measured is not None:
             where = f", measured at {self.measured.describe()}"
         if self.kv_page is not None:
-            where += ", tuned as a KV-cache kernel"
+            mix = " on mixed lengths" if self.kv_lengths == "mixed" else ""
+            where += f", tuned as a KV-cache kernel{mix}"
         if self.source != "default":
             where += ", service" if self.origin == "service" else ", database"
         return f"{asked.describe()} -> {self.config.name} ({self.source}{where})"
@@ -399,15 +403,20 @@ _groups_lock = threading.Lock()
 
 
 def candidates_of(
-    store: Store, call: Call, kv_page: int | None = None, family: str | None = None
+    store: Store,
+    call: Call,
+    kv_page: int | None = None,
+    family: str | None = None,
+    kv_lengths: str = "full",
 ) -> CandidateSet:
     """The store's candidates for ``call``'s group, read on the group's first call only
-    (``kv_page``: the cache problems of that layout, for a call over a KV cache; ``family``:
-    only that family's builds)."""
+    (``kv_page``: the cache problems of that layout, for a call over a KV cache, and
+    ``kv_lengths`` their length pattern, :mod:`core.kv_lengths`; ``family``: only that
+    family's builds)."""
     mask = served_mask(call.causal, call.shape, call.packed)
     needs = call.variant.needs
     key = (store, normalize_gpu_name(call.gpu), call.d, call.dtype, mask, call.packed is not None,
-           tuple(sorted(needs.items())), kv_page, family)  # fmt: skip
+           tuple(sorted(needs.items())), kv_page, family, kv_lengths)  # fmt: skip
     group = _groups.get(key)
     if group is None:
         with _groups_lock:  # one read per group, however many threads ask at once
@@ -416,7 +425,7 @@ def candidates_of(
                 packed = call.packed is not None
                 group = store.candidate_set(
                     call.gpu, call.d, call.dtype, mask, packed=packed, needs=needs,
-                    kv_page=kv_page, family=family,
+                    kv_page=kv_page, family=family, kv_lengths=kv_lengths,
                 )  # fmt: skip
                 _groups[key] = group
     return group

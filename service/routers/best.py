@@ -16,16 +16,25 @@ A call over a KV cache (``kv_page``: 0 a contiguous cache, P a paged one; absent
 call) takes the variant's way: a shape answer from the store, by the problems tuned on the
 split-KV cache kernels of that very layout (``fa2tune tune --kv-page``), cached alike; no
 dense result answers it and it answers no dense request (the index holds dense winners only).
+
+A cache call's lengths live on the device, so the problems that answer it may be of either
+length pattern (``kv_lengths``, :mod:`core.kv_lengths`): asked with none, the op's and the
+exported header's rule (:func:`core.kv_lengths.answering_pattern`: the nearest problem of
+either, a tie going to ``mixed``), so a client sees what a decode call would run; asked with
+one, only that pattern, so the two can be compared. ``kv_lengths`` without ``kv_page`` is a
+422 (a dense call has no length pattern).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
+from core.kv_lengths import KvLengths, describe_kv_lengths
+from core.problem import describe_kv_page
 from core.shape import Shape
 from core.shape_request import (
     SEQLENS_PATTERN,
@@ -51,6 +60,7 @@ from service.params import (
     HeadDimQuery,
     HeadsQuery,
     KvHeadsQuery,
+    KvLengthsQuery,
     KvPageQuery,
     NkQuery,
     NqQuery,
@@ -64,6 +74,13 @@ from service.params import (
 from service.schemas import BestOut, ErrorOut, ValidationErrorOut, VarlenBestOut
 
 router = APIRouter(prefix="/v1", tags=["best"])
+
+#: Why ``kv_lengths`` without ``kv_page`` is refused (a dense call has no length pattern, and
+#: ``full`` alone must not be a second spelling of the dense request).
+KV_LENGTHS_NEED_A_PAGE = (
+    "a length pattern is a KV-cache call's: give kv_page too (0 for a contiguous cache, P "
+    "for pages of P tokens), or leave kv_lengths out for a dense call"
+)
 
 
 @router.get(
@@ -107,6 +124,7 @@ async def best(
     softcap: SoftcapQuery = 0.0,
     sinks: SinksQuery = False,
     kv_page: KvPageQuery = None,
+    kv_lengths: KvLengthsQuery = None,
 ) -> Response:
     """The fastest correct config measured for (GPU, D, N, dtype, causal), or for a shape.
 
@@ -145,6 +163,15 @@ async def best(
     call's phase, never by a dense result; ``kv_page`` and ``measured_problem.kv_page`` echo
     it (absent for a dense call). Its answer is a shape answer, as a variant's. Nothing tuned
     of that layout: 404.
+
+    ``kv_lengths`` (only with ``kv_page``; else a 422) picks the length pattern of the cache
+    problems that answer: ``full`` (every sequence at the capacity) or ``mixed`` (a fixed
+    spread of lengths up to it, as a serving batch has), only that one. Without it the
+    answer is what the op and the exported header run for the call, whose lengths they
+    cannot see: the nearest tuned problem of either pattern, a tie (both at the call's
+    shape) going to ``mixed``; with ``exact=true`` only problems at the shape count.
+    ``kv_lengths`` and ``measured_problem.kv_lengths`` say which pattern answered (absent for
+    a dense call).
     """
     asked_causal = causal
     variant_given = (window_left, window_right, chunk, softcap, sinks) != (-1, -1, 0, 0.0, False)
@@ -159,17 +186,20 @@ async def best(
     except ShapeParamError as exc:
         kind = "missing" if exc.param == "n" and n is None else "value_error"
         raise _invalid(exc.param, str(exc), exc.value, kind) from None
+    if kv_lengths is not None and kv_page is None:
+        raise _invalid("kv_lengths", KV_LENGTHS_NEED_A_PAGE, kv_lengths)
     if not variant.plain or kv_page is not None:
         if shape is None:
             shape = resolve_shape(n, nq=n)  # the campaign's shape at N
         assert shape is not None
         key = ("best", holder.generation, gpu_key(gpu), d, dtype, causal, shape, variant, exact,
-               kv_page)  # fmt: skip
+               kv_page, kv_lengths)  # fmt: skip
         body = slow.pages.get(key)
         if body is None:
             body = await run_in_threadpool(
-                _store_body, holder.store, gpu, d, dtype, causal, shape, variant, exact, kv_page
-            )
+                _store_body, holder.store, gpu, d, dtype, causal, shape, variant, exact, kv_page,
+                kv_lengths,
+            )  # fmt: skip
             slow.pages.put(key, body)
         return Response(content=body, media_type="application/json")
     try:
@@ -263,24 +293,58 @@ def _store_body(
     variant: Variant,
     exact: bool,
     kv_page: int | None = None,
+    kv_lengths: KvLengths | None = None,
 ) -> bytes:
     """A variant or KV-cache request's answer body, from the store (run in a worker thread).
 
     Raises:
         HTTPException: 404 when nothing tuned with the variant's switches (over a cache of
-            ``kv_page``'s layout) answers (with ``exact``: not at its window, chunk and shape).
+            ``kv_page``'s layout, of ``kv_lengths``' pattern when given) answers (with
+            ``exact``: not at its window, chunk and shape).
     """
     name = gpu.strip()
-    found = store.best_for_shape(name, d, dtype, causal, shape, exact=exact, variant=variant,
-                                 kv_page=kv_page)  # fmt: skip
-    if found is None:
-        why = (no_variant_results(name, d, dtype, causal, variant) if kv_page is None
-               else no_cache_results(name, d, dtype, causal, kv_page, variant))  # fmt: skip
-        if exact:
-            why += f" at {shape.describe()} (exact=true: no nearest fallback)"
-        raise HTTPException(status.HTTP_404_NOT_FOUND, why)
     asked = None if variant.plain else variant
-    return BestOut.of(found, shape.nq, shape, asked, kv_page).model_dump_json().encode()
+    if kv_page is None:
+        found = store.best_for_shape(name, d, dtype, causal, shape, exact=exact, variant=variant)
+        if found is None:
+            why = no_variant_results(name, d, dtype, causal, variant)
+            raise HTTPException(status.HTTP_404_NOT_FOUND, _exact_tail(why, shape, exact))
+        return BestOut.of(found, shape.nq, shape, asked).model_dump_json().encode()
+    found = store.best_for_cache_call(
+        name, d, dtype, causal, shape, kv_page=kv_page, kv_lengths=kv_lengths, exact=exact,
+        variant=variant,
+    )  # fmt: skip
+    if found is None:
+        why = _no_cache_answer(name, d, dtype, causal, kv_page, variant, kv_lengths)
+        raise HTTPException(status.HTTP_404_NOT_FOUND, _exact_tail(why, shape, exact))
+    body = BestOut.of(found, shape.nq, shape, asked, kv_page,
+                      kv_lengths=cast(KvLengths, found.kv_lengths))  # fmt: skip
+    return body.model_dump_json().encode()
+
+
+def _no_cache_answer(
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    kv_page: int,
+    variant: Variant,
+    asked: KvLengths | None,
+) -> str:
+    """Why a cache request has no answer: nothing of its layout (of either pattern, asked
+    with none), or nothing of the asked pattern."""
+    if asked is None:
+        return no_cache_results(gpu, d, dtype, causal, kv_page, variant)
+    mask = "causal" if causal else "full"
+    tail = "" if variant.plain else f" with {variant.describe()}"
+    why = (f"no results for {gpu!r}, D={d}, {dtype}, {mask} over {describe_kv_page(kv_page)}"
+           f"{tail}, {describe_kv_lengths(asked)}")  # fmt: skip
+    return f"{why} (tune one: fa2tune tune --kv-page {kv_page} --kv-lengths {asked} ...)"
+
+
+def _exact_tail(why: str, shape: Shape, exact: bool) -> str:
+    """``why``, with the shape an ``exact`` request asked for."""
+    return f"{why} at {shape.describe()} (exact=true: no nearest fallback)" if exact else why
 
 
 def _invalid(

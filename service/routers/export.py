@@ -87,7 +87,10 @@ async def header(
     ``fa2tune_forward(params, head_dim, dtype, causal, stream)`` dispatching on the device
     name, D, N bucket, dtype and mask; with ``kv_pages``, also
     ``fa2tune_forward_kvcache(...)`` over contiguous (0) or paged KV caches of those page
-    sizes. Compiles with plain nvcc (C++17, sm_80+).
+    sizes, on the tuned GPU by the tuned KV-cache problems' winners: per key, page size and
+    phase, those timed on mixed lengths where any is tuned, else those timed full (the call's
+    lengths are on the device; ``/v1/best`` without ``kv_lengths`` answers alike). Compiles
+    with plain nvcc (C++17, sm_80+).
 
     The header is rendered in a worker process, a bounded number of requests at a time (more
     wait in a bounded queue; past it, 429, and 503 after waiting too long, both with

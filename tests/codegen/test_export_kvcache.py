@@ -193,7 +193,8 @@ def test_tuned_cache_problems_get_entries_of_the_page_sizes_exported() -> None:
         assert (
             f"template __global__ void splitkv::append_kernel<fa2tune_configs::{name}>(" in header
         )
-        assert f"Nk=8192: {name} (family splitkv)" in header  # the comment's provenance
+        # The comment's provenance, with the length pattern the entry was timed on.
+        assert f"Nk=8192, every sequence at the capacity: {name} (family splitkv)" in header
     # Page size 256 was not asked for: its winner is not in the header at all.
     assert CACHE_WINNERS[256] not in header
     assert CACHE_WINNERS[256] in probe_header(NO_GPU, (256,))

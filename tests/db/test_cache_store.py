@@ -145,13 +145,6 @@ def test_a_results_file_refuses_bad_layouts_and_unfit_builds(store: Store) -> No
         parse_dump(unfit)  # a dense problem measured by a _kvc_pg16 build
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def file_url(request: pytest.FixtureRequest) -> str:
-    """A fresh database that alembic's own connections share (no in-memory SQLite)."""
-    name = "sqlite_url" if request.param == "sqlite" else "postgres_url"
-    return str(request.getfixturevalue(name))
-
-
 def test_migration_0006_on_a_0005_database_with_rows(file_url: str) -> None:
     config = alembic_config(file_url)
     command.upgrade(config, "0005")

@@ -94,9 +94,10 @@ def test_upgrade_keeps_every_row_and_moves_parameters_into_params(db_0001: Path)
     ]
     assert {g["l2_bytes"] for g in after["gpus"]} == {0}
     # 0003 adds problems.seqlens, "" (dense) on every row that was there; 0004 the variant
-    # columns, plain on every row; 0006 kv_page, -1 (not a KV-cache problem) on every row (and
-    # the rows keep their ids, so measurements still point).
-    added = {"seqlens": "", **PLAIN_COLUMNS, "kv_page": -1}
+    # columns, plain on every row; 0006 kv_page, -1 (not a KV-cache problem) on every row;
+    # 0007 kv_lengths, "full" on every row (and the rows keep their ids, so measurements still
+    # point).
+    added = {"seqlens": "", **PLAIN_COLUMNS, "kv_page": -1, "kv_lengths": "full"}
     assert [{k: v for k, v in p.items() if k not in added} for p in after["problems"]] == before[
         "problems"
     ]

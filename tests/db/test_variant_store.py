@@ -158,13 +158,6 @@ def test_a_results_file_refuses_bad_variants_and_unfit_builds(store: Store) -> N
         parse_dump(unfit)  # a plain problem measured by a _loc build
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def file_url(request: pytest.FixtureRequest) -> str:
-    """A fresh database that alembic's own connections share (no in-memory SQLite)."""
-    name = "sqlite_url" if request.param == "sqlite" else "postgres_url"
-    return str(request.getfixturevalue(name))
-
-
 _AT = "'2026-11-30 00:00:00'"
 
 

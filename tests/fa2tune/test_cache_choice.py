@@ -41,10 +41,11 @@ def _record(
     kv_page: int | None,
     ms: float = 0.05,
     causal: bool = False,
+    kv_lengths: str = "full",
 ) -> None:
     problem = Problem(gpu=H200.name, d=128, n=shape.nq, nk=shape.nk, batch=shape.batch,
                       heads=shape.heads, kv_heads=shape.kv_heads, dtype="bf16", causal=causal,
-                      kv_page=kv_page)  # fmt: skip
+                      kv_page=kv_page, kv_lengths=kv_lengths)  # fmt: skip
     gpu = store.upsert_gpu(H200)
     pid = store.problem_id(problem, gpu)
     build = store.record_build(make_report(config))  # type: ignore[arg-type]
@@ -160,3 +161,35 @@ def test_with_hopper_and_nothing_tuned_the_family_default_serves() -> None:
         assert choice.config == dataclasses.replace(default, kvcache=True, page=page)
         assert choice.source == "default"
     assert cache_choice(None, _chunk_call(), 16).config.family == "splitkv"
+
+
+MIXED = dataclasses.replace(PAGED, splits=4)
+
+
+def test_a_mixed_length_problem_answers_its_shape_ahead_of_the_full_one(store: Store) -> None:
+    # Tuned at the same shape both ways: the mix wins the tie (a serving batch's lengths
+    # differ; the op cannot see them), however much faster the full-length figure is.
+    _record(store, PAGED, DECODE, 16, ms=0.01)
+    _record(store, MIXED, DECODE, 16, ms=0.05, kv_lengths="mixed")
+    choice = cache_choice(store, _call(), 16)
+    assert choice.config == MIXED and choice.source == "exact"
+    assert choice.kv_page == 16 and choice.kv_lengths == "mixed"
+    assert "on mixed lengths" in choice.describe(DECODE)
+    # The pattern is per layout: pages of 256 tuned full only answer full.
+    full256 = dataclasses.replace(PAGED, page=256)
+    _record(store, full256, DECODE, 256)
+    other = cache_choice(store, _call(), 256)
+    assert other.config == full256 and other.kv_lengths == "full"
+
+
+def test_an_exact_full_problem_beats_a_nearest_mixed_one(store: Store) -> None:
+    # Batch 1 has no mix: its full-length problem is exact, the mixed one of batch 8 only
+    # near, so the exact answer stays.
+    single = Shape(1, 131072, 1, 32, 8)
+    _record(store, PAGED, single, 16)
+    _record(store, MIXED, DECODE, 16, kv_lengths="mixed")
+    choice = cache_choice(store, _call(single), 16)
+    assert choice.config == PAGED and choice.source == "exact" and choice.kv_lengths == "full"
+    # A shape tuned neither way takes the nearer of the two.
+    near = cache_choice(store, _call(Shape(1, 8208, 8, 32, 8)), 16)
+    assert near.config == MIXED and near.source == "nearest" and near.kv_lengths == "mixed"

@@ -28,12 +28,14 @@ BEFORE = json.loads((Path(__file__).parent / "data" / "families_before.json").re
 #: Shipped files written after the fixture (their configs are checked by their own tests:
 #: the variants' in tests/db/test_shipped_variants.py and the variant tests; the fa3 fill's
 #: are plain fa3 configs, the family's space sampled below and the shipped-results tests;
-#: the KV-cache kernels' in tests/db/test_shipped_kvcache.py and test_shipped_kvcache_fa3.py).
+#: the KV-cache kernels' in tests/db/test_shipped_kvcache.py, test_shipped_kvcache_fa3.py and
+#: test_shipped_kvcache_mixed.py).
 AFTER_FIXTURE = {
     "h200_results_variants.json",
     "h200_results_fa3_fill.json",
     "h200_results_kvcache.json",
     "h200_results_kvcache_fa3.json",
+    "h200_results_kvcache_mixed.json",
 }
 
 

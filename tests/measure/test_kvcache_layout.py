@@ -81,3 +81,45 @@ def test_bad_layouts_are_refused() -> None:
         build_cache(k, v, 3, seed=0)
     with pytest.raises(ValueError, match="alike"):
         build_cache(k, v[:, :4], 16, seed=0)
+
+
+@pytest.mark.parametrize("page", [0, 1, 16, 64])
+def test_a_cache_of_mixed_lengths_holds_every_key_past_them(page: int) -> None:
+    """Each sequence's length is its own; its rows past it are the dense problem's keys beyond
+    it (finite values a kernel must not read), not the filler, and the capacity is nk's."""
+    b, nk, hkv, d = 4, 200, 2, 16
+    k, v = _kv(b, nk, hkv, d)
+    lengths = (200, 7, 1, 129)
+    cache = build_cache(k, v, page, seed=7, lengths=lengths)
+    assert cache.seqlens.dtype == torch.int32 and tuple(cache.seqlens.tolist()) == lengths
+    assert cache.capacity == cache_capacity(nk, page)
+    k_back, v_back = gather_cache(cache, nk)
+    assert torch.equal(k_back, k) and torch.equal(v_back, v)
+    # The layout is the full-length cache's: only the lengths differ.
+    full = build_cache(k, v, page, seed=7)
+    assert torch.equal(cache.k_cache, full.k_cache) and torch.equal(cache.v_cache, full.v_cache)
+
+
+def test_the_mixed_pattern_of_a_problem_builds_its_cache() -> None:
+    from core.problem import Problem
+
+    problem = Problem(gpu="g", d=16, n=1, nk=300, batch=6, heads=4, kv_heads=2, kv_page=16,
+                      kv_lengths="mixed")  # fmt: skip
+    lengths = problem.cache_lengths
+    assert lengths is not None and max(lengths) == 300 and len(set(lengths)) > 1
+    k, v = _kv(6, 300, 2, 16)
+    cache = build_cache(k, v, 16, seed=1, lengths=lengths)
+    assert tuple(cache.seqlens.tolist()) == lengths
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [((8, 8), "2 sequence lengths for a batch of 3"), ((8, 9, 8), r"in \[0, 8\]"),
+     ((8, -1, 8), r"in \[0, 8\]")],
+)  # fmt: skip
+def test_lengths_that_are_not_the_batchs_are_refused(
+    lengths: tuple[int, ...], message: str
+) -> None:
+    k, v = _kv(3, 8, 1, 8)
+    with pytest.raises(ValueError, match=message):
+        build_cache(k, v, 16, seed=0, lengths=lengths)

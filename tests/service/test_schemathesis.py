@@ -26,6 +26,7 @@ from codegen.dispatch_kvcache import KV_PAGE_SIZES
 from core.config import HEAD_DIMS
 from db.dump_fields import GPU_NAME_PATTERN
 from service.params import N_OR_NQ, NAME_PATTERN
+from service.routers.best import KV_LENGTHS_NEED_A_PAGE
 from service.routers.export import HEAD_DIMS_PATTERN, KV_PAGES_PATTERN
 from tests.support.service_data import set_token
 
@@ -100,6 +101,18 @@ def _n_and_nq_differ(found: Found) -> bool:
     return "differs from n" in found.body and '"loc":["query","nq"]' in found.body
 
 
+def _lengths_without_a_page(found: Found) -> bool:
+    """The only refusal is of ``kv_lengths`` given without ``kv_page``."""
+    try:
+        errors = json.loads(found.body)["errors"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return bool(errors) and all(
+        e.get("loc") == ["query", "kv_lengths"] and e.get("msg") == KV_LENGTHS_NEED_A_PAGE
+        for e in errors
+    )
+
+
 def _lengths_past_int32(found: Found) -> bool:
     """The only refusal is of lengths past int32, each or in all (the pattern caps digits)."""
     try:
@@ -135,6 +148,9 @@ KNOWN: list[tuple[str, str, Callable[[Found], bool]]] = [
     ("GET /v1/best/varlen", "positive_data_acceptance", _lengths_past_int32),
     # /v1/best: n and nq, when both are given, must be equal (N_OR_NQ says it in words).
     ("GET /v1/best", "positive_data_acceptance", _n_and_nq_differ),
+    # /v1/best: kv_lengths needs kv_page, a rule across two parameters (its description says
+    # "Without kv_page: a 422").
+    ("GET /v1/best", "positive_data_acceptance", _lengths_without_a_page),
     # A query integer has one spelling, its digits (issue 27: "4096.0" was taken as 4096);
     # JSON Schema counts 30.0 as an integer, so schemathesis sends "30.0" for a
     # schema-valid 30. Only refusals of such values match.
