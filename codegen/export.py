@@ -105,7 +105,7 @@ from codegen.targets import TARGETS, compute_capability_of
 from core.config import COMMON_HEAD_DIMS, DTYPES, HEAD_DIMS, HEAD_DIMS_RULE, Dtype
 from core.family import AnyConfig
 from core.gpu_name import normalize_gpu_name
-from core.kv_lengths import CALL_ORDER, describe_kv_lengths, kv_lengths_error
+from core.kv_lengths import CALL_ORDER, check_kv_lengths, describe_kv_lengths
 from core.problem import Problem, kv_page_of
 from core.shape import Shape, varlen_shape
 from core.variant import PLAIN, Variant
@@ -199,11 +199,7 @@ class TunedPoint:
     kv_lengths: str = "full"
 
     def __post_init__(self) -> None:
-        why = kv_lengths_error(self.kv_lengths)
-        if why is not None:
-            raise ValueError(why)
-        if self.kv_lengths != "full" and self.kv_page is None:
-            raise ValueError(f"kv_lengths {self.kv_lengths!r} is a KV-cache problem's: no kv_page")
+        check_kv_lengths(self.kv_lengths, self.kv_page)
         switches = getattr(self.config, "variant_switches", {})
         if {k: bool(switches.get(k, False)) for k in self.variant.needs} != self.variant.needs:
             raise ValueError(

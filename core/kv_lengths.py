@@ -48,6 +48,23 @@ def kv_lengths_error(value: object) -> str | None:
     return None
 
 
+def check_kv_lengths(value: object, kv_page: int | None) -> None:
+    """Refuse a length pattern no problem (or lookup) of layout ``kv_page`` can have.
+
+    Raises:
+        ValueError: ``value`` is not one of :data:`KV_LENGTHS`, or it is not ``full`` while
+            ``kv_page`` is None (only a KV-cache problem is timed on a length pattern).
+    """
+    why = kv_lengths_error(value)
+    if why is not None:
+        raise ValueError(why)
+    if value != "full" and kv_page is None:
+        raise ValueError(
+            f"kv_lengths {value!r} is a KV-cache problem's length pattern: it needs kv_page "
+            "(0 for a contiguous cache)"
+        )
+
+
 def kv_lengths_text(value: str) -> str:
     """The pattern's part of a study name: ``""`` for ``full`` (names stay as they were),
     ``_mix`` for ``mixed``."""

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from core.config import Dtype
-from core.kv_lengths import kv_lengths_error, kv_lengths_text, pattern_lengths
+from core.kv_lengths import check_kv_lengths, kv_lengths_text, pattern_lengths
 from core.variant import PLAIN, Variant
 
 #: The variant's fields in a problem's dict form (present only when the variant is not plain).
@@ -117,14 +117,7 @@ class Problem:
     def __post_init__(self) -> None:
         if not isinstance(self.variant, Variant):
             raise ValueError(f"variant must be a core.variant.Variant, got {self.variant!r}")
-        why = kv_lengths_error(self.kv_lengths)
-        if why is not None:
-            raise ValueError(why)
-        if self.kv_lengths != "full" and self.kv_page is None:
-            raise ValueError(
-                f"kv_lengths {self.kv_lengths!r} is a KV-cache problem's length pattern: it "
-                "needs kv_page (0 for a contiguous cache)"
-            )
+        check_kv_lengths(self.kv_lengths, self.kv_page)
         if self.kv_page is not None:
             why = kv_page_error(self.kv_page)
             if why is not None:

@@ -40,7 +40,7 @@ from core.build_report import BuildStatus
 from core.config import Dtype
 from core.family import AnyConfig, config_from_name, config_from_params
 from core.gpu_name import normalize_gpu_name
-from core.kv_lengths import KV_LENGTHS, describe_kv_lengths, kv_lengths_error
+from core.kv_lengths import KV_LENGTHS, check_kv_lengths, describe_kv_lengths
 from core.problem import KV_PAGE_RULE, MAX_KV_PAGE, describe_kv_page, kv_page_error, kv_page_of
 from core.problem import Problem as ProblemSpec
 from core.records import MeasureStatus
@@ -357,14 +357,7 @@ class ProblemRecord(_Record):
         return self
 
     def _check_kv_lengths(self) -> None:
-        why = kv_lengths_error(self.kv_lengths)
-        if why is not None:
-            raise ValueError(why)
-        if self.kv_lengths != "full" and self.kv_page is None:
-            raise ValueError(
-                f"kv_lengths {self.kv_lengths!r} is a KV-cache problem's length pattern: it "
-                "needs kv_page (0 for a contiguous cache)"
-            )
+        check_kv_lengths(self.kv_lengths, self.kv_page)
 
     @property
     def variant(self) -> Variant:

@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
-from core.kv_lengths import kv_lengths_error
+from core.kv_lengths import check_kv_lengths as check_pattern
 from core.lookup import Candidate, Packed, pick, served_mask
 from core.problem import Problem as ProblemSpec
 from core.problem import parse_seqlens
@@ -589,21 +589,13 @@ def candidate_set(
 
 
 def check_kv_lengths(kv_page: int | None, kv_lengths: str) -> None:
-    """Refuse a lookup's length pattern that no problem can have.
+    """Refuse a lookup's length pattern that no problem can have
+    (:func:`core.kv_lengths.check_kv_lengths`).
 
     Raises:
-        ValueError: ``kv_lengths`` is not one of :data:`core.kv_lengths.KV_LENGTHS`, or it is
-            not ``full`` while ``kv_page`` is None (a dense lookup: only a KV-cache problem
-            is timed on a length pattern).
+        ValueError: ``kv_lengths`` is not a pattern, or not ``full`` for a dense lookup.
     """
-    why = kv_lengths_error(kv_lengths)
-    if why is not None:
-        raise ValueError(why)
-    if kv_page is None and kv_lengths != FULL_KV_LENGTHS:
-        raise ValueError(
-            f"kv_lengths {kv_lengths!r} is a KV-cache lookup's length pattern: a dense lookup "
-            "(kv_page None) has none"
-        )
+    check_pattern(kv_lengths, kv_page)
 
 
 def best_match(

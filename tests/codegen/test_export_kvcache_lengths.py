@@ -20,9 +20,8 @@ from codegen.export import TunedPoint, cache_points, render_header
 from core.problem import Problem
 from core.shape import Shape
 from core.splitkv_config import SplitKvConfig
-from db.store import Store
 from service.header import export_header
-from tests.support.factories import H200, make_report, ok_result
+from tests.support.factories import H200, record_ok
 from tests.support.kvcache_header import WHEN, probe_points
 from tests.support.service_data import make_store
 
@@ -112,19 +111,12 @@ def test_a_point_checks_its_pattern() -> None:
         replace(dense, kv_lengths="mixed")
 
 
-def _record(store: Store, problem: Problem, config: SplitKvConfig, ms: float) -> None:
-    gpu = store.upsert_gpu(H200)
-    pid = store.problem_id(problem, gpu)
-    build = store.record_build(make_report(config))  # type: ignore[arg-type]
-    store.record_measurement(pid, build, ok_result(ms, problem), H200)
-
-
 def test_the_store_side_hands_over_both_patterns(tmp_path: Path) -> None:
     with make_store(tmp_path) as store:
         decode = Problem(gpu=H200.name, d=128, n=1, nk=8192, batch=8, heads=32, kv_heads=8,
                          kv_page=16)  # fmt: skip
-        _record(store, decode, FULL, 0.050)
-        _record(store, replace(decode, nk=4096, kv_lengths="mixed"), MIXED, 0.040)
+        record_ok(store, decode, FULL, 0.050)
+        record_ok(store, replace(decode, nk=4096, kv_lengths="mixed"), MIXED, 0.040)
         header = export_header(store, "H200", [128], dtypes=["fp16"], generated_at=WHEN,
                                kv_pages=(16,))  # fmt: skip
     assert sorted(_tuned_names(header)) == sorted([MIXED.name, FULL.name])

@@ -20,7 +20,7 @@ from db.dump_format import parse_dump
 from db.session import alembic_config, make_engine
 from db.store import Store
 from db.transfer import dump, export, ingest_file
-from tests.support.factories import H200, make_report, ok_result
+from tests.support.factories import H200, make_report, ok_result, record_ok
 
 #: A decode step over 8192 keys, GQA 32:8 (the cache kernels' shape).
 DECODE = Shape(1, 8192, 8, 32, 8)
@@ -38,20 +38,12 @@ def _config(kv_page: int | None = None, splits: int = 16) -> SplitKvConfig:
     return dataclasses.replace(base, kvcache=True, page=kv_page)
 
 
-def _record(store: Store, problem: Problem, config: SplitKvConfig, ms: float) -> int:
-    gpu = store.upsert_gpu(H200)
-    pid = store.problem_id(problem, gpu)
-    build = store.record_build(make_report(config))  # type: ignore[arg-type]
-    store.record_measurement(pid, build, ok_result(ms, problem), H200)
-    return pid
-
-
 def test_each_layout_is_its_own_row_and_reads_back(store: Store) -> None:
     gpu = store.upsert_gpu(H200)
     ids = {page: store.problem_id(_problem(page), gpu) for page in (None, 0, 16, 64)}
     assert len(set(ids.values())) == 4
     assert store.problem_id(_problem(16), gpu) == ids[16]
-    _record(store, _problem(16), _config(16), 0.05)
+    record_ok(store, _problem(16), _config(16), 0.05)
     found = store.best_match(H200.name, 128, "fp16", False, DECODE, kv_page=16)
     assert found is not None and found.result.kv_page == 16
     assert found.result.config.name.endswith("_kvc_pg16") and found.result.exact
@@ -59,8 +51,8 @@ def test_each_layout_is_its_own_row_and_reads_back(store: Store) -> None:
 
 
 def test_layouts_never_answer_each_other_or_dense_calls(store: Store) -> None:
-    _record(store, _problem(16), _config(16), 0.05)
-    _record(store, _problem(0, nk=4096), _config(0, splits=32), 0.04)
+    record_ok(store, _problem(16), _config(16), 0.05)
+    record_ok(store, _problem(0, nk=4096), _config(0, splits=32), 0.04)
     # A dense call sees no cache problem, whichever lookup asks.
     assert store.best_for_shape(H200.name, 128, "fp16", False, DECODE) is None
     assert store.best(H200.name, 128, 1, nk=8192) is None
@@ -73,7 +65,7 @@ def test_layouts_never_answer_each_other_or_dense_calls(store: Store) -> None:
     assert contiguous is not None and contiguous.kv_page == 0 and not contiguous.exact
     assert contiguous.nk == 4096 and contiguous.config.name.endswith("_k32_kvc")
     # A dense result never answers a cache lookup.
-    _record(store, _problem(None), _config(None, splits=8), 0.03)
+    record_ok(store, _problem(None), _config(None, splits=8), 0.03)
     dense = store.best_for_shape(H200.name, 128, "fp16", False, DECODE)
     assert dense is not None and dense.kv_page is None and "_kvc" not in dense.config.name
     paged = store.best_for_shape(H200.name, 128, "fp16", False, DECODE, kv_page=16)
@@ -110,9 +102,9 @@ def test_pick_keeps_layouts_apart() -> None:
 def test_results_files_carry_the_layout_only_when_set(
     store: Store, tmp_path: Path, target: Store
 ) -> None:
-    _record(store, _problem(None), _config(None), 0.03)
-    _record(store, _problem(16), _config(16), 0.05)
-    _record(store, _problem(0), _config(0), 0.04)
+    record_ok(store, _problem(None), _config(None), 0.03)
+    record_ok(store, _problem(16), _config(16), 0.05)
+    record_ok(store, _problem(0), _config(0), 0.04)
     data = json.loads(export(store).model_dump_json())
     assert sorted(str(p.get("kv_page")) for p in data["problems"]) == ["0", "16", "None"]
     assert all("kv_page" in m["problem"] for m in data["measurements"]
@@ -129,7 +121,7 @@ def test_results_files_carry_the_layout_only_when_set(
 
 
 def test_a_results_file_refuses_bad_layouts_and_unfit_builds(store: Store) -> None:
-    _record(store, _problem(16), _config(16), 0.05)
+    record_ok(store, _problem(16), _config(16), 0.05)
     data = json.loads(export(store).model_dump_json())
     parse_dump(data)  # as written: valid
     for bad_page in (3, -1, 8192, True):
@@ -191,7 +183,7 @@ def test_migration_0006_on_a_0005_database_with_rows(file_url: str) -> None:
         dense = store.best_for_shape(H200.name, 128, "fp16", False, DECODE)
         assert dense is not None and dense.median_ms == 0.03 and dense.kv_page is None
         # The new identity: the paged problem of the same shape is a row of its own.
-        paged = _record(store, _problem(16), _config(16), 0.05)
+        paged = record_ok(store, _problem(16), _config(16), 0.05)
         assert paged != pid
         again = store.best_for_shape(H200.name, 128, "fp16", False, DECODE)
         assert again is not None and again.median_ms == 0.03

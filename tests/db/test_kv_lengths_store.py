@@ -29,7 +29,7 @@ from db.session import alembic_config, make_engine, session_scope
 from db.store import Store
 from db.transfer import dump, export, ingest, ingest_file, to_json
 from fa2tune.cli import app
-from tests.support.factories import H200, make_report, ok_result
+from tests.support.factories import H200, record_ok
 
 #: A decode step over 8192 keys, GQA 32:8 (the cache kernels' shape).
 DECODE = Shape(1, 8192, 8, 32, 8)
@@ -48,21 +48,13 @@ def _config(page: int | None = 16, splits: int = 16) -> SplitKvConfig:
     return base if page is None else dataclasses.replace(base, kvcache=True, page=page)
 
 
-def _record(store: Store, problem: Problem, config: SplitKvConfig, ms: float) -> int:
-    gpu = store.upsert_gpu(H200)
-    pid = store.problem_id(problem, gpu)
-    build = store.record_build(make_report(config))  # type: ignore[arg-type]
-    store.record_measurement(pid, build, ok_result(ms, problem), H200)
-    return pid
-
-
 def _seed_both(store: Store) -> tuple[int, int]:
     """A paged (P=16) decode problem tuned on full lengths (8 splits win) and on a length
     mix (32 splits win), each with the other's config slower."""
-    full = _record(store, _problem("full"), _config(splits=8), 0.05)
-    _record(store, _problem("full"), _config(splits=32), 0.07)
-    mixed = _record(store, _problem("mixed"), _config(splits=32), 0.02)
-    _record(store, _problem("mixed"), _config(splits=8), 0.04)
+    full = record_ok(store, _problem("full"), _config(splits=8), 0.05)
+    record_ok(store, _problem("full"), _config(splits=32), 0.07)
+    mixed = record_ok(store, _problem("mixed"), _config(splits=32), 0.02)
+    record_ok(store, _problem("mixed"), _config(splits=8), 0.04)
     return full, mixed
 
 
@@ -113,12 +105,12 @@ def test_each_pattern_answers_only_its_own_lookups(store: Store) -> None:
 
 
 def test_a_pattern_never_answers_the_other(store: Store) -> None:
-    _record(store, _problem("mixed"), _config(splits=32), 0.02)
+    record_ok(store, _problem("mixed"), _config(splits=32), 0.02)
     assert store.best_for_shape(H200.name, 128, "fp16", False, DECODE, kv_page=16) is None
     near = store.best_for_shape(H200.name, 128, "fp16", False, Shape(1, 4096, 8, 32, 8),
                                 kv_page=16, kv_lengths="mixed")  # fmt: skip
     assert near is not None and not near.exact and near.kv_lengths == "mixed"
-    _record(store, _problem("full", nk=2048), _config(splits=4), 0.01)
+    record_ok(store, _problem("full", nk=2048), _config(splits=4), 0.01)
     # The nearest of the asked pattern, never a nearer or faster one of the other.
     again = store.best_for_shape(H200.name, 128, "fp16", False, DECODE, kv_page=16,
                                  kv_lengths="mixed")  # fmt: skip
@@ -131,7 +123,7 @@ def test_a_pattern_never_answers_the_other(store: Store) -> None:
 
 
 @pytest.mark.parametrize(("page", "lengths", "why"), [
-    (None, "mixed", "dense lookup"),
+    (None, "mixed", "needs kv_page"),
     (16, "half", "kv_lengths must be one of"),
     (None, "", "kv_lengths must be one of"),
 ])  # fmt: skip
@@ -237,7 +229,7 @@ def test_a_shipped_cache_file_redumps_byte_for_byte(shipped: Path) -> None:
 
 
 def _mixed_file(store: Store) -> dict[str, Any]:
-    _record(store, _problem("mixed"), _config(splits=32), 0.02)
+    record_ok(store, _problem("mixed"), _config(splits=32), 0.02)
     data: dict[str, Any] = json.loads(to_json(export(store)))
     parse_dump(data)  # as written: valid
     return data
@@ -359,7 +351,7 @@ def test_migration_0007_on_a_0006_database_with_rows(file_url: str) -> None:
         flat = store.best_for_shape(H200.name, 128, "fp16", False, DECODE)
         assert flat is not None and flat.problem_id == dense
         # The new identity: the mixed problem of the same shape and layout is a row of its own.
-        mixed = _record(store, _problem("mixed"), _config(16, splits=32), 0.02)
+        mixed = record_ok(store, _problem("mixed"), _config(16, splits=32), 0.02)
         assert mixed not in (paged, dense)
         again = store.best_for_shape(H200.name, 128, "fp16", False, DECODE, kv_page=16)
         assert again is not None and again.problem_id == paged

@@ -20,11 +20,11 @@ from core.family import config_from_name, config_from_params
 from core.problem import kv_page_of
 from core.shape import Shape, effective_causal
 from db.dump_format import load_dump
-from db.shipped import load_shipped_results
 from db.store import Store
 from fa2tune.ops.cache_choice import cache_choice
 from fa2tune.ops.choice import Call
 from service.header import export_header
+from tests.support.shipped import shipped_store
 from tuner.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +34,7 @@ WORKLOAD = ROOT / "examples" / "workloads" / "llama3_8b_serving.yaml"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    path = tmp_path_factory.mktemp("shipped") / "kvcache.db"
-    s = Store.from_url(f"sqlite:///{path}")
-    assert load_shipped_results(s, [SHIPPED]) > 0
-    yield s
-    s.engine.dispose()
+    yield from shipped_store(tmp_path_factory, [SHIPPED])
 
 
 def test_every_serving_call_gets_its_tuned_cache_kernel(store: Store) -> None:

@@ -18,10 +18,10 @@ import pytest
 from core.problem import kv_page_of
 from core.shape import Shape
 from db.dump_format import load_dump
-from db.shipped import load_shipped_results
 from db.store import Store
 from fa2tune.ops.cache_choice import cache_choice
 from fa2tune.ops.choice import Call
+from tests.support.shipped import shipped_store
 from tuner.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +32,7 @@ WORKLOAD = ROOT / "bench" / "h200" / "decode_mixed_workload.yaml"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    path = tmp_path_factory.mktemp("shipped") / "kvcache.db"
-    s = Store.from_url(f"sqlite:///{path}")
-    assert load_shipped_results(s, [SHIPPED, DATA / "h200_results_kvcache.json"]) > 0
-    yield s
-    s.engine.dispose()
+    yield from shipped_store(tmp_path_factory, [SHIPPED, DATA / "h200_results_kvcache.json"])
 
 
 def _call(shape: Shape) -> Call:

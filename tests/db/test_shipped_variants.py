@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from core.shape import Shape, effective_causal
-from db.shipped import load_shipped_results
 from db.store import Store
 from fa2tune.ops.choice import Call, choose, normalize_call
+from tests.support.shipped import shipped_store
 from tuner.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,11 +30,7 @@ MODELS = ("mistral_7b", "gemma2_9b", "gpt_oss_20b", "llama4_scout")
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    path = tmp_path_factory.mktemp("shipped") / "variants.db"
-    s = Store.from_url(f"sqlite:///{path}")
-    assert load_shipped_results(s, [SHIPPED]) > 0
-    yield s
-    s.engine.dispose()
+    yield from shipped_store(tmp_path_factory, [SHIPPED])
 
 
 @pytest.mark.parametrize("model", MODELS)

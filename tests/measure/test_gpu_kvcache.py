@@ -43,18 +43,30 @@ CASES = [
 PAGES = (0, 1, 16, 64)
 
 
-def test_worker_measures_cache_problems_of_every_layout() -> None:
+def _split_kv_jobs(
+    cases: list[tuple[int, int, int, int, int, bool, Variant]],
+    pages: tuple[int, ...],
+    kv_lengths: str,
+) -> list[tuple[SplitKvConfig, Problem]]:
+    """Two unmasked and two causal split-KV seeds' cache twins on every case and layout."""
     bases = seed_configs(128, "fp16", False)[:2] + seed_configs(128, "fp16", True)[:2]
     jobs: list[tuple[SplitKvConfig, Problem]] = []
-    for nq, nk, b, h, hkv, causal, variant in CASES:
-        for page in PAGES:
+    for nq, nk, b, h, hkv, causal, variant in cases:
+        for page in pages:
             problem = Problem(gpu="", d=128, n=nq, nk=nk, batch=b, heads=h, kv_heads=hkv,
-                              causal=causal, variant=variant, kv_page=page)  # fmt: skip
+                              causal=causal, variant=variant, kv_page=page,
+                              kv_lengths=kv_lengths)  # fmt: skip
+            lengths = problem.cache_lengths
+            assert lengths is not None and (kv_lengths == "full" or min(lengths) < nk)
             for base in (c for c in bases if c.causal == causal):
                 twin = cache_twin(dataclasses.replace(base, **variant.needs), page)
                 assert twin is not None
                 jobs.append((twin, problem))
-    failures = measure_cache_jobs(jobs)
+    return jobs
+
+
+def test_worker_measures_cache_problems_of_every_layout() -> None:
+    failures = measure_cache_jobs(_split_kv_jobs(CASES, PAGES, "full"))
     assert not failures, "\n".join(failures)
 
 
@@ -68,20 +80,7 @@ MIXED_CASES = [
 
 
 def test_worker_measures_cache_problems_of_mixed_lengths() -> None:
-    bases = seed_configs(128, "fp16", False)[:2] + seed_configs(128, "fp16", True)[:2]
-    jobs: list[tuple[SplitKvConfig, Problem]] = []
-    for nq, nk, b, h, hkv, causal, variant in MIXED_CASES:
-        for page in (0, 16):
-            problem = Problem(gpu="", d=128, n=nq, nk=nk, batch=b, heads=h, kv_heads=hkv,
-                              causal=causal, variant=variant, kv_page=page,
-                              kv_lengths="mixed")  # fmt: skip
-            lengths = problem.cache_lengths
-            assert lengths is not None and min(lengths) < nk
-            for base in (c for c in bases if c.causal == causal):
-                twin = cache_twin(dataclasses.replace(base, **variant.needs), page)
-                assert twin is not None
-                jobs.append((twin, problem))
-    failures = measure_cache_jobs(jobs)
+    failures = measure_cache_jobs(_split_kv_jobs(MIXED_CASES, (0, 16), "mixed"))
     assert not failures, "\n".join(failures)
 
 

@@ -15,18 +15,11 @@ from fastapi.testclient import TestClient
 from core.problem import Problem
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
-from tests.support.factories import H200, make_report, ok_result
+from tests.support.factories import H200, record_ok
 from tests.support.service_data import make_store
 
 BOTH_PATHS = True
 DECODE = {"nq": 1, "nk": 8192, "batch": 8, "heads": 32, "kv_heads": 8}
-
-
-def _record(store: Store, problem: Problem, config: SplitKvConfig, ms: float) -> None:
-    gpu = store.upsert_gpu(H200)
-    pid = store.problem_id(problem, gpu)
-    build = store.record_build(make_report(config))  # type: ignore[arg-type]
-    store.record_measurement(pid, build, ok_result(ms, problem), H200)
 
 
 @pytest.fixture
@@ -35,11 +28,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
     store: Store = make_store(tmp_path)
     base = Problem(gpu=H200.name, d=128, n=1, nk=8192, batch=8, heads=32, kv_heads=8)
     config = SplitKvConfig(128, "fp16", False)
-    _record(store, base, config, 0.030)
+    record_ok(store, base, config, 0.030)
     paged = dataclasses.replace(config, splits=32, kvcache=True, page=16)
-    _record(store, dataclasses.replace(base, kv_page=16), paged, 0.050)
+    record_ok(store, dataclasses.replace(base, kv_page=16), paged, 0.050)
     contiguous = dataclasses.replace(config, splits=8, kvcache=True)
-    _record(store, dataclasses.replace(base, nk=4096, kv_page=0), contiguous, 0.020)
+    record_ok(store, dataclasses.replace(base, nk=4096, kv_page=0), contiguous, 0.020)
     yield store
     store.close()
 

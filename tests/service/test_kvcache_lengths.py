@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from core.problem import Problem
 from core.splitkv_config import SplitKvConfig
 from db.store import Store
-from tests.support.factories import H200, make_report, ok_result
+from tests.support.factories import H200, record_ok
 from tests.support.service_data import make_store
 
 BOTH_PATHS = True
@@ -28,13 +28,6 @@ SINGLE = {**DECODE, "nk": 131072, "batch": 1}
 PREFILL = {**DECODE, "nq": 256}
 
 
-def _record(store: Store, problem: Problem, config: SplitKvConfig, ms: float) -> None:
-    gpu = store.upsert_gpu(H200)
-    pid = store.problem_id(problem, gpu)
-    build = store.record_build(make_report(config))  # type: ignore[arg-type]
-    store.record_measurement(pid, build, ok_result(ms, problem), H200)
-
-
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
     """Paged (16): full and mixed decode winners at DECODE, a full one at SINGLE and a full
@@ -42,17 +35,17 @@ def store(tmp_path: Path) -> Iterator[Store]:
     store: Store = make_store(tmp_path)
     base = Problem(gpu=H200.name, d=128, n=1, nk=8192, batch=8, heads=32, kv_heads=8)
     config = SplitKvConfig(128, "fp16", False)
-    _record(store, base, config, 0.030)
+    record_ok(store, base, config, 0.030)
     paged = dataclasses.replace(base, kv_page=16)
-    _record(store, paged, dataclasses.replace(config, splits=32, kvcache=True, page=16), 0.050)
+    record_ok(store, paged, dataclasses.replace(config, splits=32, kvcache=True, page=16), 0.050)
     mixed = dataclasses.replace(paged, kv_lengths="mixed")
-    _record(store, mixed, dataclasses.replace(config, splits=8, kvcache=True, page=16), 0.080)
+    record_ok(store, mixed, dataclasses.replace(config, splits=8, kvcache=True, page=16), 0.080)
     single = dataclasses.replace(paged, nk=131072, batch=1)
-    _record(store, single, dataclasses.replace(config, splits=64, kvcache=True, page=16), 0.1)
+    record_ok(store, single, dataclasses.replace(config, splits=64, kvcache=True, page=16), 0.1)
     prefill = dataclasses.replace(paged, n=256)
-    _record(store, prefill, dataclasses.replace(config, splits=2, kvcache=True, page=16), 0.2)
+    record_ok(store, prefill, dataclasses.replace(config, splits=2, kvcache=True, page=16), 0.2)
     contiguous = dataclasses.replace(base, kv_page=0)
-    _record(store, contiguous, dataclasses.replace(config, splits=4, kvcache=True), 0.020)
+    record_ok(store, contiguous, dataclasses.replace(config, splits=4, kvcache=True), 0.020)
     yield store
     store.close()
 

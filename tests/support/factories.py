@@ -123,6 +123,16 @@ class Seeded:
     measurement_id: int
 
 
+def record_ok(store: Store, problem: Problem, config: AnyConfig, ms: float) -> int:
+    """Record one verified measurement of ``config`` on ``problem`` (H200), taking ``ms``;
+    returns the problem's id."""
+    gpu = store.upsert_gpu(H200)
+    pid = store.problem_id(problem, gpu)
+    build = store.record_build(make_report(config))  # type: ignore[arg-type]
+    store.record_measurement(pid, build, ok_result(ms, problem), H200)
+    return pid
+
+
 def seed_measurement(
     store: Store,
     *,
