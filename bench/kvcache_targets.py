@@ -16,8 +16,9 @@ the cache problems tuned in db/data/h200_results_kvcache.json are re-timed here)
   cover;
 * ``chunked``: 2,048 new queries over a 32k cached prefix (34,816 keys, causal bottom-right)
   from the cache against ``dense`` and SDPA with ``causal_lower_right`` on the same keys;
-  ``hopper0``/``hopper16``/``hopper256``: the same cache calls with ``FA2TUNE_FA3_CACHE``
-  (the Hopper family's cache kernels).
+  ``cache``/``paged16``/``paged256`` on split-KV's cache kernels (``FA2TUNE_FA3_CACHE`` off
+  for them), ``hopper0``/``hopper16``/``hopper256``: the same cache calls on the Hopper
+  family's cache kernels (the op's default for a chunked prefill on an H100/H200).
 
 GPU time per call: CUDA events around one call after an L2 flush, median of ``--reps``.
 Every output is checked first (poisoned allocator, fresh random inputs) against a float32
@@ -215,7 +216,7 @@ def chunked_row(torch: Any, reps: int, flush: Any) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
-    from core.settings import override_settings
+    from core.settings import get_settings, override_settings
     from fa2tune.torch import attention, attention_with_kvcache, clear_caches
 
     cache = Cache(torch, 1, CHUNK_KEYS, [CHUNK_KEYS])
@@ -238,12 +239,21 @@ def chunked_row(torch: Any, reps: int, flush: Any) -> dict[str, Any]:
 
     ref = sdpa(SDPBackend.EFFICIENT_ATTENTION)()
     lens = cache.lens
+    default_route = get_settings().fa3_cache
+
+    def split_kv() -> None:
+        # The split-KV columns: the Hopper family's cache kernels are the op's default for a
+        # chunked prefill on this GPU (Settings.fa3_cache), so they are switched off first.
+        override_settings(fa3_cache=False)
+        clear_caches()
+
+    def contiguous() -> Any:
+        split_kv()
+        return lambda: attention_with_kvcache(q, cache.k, cache.v, cache_seqlens=lens,
+                                              causal=True, fallback=False)  # fmt: skip
+
     calls: dict[str, Any] = {
-        "cache": lambda: (
-            lambda: attention_with_kvcache(
-                q, cache.k, cache.v, cache_seqlens=lens, causal=True, fallback=False
-            )
-        ),
+        "cache": contiguous,
         "dense": lambda: lambda: attention(q, cache.k, cache.v, causal=True, fallback=False),
         "efficient": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION),
         "flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
@@ -251,13 +261,14 @@ def chunked_row(torch: Any, reps: int, flush: Any) -> dict[str, Any]:
     for page in (16, 256):
 
         def paged(page: int = page) -> Any:
+            split_kv()
             kp, vp, table = cache.paged(page)
             return lambda: attention_with_kvcache(q, kp, vp, cache_seqlens=lens, causal=True,
                                                   page_table=table, fallback=False)  # fmt: skip
 
         calls[f"paged{page}"] = paged
-    # Last (the decisions are cached by shape, so the split-KV columns above are decided
-    # first): the same calls with FA2TUNE_FA3_CACHE, on the Hopper family's cache kernels.
+    # Then the same calls with FA2TUNE_FA3_CACHE, on the Hopper family's cache kernels (each
+    # column re-decides: the setting is read when a cache shape is first decided).
     for page in (0, 16, 256):
 
         def hopper(page: int = page) -> Any:
@@ -275,7 +286,7 @@ def chunked_row(torch: Any, reps: int, flush: Any) -> dict[str, Any]:
     try:
         row = measure(torch, calls, ref, reps, flush, 4.0 * HQ * D * pairs, "tflops")
     finally:
-        override_settings(fa3_cache=False)
+        override_settings(fa3_cache=default_route)  # the route the process had before the row
         clear_caches()
     row["shape"] = {"batch": 1, "new": CHUNK_NEW, "keys": CHUNK_KEYS}
     for cell in row.values():

@@ -178,3 +178,17 @@ def cache_twin(config: AnyConfig, page: int) -> AnyConfig | None:
     if getattr(twin, "longest_first", False):  # a launch order over dense tiles only
         twin = replace(cast(Any, twin), longest_first=False)
     return twin
+
+
+def cache_twins(config: AnyConfig, page: int) -> list[AnyConfig]:
+    """The KV-cache kernels a cache problem of layout ``page`` searches for ``config``'s tile:
+    its :func:`cache_twin` and, for each searched flag among the cache parameters (split-KV's
+    ``cap_split``), the twin with it set; empty for a config type without cache kernels. Not
+    checked against the family's space."""
+    twin = cache_twin(config, page)
+    if twin is None:
+        return []
+    spec = getattr(twin, "spec", None)
+    flags = [p.name for p in getattr(spec, "params", ()) if p.cache and p.search is not None
+             and isinstance(getattr(twin, p.name), bool)]  # fmt: skip
+    return [twin, *(replace(cast(Any, twin), **{name: True}) for name in flags)]

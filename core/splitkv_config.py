@@ -47,6 +47,11 @@ class SplitKvConfig(FamilyConfigBase):
         kvcache: a KV-cache kernel (``_kvc``): lengths on the device, K/V from a cache
             (:func:`~core.config_common.kvcache_switch`; docs/splitkv_kernel.md).
         page: the cache's page size (``_pg<P>``, a power of two), 0 for a contiguous cache.
+        cap_split: a cache kernel whose splits divide the cache's capacity rather than each
+            sequence's length (``_cs``): a short sequence then runs on its first few splits
+            and the rest see no key, so in a batch of mixed lengths the blocks go to the long
+            sequences. Searched on cache problems (:func:`core.family.cache_twins`); a
+            window keeps its own division, so never with ``local``.
     """
 
     rows: int = param("r{}", default=16, search="skv_rows")
@@ -59,6 +64,10 @@ class SplitKvConfig(FamilyConfigBase):
     sinks: bool = variant_switch("sinks")
     kvcache: bool = kvcache_switch()
     page: int = page_size_param()
+    cap_split: bool = param(
+        "cs", default=False, optional=True, suffix=True, cache=True, search="skv_span",
+        search_as=("capacity", "length"),
+    )  # fmt: skip
 
     @property
     def threads(self) -> int:
@@ -108,7 +117,8 @@ class SplitKvConfig(FamilyConfigBase):
 
     def describe(self) -> str:
         """One line for people."""
+        span = ", splits over the capacity" if self.cap_split else ""
         return (
             f"{self.rows} packed rows, {self.warps} warps x {self.block_n} keys, "
-            f"{self.stages} stages, up to {self.splits} splits"
+            f"{self.stages} stages, up to {self.splits} splits{span}"
         )

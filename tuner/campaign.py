@@ -59,7 +59,7 @@ import optuna
 
 from codegen.families import Family, families_for, family_of
 from core.build_report import BuildReport
-from core.family import AnyConfig, cache_twin
+from core.family import AnyConfig, cache_twins
 from core.problem import Problem
 from core.records import GpuInfo
 from db.store import Store
@@ -441,7 +441,10 @@ def _defaults(
         # still measures every family's best-known config before any family's second seed.
         per_family = [_default_first(f, p, smem or None) for f in serving(p)]
         seeds = [c for group in zip_longest(*per_family) for c in group if c is not None]
-        seeds = with_cache(with_variant(seeds, p), p, smem or ANY_SMEM)
+        # A full-length cache problem's capacity is about its length, so its seeds' capacity-
+        # split twins would run what their length-split ones do: only a mix seeds both.
+        seeds = with_cache(with_variant(seeds, p), p, smem or ANY_SMEM,
+                           every_span=p.kv_lengths != "full")  # fmt: skip
         return _as_varlen(seeds) if p.is_varlen else seeds
 
     def default_build(configs: Sequence[AnyConfig]) -> Sequence[BuildReport]:
@@ -488,19 +491,22 @@ def takes_cache(family: Family, problem: Problem) -> bool:
     return any(p.name == "kvcache" and p.cache for p in params)
 
 
-def with_cache(configs: Sequence[AnyConfig], problem: Problem, smem_limit: int) -> list[AnyConfig]:
-    """The configs built for ``problem``'s KV-cache layout: each one's cache twin
-    (:func:`core.family.cache_twin`: ``kvcache=True``, ``page`` the problem's page size,
-    0 for a contiguous cache, in tile order), kept only
-    where its family's rules take it (``Family.check``: for split-KV,
+def with_cache(
+    configs: Sequence[AnyConfig], problem: Problem, smem_limit: int, every_span: bool = True
+) -> list[AnyConfig]:
+    """The configs built for ``problem``'s KV-cache layout: each one's cache twins
+    (:func:`core.family.cache_twins`: ``kvcache=True``, ``page`` the problem's page size,
+    0 for a contiguous cache, in tile order, and with ``every_span`` split-KV's capacity-split
+    twin), kept only where its family's rules take it (``Family.check``: for split-KV,
     :func:`codegen.families.splitkv.space.cache_reasons`); as they are for a dense problem."""
     if problem.kv_page is None:
         return list(configs)
     out: list[AnyConfig] = []
     for c in configs:
-        twin = cache_twin(c, problem.kv_page)  # None: a config type without cache kernels
-        if twin is not None and family_of(twin).check(twin, smem_limit)[0]:
-            out.append(twin)
+        twins = cache_twins(c, problem.kv_page)  # none: a type without cache kernels
+        for twin in twins if every_span else twins[:1]:
+            if family_of(twin).check(twin, smem_limit)[0]:
+                out.append(twin)
     return list(dict.fromkeys(out))
 
 

@@ -9,12 +9,24 @@
 #      it with the other shipped files and answers decode cache calls from it first).
 #
 #   bash bench/h200/mixed_run.sh
+#   TIER=1 WARM=db/data/h200_results_kvcache_mixed.json bash bench/h200/mixed_run.sh
 #
-# TRIALS (default 8), BUDGET (default 5m). Writes under $OUT: kvcache.db, kvcache_results.json,
+# TIER=1 first runs the worker's KV-cache GPU tier (tests/measure/test_gpu_kvcache.py: both
+# split spans, cap_split, on full and mixed lengths) into $OUT/gpu_tier.log. WARM (default the
+# full-length results) is the file the campaign starts from. TRIALS (default 8), BUDGET
+# (default 5m). Writes under $OUT: kvcache.db, kvcache_results.json,
 # tune.log, summary.json, env.txt (the campaign's), targets/kvcache_targets.{json,log}.
 set -u
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-WORKLOAD=bench/h200/decode_mixed_workload.yaml WARM=db/data/h200_results_kvcache.json \
+if [ "${TIER:-0}" = 1 ]; then
+  if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; fi
+  PYTHONPATH=/tmp/site:$PWD FA2TUNE_CACHE_DIR=/tmp/fa2cache timeout "${TIER_TIMEOUT:-240}" \
+    python3 -m pytest -q -p no:cacheprovider -W ignore -m gpu -rfEs tests/measure/test_gpu_kvcache.py \
+    > "$OUT/gpu_tier.log" 2>&1
+  tail -1 "$OUT/gpu_tier.log"
+  sed -i "s#$PWD#<tree>#g; s#/tmp/site#<site>#g" "$OUT/gpu_tier.log"
+fi
+WORKLOAD=bench/h200/decode_mixed_workload.yaml WARM=${WARM:-db/data/h200_results_kvcache.json} \
   TRIALS=${TRIALS:-8} BUDGET=${BUDGET:-5m} OUT="$OUT" bash bench/h200/kvcache_campaign.sh
 [ -s "$OUT/kvcache_results.json" ] || { echo "no dump: nothing to re-time"; exit 1; }
 cp "$OUT/kvcache_results.json" db/data/h200_results_kvcache_mixed.json

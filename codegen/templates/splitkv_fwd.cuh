@@ -96,6 +96,7 @@ struct Traits {
   static constexpr bool kVariant = false;
   static constexpr bool kCache = false;  // CacheTraits sets these
   static constexpr int kPage = 0;
+  static constexpr bool kCapSplit = false;
 
   static constexpr int kThreads = 32 * Warps;
   static constexpr int kMTiles = Rows / 16;
@@ -153,8 +154,10 @@ struct VariantTraits : Traits<DHead_, Elem_, Causal_, Rows_, Bc_, Warps_, Stages
 // layout. The kernel reads each sequence's length from FaKvCache (device memory), and with
 // Page > 0 reads K and V through its block table, pages of Page keys (a power of two): where a
 // page holds whole key tiles (Page >= Bc) one table entry per tile, else one per key row.
+// CapSplit: the splits divide the cache's capacity, not each sequence's length (see fwd_main),
+// so a short sequence runs on its first splits and the rest exit at once.
 template <int DHead_, typename Elem_, bool Causal_, int Rows_, int Bc_, int Warps_, int Stages_,
-          int Splits_, bool Local_, bool Softcap_, bool Sinks_, int Page_>
+          int Splits_, bool Local_, bool Softcap_, bool Sinks_, int Page_, bool CapSplit_>
 struct CacheTraits : Traits<DHead_, Elem_, Causal_, Rows_, Bc_, Warps_, Stages_, Splits_> {
   static constexpr bool Local = Local_;
   static constexpr bool Softcap = Softcap_;
@@ -162,6 +165,8 @@ struct CacheTraits : Traits<DHead_, Elem_, Causal_, Rows_, Bc_, Warps_, Stages_,
   static constexpr bool kVariant = Local || Softcap || Sinks;
   static constexpr bool kCache = true;
   static constexpr int kPage = Page_;  // 0: a contiguous cache
+  static constexpr bool kCapSplit = CapSplit_;
+  static_assert(!(CapSplit_ && Local_), "a window's key range keeps its own division");
   static_assert(Page_ >= 0 && (Page_ & (Page_ - 1)) == 0, "the page size is a power of two");
 };
 
@@ -207,12 +212,13 @@ inline int splits_for(const FaParams& p) {
 #endif  // __CUDACC_RTC__
 
 // The kernel body; `last` is the caller's __shared__ flag (see fwd_body) and `var` is read
-// only where a variant switch is on.
+// only where a variant switch is on. `split_keys` is read only by a capacity-split cache
+// kernel (T::kCapSplit): the keys its splits divide, the cache's capacity.
 template <class T>
 __device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ ws_o,
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count,
                                          const FaVariant& var, const FaKvCache& kc,
-                                         int& last) {
+                                         int& last, int split_keys) {
   using Elem = typename T::Elem;
   using Ops = ElemOps<Elem>;
   using Mask = fa::VariantMask<T::Causal, T::Local>;
@@ -268,7 +274,12 @@ __device__ __forceinline__ void fwd_main(const FaParams& p, float* __restrict__ 
     int key_end = p.nk;
     if constexpr (Mask::kCausal) key_end = min(p.nk, (r0 + valid_rows - 1) / group + mask.diag + 1);
     const int n_tiles = fa::key_tiles(key_end, Bc);
-    const int per_split = (n_tiles + splits - 1) / splits;
+    // Split s takes tiles [s * per_split, ...) of the sequence's. A capacity-split kernel
+    // sizes the share from the capacity (the grid's splits cover it), so a sequence of a
+    // tenth of it runs on a tenth of the splits and the others see no key: in a batch of
+    // mixed lengths the short sequences take few blocks and the long ones keep every split.
+    const int per_split = T::kCapSplit ? (fa::key_tiles(split_keys, Bc) + splits - 1) / splits
+                                       : (n_tiles + splits - 1) / splits;
     t_begin = min(split * per_split, n_tiles);
     t_end = min(t_begin + per_split, n_tiles);
   }
@@ -746,7 +757,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
                                          float* __restrict__ ws_lse, int* __restrict__ ws_count) {
   static_assert(!T::kVariant && !T::kCache, "variant kernels take FaVariant");
   __shared__ int last;
-  fwd_main<T>(p, ws_o, ws_lse, ws_count, FaVariant{}, FaKvCache{}, last);
+  fwd_main<T>(p, ws_o, ws_lse, ws_count, FaVariant{}, FaKvCache{}, last, p.nk);
 }
 template <class T>
 __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ ws_o,
@@ -754,7 +765,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
                                          const FaVariant& var) {
   static_assert(T::kVariant && !T::kCache, "plain kernels take no FaVariant");
   __shared__ int last;
-  fwd_main<T>(p, ws_o, ws_lse, ws_count, var, FaKvCache{}, last);
+  fwd_main<T>(p, ws_o, ws_lse, ws_count, var, FaKvCache{}, last, p.nk);
 }
 // A cache kernel's: the sequence's length read from the device (clamped to the capacity nk)
 // and its cache row (a contiguous cache) or block-table row (a paged one); the body then
@@ -784,7 +795,7 @@ __device__ __forceinline__ void fwd_body(const FaParams& p, float* __restrict__ 
   } else {  // ... or block-table row batch_idx[b] (FlashAttention-3's rule for paged caches)
     kb.block_table = kc.block_table + static_cast<int64_t>(row) * kc.table_stride;
   }
-  fwd_main<T>(pc, ws_o, ws_lse, ws_count, var, kb, last);
+  fwd_main<T>(pc, ws_o, ws_lse, ws_count, var, kb, last, p.nk);  // p.nk: the capacity
 }
 
 template <class T>
@@ -826,13 +837,14 @@ __global__ void __launch_bounds__(T::kThreads)
     splitkv::fwd_body<NAME##_traits>(p, ws_o, ws_lse, ws_count, var);                       \
   }
 
-// A KV-cache config: every Traits argument, the variant switches, then the page size (0: a
-// contiguous cache); the kernel takes FaVariant and FaKvCache after the workspace pointers,
-// and NAME_append (kv_append.cuh) writes a call's new rows into the cache before it.
+// A KV-cache config: every Traits argument, the variant switches, the page size (0: a
+// contiguous cache), then the capacity-split switch; the kernel takes FaVariant and FaKvCache
+// after the workspace pointers, and NAME_append (kv_append.cuh) writes a call's new rows into
+// the cache before it.
 #define SPLITKV_DEFINE_CACHE_KERNEL(NAME, D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS,    \
-                                    LOCAL, SOFTCAP, SINKS, PAGE)                             \
+                                    LOCAL, SOFTCAP, SINKS, PAGE, CAP_SPLIT)                  \
   using NAME##_traits = splitkv::CacheTraits<D, ELEM, CAUSAL, ROWS, BC, WARPS, STAGES, SPLITS, \
-                                             LOCAL, SOFTCAP, SINKS, PAGE>;                   \
+                                             LOCAL, SOFTCAP, SINKS, PAGE, CAP_SPLIT>;        \
   extern "C" __global__ void __launch_bounds__(NAME##_traits::kThreads)                    \
       NAME(const FaParams p, float* ws_o, float* ws_lse, int* ws_count, const FaVariant var,  \
            const FaKvCache kc) {                                                             \

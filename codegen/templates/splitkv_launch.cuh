@@ -278,12 +278,12 @@ cudaError_t workspace_hook_launch(VariantTraits<D, E, C, R, B, W, S, P, L, SC, S
                                   cudaStream_t stream) = delete;
 // ... and likewise for a CacheTraits (its launches take FaKvCache: launch_cache above).
 template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN,
-          int PG>
-size_t workspace_hook_size(CacheTraits<D, E, C, R, B, W, S, P, L, SC, SN, PG>*,
+          int PG, bool CS>
+size_t workspace_hook_size(CacheTraits<D, E, C, R, B, W, S, P, L, SC, SN, PG, CS>*,
                            const FaParams& p) = delete;
 template <int D, class E, bool C, int R, int B, int W, int S, int P, bool L, bool SC, bool SN,
-          int PG>
-cudaError_t workspace_hook_launch(CacheTraits<D, E, C, R, B, W, S, P, L, SC, SN, PG>*,
+          int PG, bool CS>
+cudaError_t workspace_hook_launch(CacheTraits<D, E, C, R, B, W, S, P, L, SC, SN, PG, CS>*,
                                   const FaParams& p, void* workspace, size_t bytes,
                                   cudaStream_t stream) = delete;
 

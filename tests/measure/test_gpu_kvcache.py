@@ -7,7 +7,9 @@ against the dense float32 reference (O and LSE, outputs poisoned, rechecked afte
 config of another layout, or a dense one, is refused (SKIPPED) before anything runs. Problems
 of mixed lengths (``kv_lengths`` ``mixed``: a seeded spread up to nk) are checked against the
 reference over each sequence's own keys, a chunk longer than some sequences included (their
-leading rows see no key).
+leading rows see no key). Each split-KV twin runs with its splits over each sequence's length
+and over the cache's capacity (``cap_split``, where a short sequence leaves most splits
+empty).
 
 Skipped with the reason without torch, cuda-bindings, nvcc or an sm_80+ GPU. Run on the GPU
 machine: ``pytest -m gpu tests/measure/test_gpu_kvcache.py``.
@@ -19,8 +21,9 @@ import dataclasses
 
 import pytest
 
-from codegen.families.splitkv.space import cache_twin, seed_configs
+from codegen.families.splitkv.space import cache_twin, invalid_reasons, seed_configs
 from core.family import cache_twin as any_cache_twin
+from core.family import cache_twins
 from core.problem import Problem
 from core.records import MeasureStatus
 from core.splitkv_config import SplitKvConfig
@@ -48,7 +51,8 @@ def _split_kv_jobs(
     pages: tuple[int, ...],
     kv_lengths: str,
 ) -> list[tuple[SplitKvConfig, Problem]]:
-    """Two unmasked and two causal split-KV seeds' cache twins on every case and layout."""
+    """Two unmasked and two causal split-KV seeds' cache twins on every case and layout, each
+    with its splits over the sequence's length and over the capacity (``cap_split``)."""
     bases = seed_configs(128, "fp16", False)[:2] + seed_configs(128, "fp16", True)[:2]
     jobs: list[tuple[SplitKvConfig, Problem]] = []
     for nq, nk, b, h, hkv, causal, variant in cases:
@@ -59,9 +63,12 @@ def _split_kv_jobs(
             lengths = problem.cache_lengths
             assert lengths is not None and (kv_lengths == "full" or min(lengths) < nk)
             for base in (c for c in bases if c.causal == causal):
-                twin = cache_twin(dataclasses.replace(base, **variant.needs), page)
-                assert twin is not None
-                jobs.append((twin, problem))
+                tile = dataclasses.replace(base, **variant.needs)
+                twins = [t for t in cache_twins(tile, page) if not invalid_reasons(t)]
+                assert twins and all(isinstance(t, SplitKvConfig) for t in twins)
+                # Both split spans (a window's twin has the length split only).
+                assert len(twins) == (1 if variant.local else 2)
+                jobs += [(t, problem) for t in twins]  # type: ignore[misc]
     return jobs
 
 

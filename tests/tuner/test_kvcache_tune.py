@@ -122,9 +122,14 @@ def test_default_space_of_a_cache_problem_is_the_split_kv_twins() -> None:
                     dtype="bf16", kv_page=16)  # fmt: skip
     configs = list(space_fn(cache))
     assert configs == enumerate_cache_space(128, "bf16", False, 16, GPU.smem_optin_bytes)
-    assert len(configs) == len(enumerate_space(128, "bf16", False, GPU.smem_optin_bytes))
+    # Each tile twice: its splits over the sequence's length and over the capacity.
+    assert len(configs) == 2 * len(enumerate_space(128, "bf16", False, GPU.smem_optin_bytes))
     seeds = list(seeds_fn(cache))
     assert seeds and all(c.name.endswith("_kvc_pg16") for c in seeds)
+    # A mix seeds both spans of each seed tile.
+    mixed = list(seeds_fn(Problem(**{**cache.to_dict(), "kv_lengths": "mixed"})))  # type: ignore[arg-type]
+    assert [c.name for c in mixed[::2]] == [c.name for c in seeds]
+    assert [c.name for c in mixed[1::2]] == [c.name + "_cs" for c in seeds]
     # Also on a shape split-KV's serves() leaves to the split-Q families: no other kernel
     # reads a cache.
     wide = Problem(gpu=GPU.name, d=128, n=16, nk=8192, batch=8, heads=64, kv_heads=1,
@@ -138,9 +143,11 @@ def test_default_space_of_a_cache_problem_is_the_split_kv_twins() -> None:
 
 
 def _cache_time(c: SplitKvConfig) -> float:
-    """Milliseconds: best at 32 splits, 4 warps, 2 stages (a smooth, learnable shape)."""
+    """Milliseconds: best at 32 splits, 4 warps, 2 stages, length splits (a smooth,
+    learnable shape)."""
     return 0.02 * (1 + 0.2 * abs(math.log2(c.splits / 32))) * (1 + 0.1 * abs(
-        math.log2(c.warps / 4))) * (1.0 if c.stages == 2 else 1.05)  # fmt: skip
+        math.log2(c.warps / 4))) * (1.0 if c.stages == 2 else 1.05) * (
+        1.02 if c.cap_split else 1.0)  # fmt: skip
 
 
 def test_a_replayed_cache_campaign_answers_cache_lookups_only(tmp_path: Path) -> None:

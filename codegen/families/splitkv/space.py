@@ -57,6 +57,11 @@ def cache_reasons(config: SplitKvConfig) -> list[str]:
         why.append(f"page size {p} is set without the kvcache switch")
     if p < 0 or p > MAX_PAGE_SIZE or (p & (p - 1)) != 0:
         why.append(f"page size {p} is not a power of two up to {MAX_PAGE_SIZE}")
+    if config.cap_split and not config.kvcache:
+        why.append("capacity splits are set without the kvcache switch (a dense call's "
+                   "length is its capacity)")  # fmt: skip
+    if config.cap_split and config.local:
+        why.append("capacity splits with a window: its key range keeps its own division")
     return why
 
 
@@ -78,12 +83,14 @@ def enumerate_cache_space(
     smem_limit: int = MAX_SMEM_PER_BLOCK,
 ) -> list[SplitKvConfig]:
     """The search space of a KV-cache problem of layout ``page``: every valid tile
-    (:func:`enumerate_space`) as its cache kernel (:func:`cache_twin`), sorted; empty for other
+    (:func:`enumerate_space`) as its cache kernel (:func:`cache_twin`), with its splits over
+    each sequence's length and over the capacity (``cap_split``), sorted; empty for other
     head dims or a page size the kernels do not take. The cache kernels share the tile's
     shared memory and registers (docs/splitkv_kernel.md, "KV caches"), so the tiles are the
     same; what is fast is not (the paged loads' path depends on P, ``block_n`` and D)."""
     twins = (cache_twin(c, page, smem_limit) for c in enumerate_space(d, dtype, causal, smem_limit))
-    return sorted(c for c in twins if c is not None)
+    out = [c for t in twins if t is not None for c in (t, replace(t, cap_split=True))]
+    return sorted(c for c in out if not invalid_reasons(c, smem_limit))
 
 
 def accumulator_regs(config: SplitKvConfig) -> int:

@@ -156,6 +156,7 @@ def test_search_space_over_three_families_looks_every_config_up() -> None:
         "skv_warps",
         "skv_stages",
         "skv_splits",
+        "skv_span",
     }
     for c in configs:
         assert c in space and space.lookup(space.params_for(c)) == c
