@@ -21,6 +21,7 @@ from db.session import alembic_config, make_engine
 from db.store import Store
 from db.transfer import dump, export, ingest_file
 from tests.support.factories import H200, make_report, ok_result, record_ok
+from tests.support.raw_rows import insert_build_and_measurement
 
 #: A decode step over 8192 keys, GQA 32:8 (the cache kernels' shape).
 DECODE = Shape(1, 8192, 8, 32, 8)
@@ -157,24 +158,7 @@ def test_migration_0006_on_a_0005_database_with_rows(file_url: str) -> None:
                 "false, 0, false, '2026-12-01 00:00:00')"
             ), {"g": gpu})  # fmt: skip
             pid = conn.execute(text("SELECT id FROM problems")).scalar_one()
-        build = _config(None)
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO builds (config_key, config_name, family, d, dtype, causal, "
-                    "params, arch, status, registers, spill_stores, spill_loads, stack_bytes, "
-                    "static_smem, compile_seconds, source_hash, nvcc_version, flags, error, "
-                    "created_at) VALUES (:key, :name, 'splitkv', 128, 'fp16', false, :params, "
-                    "'sm_90', 'OK', 168, 0, 0, 0, 0, 1.0, 'h', 'v', '[]', NULL, "
-                    "'2026-12-01 00:00:00')"
-                ),
-                {"key": build.key, "name": build.name, "params": json.dumps(build.params())},
-            )
-            conn.execute(text(
-                "INSERT INTO measurements (problem_id, build_id, status, median_ms, reps, "
-                "driver_version, cuda_version, created_at) SELECT :p, id, 'OK', 0.03, 100, 'd', "
-                "'c', '2026-12-01 00:00:00' FROM builds"
-            ), {"p": pid})  # fmt: skip
+        insert_build_and_measurement(engine, pid, _config(None), 0.03)
         command.upgrade(config, "head")
         with engine.connect() as conn:
             assert conn.execute(text("SELECT kv_page FROM problems")).scalar_one() == -1

@@ -30,6 +30,7 @@ from db.store import Store
 from db.transfer import dump, export, ingest, ingest_file, to_json
 from fa2tune.cli import app
 from tests.support.factories import H200, record_ok
+from tests.support.raw_rows import insert_build_and_measurement
 
 #: A decode step over 8192 keys, GQA 32:8 (the cache kernels' shape).
 DECODE = Shape(1, 8192, 8, 32, 8)
@@ -302,22 +303,7 @@ def _rows_of_0006(engine: Any, store: Store) -> tuple[int, int]:
                 text("SELECT id FROM problems WHERE kv_page = :page"), {"page": page}
             ).scalar_one())  # fmt: skip
     for pid, config, ms in ((ids[0], _config(16), 0.05), (ids[1], _config(None), 0.03)):
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO builds (config_key, config_name, family, d, dtype, causal, "
-                    "params, arch, status, registers, spill_stores, spill_loads, stack_bytes, "
-                    "static_smem, compile_seconds, source_hash, nvcc_version, flags, error, "
-                    f"created_at) VALUES (:key, :name, 'splitkv', 128, 'fp16', false, :params, "
-                    f"'sm_90', 'OK', 168, 0, 0, 0, 0, 1.0, 'h', 'v', '[]', NULL, {_AT})"
-                ),
-                {"key": config.key, "name": config.name, "params": json.dumps(config.params())},
-            )
-            conn.execute(text(
-                "INSERT INTO measurements (problem_id, build_id, status, median_ms, reps, "
-                f"driver_version, cuda_version, created_at) SELECT :p, id, 'OK', :ms, 100, 'd', "
-                f"'c', {_AT} FROM builds WHERE config_key = :key"
-            ), {"p": pid, "ms": ms, "key": config.key})  # fmt: skip
+        insert_build_and_measurement(engine, pid, config, ms)
     return ids[0], ids[1]
 
 
