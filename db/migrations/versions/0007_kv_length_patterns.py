@@ -18,7 +18,7 @@ are reflected too. So this revision reads the live schema and cannot be rendered
 
 Revision ID: 0007
 Revises: 0006
-Create Date: 2026-12-05
+Create Date: 2026-12-04
 """
 
 from __future__ import annotations
