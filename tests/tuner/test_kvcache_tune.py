@@ -48,11 +48,16 @@ def test_workload_entries_take_a_layout(tmp_path: Path) -> None:
 
 def test_the_serving_workload_asks_every_layout_of_its_calls() -> None:
     """examples/workloads/llama3_8b_serving.yaml: decode at batch 1-128 and chunked prefill
-    over a cached prefix, each over pages of 16 and of 256 tokens."""
+    over a cached prefix, each over pages of 16 and of 256 tokens, with every sequence full;
+    decode at batch 8-128 on mixed lengths, contiguous too."""
     root = Path(__file__).resolve().parents[2]
     targets = load_workload(root / "examples" / "workloads" / "llama3_8b_serving.yaml").targets
-    problems = [t.problem("NVIDIA H200") for t in targets]
-    assert len(problems) == 54 and len({p.study_name for p in problems}) == 54
+    every = [t.problem("NVIDIA H200") for t in targets]
+    assert len(every) == 69 and len({p.study_name for p in every}) == 69
+    mixed = [p for p in every if p.kv_lengths == "mixed"]
+    assert len(mixed) == 15 and {p.kv_page for p in mixed} == {0, 16, 256}
+    assert all(p.n == 1 and p.batch > 1 for p in mixed)
+    problems = [p for p in every if p.kv_lengths == "full"]
     assert {p.kv_page for p in problems} == {16, 256}
     decode = [p for p in problems if p.n == 1]
     prefill = [p for p in problems if p.n == 2048]
