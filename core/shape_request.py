@@ -18,6 +18,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from core.kv_lengths import describe_kv_lengths
 from core.lookup import Packed
 from core.problem import describe_kv_page, kv_page_error
 from core.shape import MAX_DIM, Shape, ShapeError
@@ -213,15 +214,25 @@ def resolve_kv_page(page: int | None) -> int | None:
 
 
 def no_cache_results(
-    gpu: str, d: int, dtype: str, causal: bool, kv_page: int, variant: Variant
+    gpu: str,
+    d: int,
+    dtype: str,
+    causal: bool,
+    kv_page: int,
+    variant: Variant,
+    kv_lengths: str | None = None,
 ) -> str:
     """Why a KV-cache request has no answer: no cache problem of its layout (and variant
-    switches) is tuned for this GPU, D, dtype and mask, in its phase."""
+    switches; of the length pattern ``kv_lengths`` when one was asked) is tuned for this
+    GPU, D, dtype and mask, in its phase."""
     mask = "causal" if causal else "full"
     tail = "" if variant.plain else f" with {variant.describe()}"
+    if kv_lengths is not None:
+        tail += f", {describe_kv_lengths(kv_lengths)}"
+    flag = "" if kv_lengths is None else f" --kv-lengths {kv_lengths}"
     return (
         f"no results for {gpu!r}, D={d}, {dtype}, {mask} over {describe_kv_page(kv_page)}{tail} "
-        f"(tune one: fa2tune tune --kv-page {kv_page} ...)"
+        f"(tune one: fa2tune tune --kv-page {kv_page}{flag} ...)"
     )
 
 

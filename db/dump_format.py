@@ -353,11 +353,8 @@ class ProblemRecord(_Record):
                 raise ValueError(why)
             if lens is not None:
                 raise ValueError("a KV-cache problem (kv_page) takes no seqlens")
-        self._check_kv_lengths()
-        return self
-
-    def _check_kv_lengths(self) -> None:
         check_kv_lengths(self.kv_lengths, self.kv_page)
+        return self
 
     @property
     def variant(self) -> Variant:

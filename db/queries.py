@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session, contains_eager
 
 from core.family import AnyConfig, config_from_params
 from core.gpu_name import normalize_gpu_name
-from core.kv_lengths import check_kv_lengths as check_pattern
+from core.kv_lengths import check_kv_lengths
 from core.lookup import Candidate, Packed, pick, served_mask
 from core.problem import Problem as ProblemSpec
 from core.problem import parse_seqlens
@@ -80,7 +80,6 @@ __all__ = [
     "best_or_nearest",
     "best_packed",
     "build_config",
-    "check_kv_lengths",
     "effective_sm_count",
     "measured_pairs",
     "outcome",
@@ -555,7 +554,7 @@ def candidate_set(
         ValueError: ``kv_lengths`` is not a pattern, or ``mixed`` with a dense group
             (``kv_page`` None: only a cache problem has a length pattern).
     """
-    check_kv_lengths(kv_page, kv_lengths)
+    check_kv_lengths(kv_lengths, kv_page)
     needs = needs if needs is not None else PLAIN.needs
     with session_scope(engine) as s:
         query = _fastest(packed, family, needs["local"])
@@ -588,16 +587,6 @@ def candidate_set(
     return CandidateSet(candidates, tuple(rows), sm_counts, kv_lengths=kv_lengths)
 
 
-def check_kv_lengths(kv_page: int | None, kv_lengths: str) -> None:
-    """Refuse a lookup's length pattern that no problem can have
-    (:func:`core.kv_lengths.check_kv_lengths`).
-
-    Raises:
-        ValueError: ``kv_lengths`` is not a pattern, or not ``full`` for a dense lookup.
-    """
-    check_pattern(kv_lengths, kv_page)
-
-
 def best_match(
     engine: Engine,
     gpu: str,
@@ -621,7 +610,7 @@ def best_match(
 
     Raises:
         ValueError: a packed batch with ``kv_page`` (a cache call is a dense batch); a
-            ``kv_lengths`` :func:`check_kv_lengths` refuses.
+            ``kv_lengths`` :func:`core.kv_lengths.check_kv_lengths` refuses.
     """
     if packed is not None and kv_page is not None:
         raise ValueError("a KV-cache lookup (kv_page) is of a dense batch, not a packed one")

@@ -33,8 +33,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
-from core.kv_lengths import KvLengths, describe_kv_lengths
-from core.problem import describe_kv_page
+from core.kv_lengths import KvLengths
 from core.shape import Shape
 from core.shape_request import (
     SEQLENS_PATTERN,
@@ -315,31 +314,11 @@ def _store_body(
         variant=variant,
     )  # fmt: skip
     if found is None:
-        why = _no_cache_answer(name, d, dtype, causal, kv_page, variant, kv_lengths)
+        why = no_cache_results(name, d, dtype, causal, kv_page, variant, kv_lengths)
         raise HTTPException(status.HTTP_404_NOT_FOUND, _exact_tail(why, shape, exact))
     body = BestOut.of(found, shape.nq, shape, asked, kv_page,
                       kv_lengths=cast(KvLengths, found.kv_lengths))  # fmt: skip
     return body.model_dump_json().encode()
-
-
-def _no_cache_answer(
-    gpu: str,
-    d: int,
-    dtype: str,
-    causal: bool,
-    kv_page: int,
-    variant: Variant,
-    asked: KvLengths | None,
-) -> str:
-    """Why a cache request has no answer: nothing of its layout (of either pattern, asked
-    with none), or nothing of the asked pattern."""
-    if asked is None:
-        return no_cache_results(gpu, d, dtype, causal, kv_page, variant)
-    mask = "causal" if causal else "full"
-    tail = "" if variant.plain else f" with {variant.describe()}"
-    why = (f"no results for {gpu!r}, D={d}, {dtype}, {mask} over {describe_kv_page(kv_page)}"
-           f"{tail}, {describe_kv_lengths(asked)}")  # fmt: skip
-    return f"{why} (tune one: fa2tune tune --kv-page {kv_page} --kv-lengths {asked} ...)"
 
 
 def _exact_tail(why: str, shape: Shape, exact: bool) -> str:
